@@ -1,0 +1,443 @@
+"""Start, inspect and stop the local Kubernetes GPU cluster.
+
+The cluster is real Kubernetes: etcd, kube-apiserver (RBAC, ResourceQuota
+admission), kube-controller-manager (quota, namespace, garbage collection,
+service accounts, node lifecycle) and kube-scheduler, with kwok simulating GPU
+nodes and the pod lifecycle, and our pod runner starting what a Running pod
+describes as a local process.
+
+Loopback only: every process binds 127.0.0.1; node, pod and service addresses
+are in 127.0.0.0/8. Everything a cluster writes lives in its state folder, which
+``down`` removes together with every process it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import build, nodepools, pki
+
+#: Pod IPs (kwok's --cidr takes the gateway address), Service IPs: both loopback.
+POD_CIDR = "127.64.0.1/16"
+SERVICE_CIDR = "127.128.0.0/16"
+DEFAULT_NODE_POOLS = Path(__file__).with_name("nodepools.yaml")
+#: The controllers quota replenishment, namespace deletion, garbage collection,
+#: service accounts and node readiness need. Endpoint(-slice) controllers are left
+#: out: they reject loopback pod IPs.
+CONTROLLERS = (
+    "namespace-controller",
+    "garbage-collector-controller",
+    "resourcequota-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "root-ca-certificate-publisher-controller",
+)
+
+ProgressFn = Callable[[str], None]
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def state_root() -> Path:
+    return build.cache_dir() / "clusters"
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` started, persisted so other commands can find and stop it."""
+
+    name: str
+    directory: str
+    ports: dict[str, int]
+    pids: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.directory)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.path / "pki" / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def save(self) -> None:
+        (self.path / "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> ClusterState:
+        return cls(**json.loads((directory / "state.json").read_text()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (our own exited child) still answers kill 0
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _stop_group(pid: int, grace: float) -> None:
+    """Stop a process started in its own session, and everything it started."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not _alive(pid):
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    # stragglers that left the group but kept our session are still ours
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class LocalCluster:
+    """One local cluster, identified by its state folder."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        name: str = "default",
+        directory: Path | None = None,
+        bin_dir: Path | str | None = None,
+        node_pools: dict | None = None,
+        progress: ProgressFn | None = None,
+        start_timeout: float = 60,
+    ) -> LocalCluster:
+        """Build (or reuse) the binaries and start a fresh cluster; return when it is Ready."""
+        progress = progress or (lambda m: print(f"[cluster] {m}", file=sys.stderr, flush=True))
+        binaries = build.ensure_binaries(bin_dir, progress=progress)
+        description = node_pools or yaml.safe_load(DEFAULT_NODE_POOLS.read_text())
+        nodes = nodepools.render_nodes(description)  # fail on a bad description before starting
+        if directory is None:
+            state_root().mkdir(parents=True, exist_ok=True)
+            directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=state_root()))
+        directory.mkdir(parents=True, exist_ok=True)
+        ports = {
+            k: free_port()
+            for k in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
+        }
+        state = ClusterState(
+            name=name, directory=str(directory), ports=ports, versions=build.versions()
+        )
+        cluster = cls(state)
+        try:
+            cluster._start(Path(binaries), nodes, progress, start_timeout)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def _spawn(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        logs = self.state.path / "logs"
+        logs.mkdir(exist_ok=True)
+        with open(logs / f"{role}.log", "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survives the CLI, stopped as a group by down()
+                cwd=self.state.path,
+                env=env,
+            )
+        self.state.pids[role] = proc.pid
+        self.state.save()
+
+    def _start(self, bins: Path, nodes: list[dict], progress: ProgressFn, timeout: float) -> None:
+        started = time.monotonic()
+        d = self.state.path
+        p = self.state.ports
+        kubeconfigs = pki.write_pki(d / "pki", self.state.server)
+        pk = d / "pki"
+        self.state.save()
+
+        progress("starting etcd")
+        self._spawn(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=local",
+                f"--data-dir={d / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
+                f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+                f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                f"--initial-cluster=local=http://127.0.0.1:{p['etcd-peer']}",
+                "--unsafe-no-fsync",  # a throwaway test cluster: speed over durability
+                "--log-level=warn",
+            ],
+        )
+        self._wait(lambda: self._http_ok(f"http://127.0.0.1:{p['etcd']}/health"), "etcd", timeout)
+
+        progress("starting kube-apiserver")
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={p['apiserver']}",
+                f"--cert-dir={pk}",
+                f"--tls-cert-file={pk / 'apiserver.crt'}",
+                f"--tls-private-key-file={pk / 'apiserver.key'}",
+                f"--client-ca-file={pk / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pk / 'sa.pub'}",
+                f"--service-account-signing-key-file={pk / 'sa.key'}",
+                "--authorization-mode=RBAC",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # the default reconciler writes Endpoints for the API server's own
+                # address; loopback Endpoints are invalid, so none are written
+                "--endpoint-reconciler-type=none",
+                "--enable-admission-plugins=ResourceQuota,LimitRanger,Priority,RuntimeClass",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(self._apiserver_ready, "kube-apiserver", timeout)
+
+        progress("starting kube-controller-manager, kube-scheduler, kwok and the pod runner")
+        for role, kubeconfig, extra in (
+            (
+                "kube-controller-manager",
+                kubeconfigs["controller-manager"],
+                [
+                    f"--controllers={','.join(CONTROLLERS)}",
+                    "--use-service-account-credentials=true",
+                    f"--service-account-private-key-file={pk / 'sa.key'}",
+                    f"--root-ca-file={pk / 'ca.crt'}",
+                    f"--secure-port={p['controller-manager']}",
+                    "--cert-dir=" + str(d / "controller-manager"),
+                ],
+            ),
+            (
+                "kube-scheduler",
+                kubeconfigs["scheduler"],
+                [f"--secure-port={p['scheduler']}", "--cert-dir=" + str(d / "scheduler")],
+            ),
+        ):
+            self._spawn(
+                role,
+                [
+                    str(bins / role),
+                    f"--kubeconfig={kubeconfig}",
+                    f"--authentication-kubeconfig={kubeconfig}",
+                    f"--authorization-kubeconfig={kubeconfig}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    "--v=1",
+                    *extra,
+                ],
+            )
+        self._spawn(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={kubeconfigs['kwok']}",
+                "--manage-nodes-with-annotation-selector=" + "=".join(nodepools.KWOK_ANNOTATION),
+                f"--cidr={POD_CIDR}",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+                # without an explicit address kwok serves on 0.0.0.0
+                f"--server-address=127.0.0.1:{p['kwok']}",
+            ],
+            env={**os.environ, "HOME": str(d)},  # kwok reads ~/.kwok/kwok.yaml: keep it ours
+        )
+        self._spawn(
+            "pod-runner",
+            [
+                sys.executable,
+                "-m",
+                "jupyterhub_gpu.localcluster.podrunner",
+                f"--kubeconfig={kubeconfigs['pod-runner']}",
+                f"--workdir={d / 'pods'}",
+            ],
+        )
+        progress(f"registering {len(nodes)} simulated nodes")
+        asyncio.run(self._register_nodes(nodes, timeout - (time.monotonic() - started)))
+        progress(f"cluster ready in {time.monotonic() - started:.1f}s")
+
+    async def _register_nodes(self, nodes: list[dict], within: float) -> None:
+        from kubernetes_asyncio.client import ApiException
+
+        async with self.api() as api:
+            from kubernetes_asyncio import client
+
+            core = client.CoreV1Api(api)
+            for node in nodes:
+                try:
+                    await core.create_node(node)
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+            deadline = time.monotonic() + max(within, 10)
+            while True:
+                missing = await self._not_ready(core, nodes)
+                if not missing:
+                    return
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"cluster not ready in time: {missing}; logs in {self.state.path / 'logs'}"
+                    )
+                await asyncio.sleep(0.25)
+
+    @staticmethod
+    async def _not_ready(core, nodes: list[dict]) -> str:
+        listed = await core.list_node()
+        ready = {
+            n.metadata.name
+            for n in listed.items
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+            and not any(t.key == "node.kubernetes.io/not-ready" for t in (n.spec.taints or []))
+        }
+        waiting = [n["metadata"]["name"] for n in nodes if n["metadata"]["name"] not in ready]
+        if waiting:
+            return f"nodes not Ready: {', '.join(waiting)}"
+        # pods can only be admitted once the namespace's default service account exists
+        accounts = await core.list_namespaced_service_account("default")
+        if not any(a.metadata.name == "default" for a in accounts.items):
+            return "service account default/default not created yet"
+        return ""
+
+    def api(self):
+        """An async kubernetes_asyncio ApiClient for this cluster (use ``async with``)."""
+        from kubernetes_asyncio import client
+
+        from .kubeconfig import load_configuration
+
+        async def make() -> client.ApiClient:
+            return client.ApiClient(await load_configuration(self.state.kubeconfig))
+
+        return _AsyncApi(make)
+
+    # ---- checks --------------------------------------------------------------
+
+    def _ssl(self) -> ssl.SSLContext:
+        pk = self.state.path / "pki"
+        ctx = ssl.create_default_context(cafile=str(pk / "ca.crt"))
+        ctx.load_cert_chain(str(pk / "admin.crt"), str(pk / "admin.key"))
+        return ctx
+
+    @staticmethod
+    def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def _apiserver_ready(self) -> bool:
+        return self._http_ok(f"{self.state.server}/readyz", self._ssl())
+
+    def _wait(self, check: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pid = self.state.pids.get(what)
+        while not check():
+            if pid and not _alive(pid):
+                log = self.state.path / "logs" / f"{what}.log"
+                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                raise ClusterError(f"{what} exited during start-up; its log ({log}) ends:\n{tail}")
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{what} not ready after {timeout:.0f}s; see {self.state.path}/logs"
+                )
+            time.sleep(0.1)
+
+    def status(self) -> dict[str, Any]:
+        processes = {role: _alive(pid) for role, pid in self.state.pids.items()}
+        return {
+            "name": self.state.name,
+            "directory": self.state.directory,
+            "server": self.state.server,
+            "kubeconfig": str(self.state.kubeconfig),
+            "processes": processes,
+            "apiserver_ready": processes.get("kube-apiserver", False) and self._apiserver_ready(),
+            "versions": self.state.versions,
+        }
+
+    def down(self) -> None:
+        """Stop every process this cluster started and remove its state folder."""
+        # reverse start order: the pod runner stops its pods' processes first
+        for _role, pid in reversed(list(self.state.pids.items())):
+            _stop_group(pid, grace=10)
+        shutil.rmtree(self.state.path, ignore_errors=True)
+
+
+class _AsyncApi:
+    def __init__(self, make) -> None:
+        self._make = make
+        self._client = None
+
+    async def __aenter__(self):
+        self._client = await self._make()
+        return self._client
+
+    async def __aexit__(self, *exc) -> None:
+        await self._client.close()
+
+
+def find(name: str = "default") -> LocalCluster | None:
+    """The running cluster of that name started by ``cluster up``, if any."""
+    root = state_root()
+    if not root.is_dir():
+        return None
+    for directory in sorted(root.iterdir()):
+        state_file = directory / "state.json"
+        if state_file.exists():
+            state = ClusterState.load(directory)
+            if state.name == name:
+                return LocalCluster(state)
+    return None

@@ -1,0 +1,197 @@
+"""A real JupyterHub, with configurable-http-proxy, spawning into the local cluster.
+
+Used by the tests and by ``jupyterhub-gpu demo``. The hub, its proxy and its
+API all bind 127.0.0.1; the hub's config is written to a folder of its own,
+removed when the hub stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import build
+from .cluster import LocalCluster, free_port
+
+#: The proxy the hub runs, from npm, pinned.
+CHP_VERSION = "5.3.0"
+
+
+def ensure_chp(progress=None) -> Path:
+    """configurable-http-proxy, installed once with npm into the cache."""
+    prefix = build.cache_dir() / "node" / f"configurable-http-proxy-{CHP_VERSION}"
+    binary = prefix / "node_modules" / ".bin" / "configurable-http-proxy"
+    if binary.exists():
+        return binary
+    npm = shutil.which("npm")
+    if not npm:
+        raise build.BuildError(
+            "configurable-http-proxy is installed with npm, "
+            "and `npm` is not on PATH: install Node.js"
+        )
+    (progress or print)(f"installing configurable-http-proxy {CHP_VERSION} with npm")
+    prefix.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            npm,
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--prefix",
+            str(prefix),
+            f"configurable-http-proxy@{CHP_VERSION}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return binary
+
+
+@dataclass
+class LocalHub:
+    """A hub subprocess; ``url`` is the proxy's public URL, ``api_token`` an admin token."""
+
+    cluster: LocalCluster
+    namespace: str = "default"
+    extra_config: str = ""
+    users: dict[str, list[str]] = field(default_factory=dict)  # name -> groups
+    admin_users: tuple[str, ...] = ()
+    port: int | None = None
+    password: str = "jupyterhub-gpu"
+
+    def __post_init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
+        self.port = self.port or free_port()
+        self.hub_port = free_port()
+        self.proxy_api_port = free_port()
+        self.api_token = os.urandom(16).hex()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def config(self, chp: Path) -> str:
+        return textwrap.dedent(
+            f"""
+            # written by jupyterhub_gpu.localcluster.hub
+            c = get_config()  # noqa
+            c.JupyterHub.ip = "127.0.0.1"
+            c.JupyterHub.port = {self.port}
+            c.JupyterHub.hub_ip = "127.0.0.1"
+            c.JupyterHub.hub_port = {self.hub_port}
+            c.JupyterHub.hub_connect_url = "http://127.0.0.1:{self.hub_port}"
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.proxy_api_port}"
+            c.ConfigurableHTTPProxy.command = [{str(chp)!r}]
+            c.ConfigurableHTTPProxy.should_start = True
+            c.JupyterHub.db_url = "sqlite:///{self.directory}/jupyterhub.sqlite"
+            c.JupyterHub.cookie_secret_file = "{self.directory}/cookie_secret"
+            c.JupyterHub.pid_file = "{self.directory}/jupyterhub.pid"
+            c.JupyterHub.cleanup_servers = True
+            c.JupyterHub.authenticator_class = "dummy"
+            c.DummyAuthenticator.password = {self.password!r}
+            c.Authenticator.allowed_users = {set(self.users) | set(self.admin_users)!r}
+            c.Authenticator.admin_users = {set(self.admin_users)!r}
+            c.JupyterHub.load_groups = {self._groups()!r}
+            c.JupyterHub.services = [{{"name": "test-admin", "api_token": {self.api_token!r}}}]
+            c.JupyterHub.load_roles = [{{
+                "name": "test-admin",
+                "scopes": ["admin:users", "admin:servers", "access:servers", "admin:groups",
+                           "read:metrics"],
+                "services": ["test-admin"],
+            }}]
+            c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+            c.KubeSpawner.namespace = {self.namespace!r}
+            c.KubeSpawner.image = "quay.io/jupyter/base-notebook:latest"
+            c.KubeSpawner.cmd = ["jupyterhub-singleuser"]
+            c.KubeSpawner.start_timeout = 120
+            c.KubeSpawner.http_timeout = 60
+            c.Spawner.default_url = "/lab"
+            """
+        ) + textwrap.dedent(self.extra_config)
+
+    def _groups(self) -> dict:
+        groups: dict[str, dict] = {}
+        for user, names in self.users.items():
+            for g in names:
+                groups.setdefault(g, {"users": []})["users"].append(user)
+        return groups
+
+    def start(self, timeout: float = 60) -> LocalHub:
+        chp = ensure_chp()
+        config = self.directory / "jupyterhub_config.py"
+        config.write_text(self.config(chp))
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.state.kubeconfig)}
+        env.pop("JUPYTERHUB_API_TOKEN", None)
+        self.log_path = self.directory / "jupyterhub.log"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+                cwd=self.directory,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.api("GET", "/info")
+                return self
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-4000:]
+                self.stop()
+                raise RuntimeError(f"the hub did not start; its log ends:\n{tail}")
+            time.sleep(0.2)
+
+    def api(self, method: str, path: str, body: dict | None = None, token: str | None = None):
+        """Call the hub's REST API through the proxy; returns (status, parsed body)."""
+        return self.request(method, f"/hub/api{path}", body, token)
+
+    def request(self, method: str, path: str, body: dict | None = None, token: str | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"token {token or self.api_token}"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                raw = r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            raw, status = e.read(), e.code
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode(errors="replace")
+        return status, parsed
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            # SIGTERM lets the hub stop its servers (cleanup_servers) and its proxy
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(60)
+        if self.process:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,51 @@
+"""Shared fixtures: the real local cluster, a namespace per test, a real hub.
+
+The cluster fixture builds the control plane on first use (with progress on
+stderr) and starts one cluster for the whole session; every `k8s` test gets a
+fresh namespace that is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from jupyterhub_gpu.localcluster.cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory) -> LocalCluster:
+    directory = tmp_path_factory.mktemp("cluster")
+    cluster = LocalCluster.create(name=f"pytest-{os.getpid()}", directory=Path(directory))
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture(scope="session")
+async def kube(local_cluster):
+    async with local_cluster.api() as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
+def core(kube) -> client.CoreV1Api:
+    return client.CoreV1Api(kube)
+
+
+@pytest.fixture
+async def namespace(core):
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    await core.create_namespace({"metadata": {"name": name}})
+    # pods are admitted only once the namespace's default service account exists
+    for _ in range(100):
+        accounts = await core.list_namespaced_service_account(name)
+        if any(a.metadata.name == "default" for a in accounts.items):
+            break
+        await asyncio.sleep(0.1)
+    yield name
+    await core.delete_namespace(name)

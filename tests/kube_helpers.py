@@ -1,0 +1,48 @@
+"""Small helpers the k8s tests share: pod manifests and polling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def pod_manifest(name: str, requests: dict[str, str] | None = None, **spec) -> dict:
+    """A one-container pod; extended resources go in limits too, as Kubernetes requires."""
+    requests = requests or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": dict(requests), "limits": dict(requests)},
+                }
+            ],
+            "tolerations": [GPU_TOLERATION],
+            "terminationGracePeriodSeconds": 0,
+            **spec,
+        },
+    }
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]], what: str, within: float = 30, interval: float = 0.2
+) -> T:
+    """Poll until ``probe`` returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + within
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
