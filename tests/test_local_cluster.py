@@ -9,8 +9,9 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-from kube_helpers import eventually, pod_manifest
 from kubernetes_asyncio.client import ApiException
+
+from kube_helpers import eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s
 

@@ -148,11 +148,10 @@ class LocalHub:
             )
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                self.api("GET", "/info")
-                return self
-            except (urllib.error.URLError, ConnectionError):
-                pass
+            # the proxy answers 404 until the hub has added its own route
+            with contextlib.suppress(urllib.error.URLError, ConnectionError):
+                if self.api("GET", "")[0] == 200:
+                    return self
             if self.process.poll() is not None or time.monotonic() > deadline:
                 tail = self.log_path.read_text(errors="replace")[-4000:]
                 self.stop()
