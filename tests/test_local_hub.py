@@ -89,3 +89,16 @@ async def test_every_process_listens_on_loopback_only(hub, local_cluster):
     assert addresses
     not_loopback = [a for a in addresses if not sockets.is_loopback(a)]
     assert not_loopback == [], f"listening beyond loopback: {not_loopback}"
+
+
+async def test_stopping_the_hub_leaves_no_process(local_cluster, namespace):
+    from jupyterhub_gpu.localcluster.cluster import _alive
+
+    hub = LocalHub(local_cluster, namespace=namespace, users={"alice": []})
+    await asyncio.to_thread(hub.start)
+    proxy_pid = int((hub.directory / "jupyterhub-proxy.pid").read_text())
+    pids = [hub.process.pid, proxy_pid]
+    assert all(_alive(p) for p in pids)
+    await asyncio.to_thread(hub.stop)
+    assert [p for p in pids if _alive(p)] == []
+    assert not hub.directory.exists()

@@ -193,4 +193,10 @@ class LocalHub:
                 os.killpg(self.process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(5)
+        # JupyterHub starts the proxy in a session of its own; a hub that died
+        # before it could clean up leaves it running, found by its pid file
+        proxy_pid = self.directory / "jupyterhub-proxy.pid"
+        if proxy_pid.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(proxy_pid.read_text().strip()), signal.SIGKILL)
         shutil.rmtree(self.directory, ignore_errors=True)
