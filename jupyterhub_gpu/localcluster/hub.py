@@ -70,6 +70,8 @@ class LocalHub:
     admin_users: tuple[str, ...] = ()
     port: int | None = None
     password: str = "jupyterhub-gpu"
+    #: hub.config.GPUPolicy; with it the hub runs GPUKubeSpawner, as z2jh would
+    policy: dict | None = None
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -84,8 +86,9 @@ class LocalHub:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self, chp: Path) -> str:
-        return textwrap.dedent(
-            f"""
+        return (
+            textwrap.dedent(
+                f"""
             # written by jupyterhub_gpu.localcluster.hub
             c = get_config()  # noqa
             c.JupyterHub.ip = "127.0.0.1"
@@ -120,7 +123,21 @@ class LocalHub:
             c.KubeSpawner.http_timeout = 60
             c.Spawner.default_url = "/lab"
             """
-        ) + textwrap.dedent(self.extra_config)
+            )
+            + self._policy_config()
+            + textwrap.dedent(self.extra_config)
+        )
+
+    def _policy_config(self) -> str:
+        if self.policy is None:
+            return ""
+        # the same two steps z2jh takes for hub.config.JupyterHub and hub.config.GPUPolicy
+        return textwrap.dedent(
+            f"""
+            c.JupyterHub.update({{"spawner_class": "gpu-kubespawner"}})
+            c.GPUPolicy.update({self.policy!r})
+            """
+        )
 
     def _groups(self) -> dict:
         groups: dict[str, dict] = {}

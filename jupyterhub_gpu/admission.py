@@ -1,0 +1,180 @@
+"""Admission: may this server start, charged to this group, and in which tier?
+
+The ``Ledger`` holds one ``Charge`` per server (running, pending or reserved),
+and per-group and per-user totals kept in step with them. ``admit`` checks a
+request against the charged group, each of its parents, and the user's caps,
+and records the charge in the same synchronous call: with the hub's single
+event loop, nothing can run between the check and the reservation, so
+concurrent spawns can never jointly exceed a quota.
+
+The ledger is never the only copy: every charge is written on its pod (labels
+and an annotation), and ``Ledger.from_charges`` rebuilds it from pods at start.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from .model import Amounts, Group, Policy
+from .quantities import format_bytes, format_cpu, format_gpus
+from .selection import Request
+
+IN_QUOTA = "in-quota"
+OVER_QUOTA = "over-quota"
+
+
+@dataclass
+class Usage:
+    gpus: Fraction = Fraction(0)
+    cpu: int = 0
+    memory: int = 0
+    servers: int = 0
+    flavors: Counter = field(default_factory=Counter)
+
+    def add(self, request: Request, sign: int = 1) -> None:
+        self.gpus += sign * request.gpus
+        self.cpu += sign * request.cpu
+        self.memory += sign * request.memory
+        self.servers += sign * request.servers
+        for flavor, units in request.devices:
+            self.flavors[flavor] += sign * units
+            if self.flavors[flavor] == 0:
+                del self.flavors[flavor]
+
+    def is_zero(self) -> bool:
+        return not (self.gpus or self.cpu or self.memory or self.servers or self.flavors)
+
+
+@dataclass(frozen=True)
+class Charge:
+    key: str  # the server's identity, "<namespace>/<pod name>"
+    user: str
+    group: str
+    request: Request
+    tier: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: str  # "admit", "wait" or "refuse"
+    tier: str = IN_QUOTA
+    reason: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome == "admit"
+
+
+def _exceeded(name: str, used: Usage, request: Request, caps: Amounts) -> str | None:
+    """The first cap ``used + request`` would pass, in words, or None."""
+    checks = (
+        ("gpus", used.gpus, request.gpus, caps.gpus, format_gpus, "GPUs"),
+        ("cpu", used.cpu, request.cpu, caps.cpu, format_cpu, "CPUs"),
+        ("memory", used.memory, request.memory, caps.memory, format_bytes, "memory"),
+        ("servers", used.servers, request.servers, caps.servers, str, "servers"),
+    )
+    for _key, in_use, need, cap, fmt, unit in checks:
+        if cap is not None and need and in_use + need > cap:
+            return (
+                f"{name} has {fmt(in_use)} of {fmt(cap)} {unit} in use; "
+                f"this server needs {fmt(need)}"
+            )
+    for flavor, units in request.devices:
+        cap = caps.flavors.get(flavor)
+        if cap is not None and used.flavors[flavor] + units > cap:
+            return (
+                f"{name} has {used.flavors[flavor]} of {cap} {flavor} in use; "
+                f"this server needs {units}"
+            )
+    return None
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.charges: dict[str, Charge] = {}
+        self.groups: dict[str, Usage] = {}  # a parent's usage includes its children's
+        self.users: dict[tuple[str, str], Usage] = {}  # (user, group) -> usage
+
+    @classmethod
+    def from_charges(cls, policy: Policy, charges: Iterable[Charge]) -> Ledger:
+        ledger = cls()
+        for charge in charges:
+            ledger._record(policy, charge)
+        return ledger
+
+    def usage(self, group: str) -> Usage:
+        return self.groups.get(group) or Usage()
+
+    def user_usage(self, user: str, group: str) -> Usage:
+        return self.users.get((user, group)) or Usage()
+
+    def _chain(self, policy: Policy, group: str) -> list[str]:
+        if group != "everyone" and group not in policy.groups:
+            return [group]  # a group removed from the policy still holds its servers
+        return [g.name for g in policy.ancestors(group)]
+
+    def _record(self, policy: Policy, charge: Charge, sign: int = 1) -> None:
+        for name in self._chain(policy, charge.group):
+            usage = self.groups.setdefault(name, Usage())
+            usage.add(charge.request, sign)
+            if usage.is_zero():
+                del self.groups[name]
+        user = self.users.setdefault((charge.user, charge.group), Usage())
+        user.add(charge.request, sign)
+        if user.is_zero():
+            del self.users[(charge.user, charge.group)]
+        if sign > 0:
+            self.charges[charge.key] = charge
+        else:
+            del self.charges[charge.key]
+
+    def decide(self, policy: Policy, user: str, group: Group, request: Request) -> Decision:
+        """The decision for this request now, without recording anything."""
+        per_user = _exceeded(
+            f"{user} in {group.display_name}",
+            self.user_usage(user, group.name),
+            request,
+            group.per_user,
+        )
+        if per_user:
+            # waiting would not help: the user frees this by stopping a server
+            return Decision("refuse", reason=per_user)
+        tier = IN_QUOTA
+        for level in policy.ancestors(group.name):
+            if level.unlimited:
+                continue
+            # the request alone is too big for this group: no amount of waiting helps
+            never = _exceeded(level.display_name, Usage(), request, level.limit)
+            if never:
+                return Decision(
+                    "refuse",
+                    reason=f"{level.display_name} allows less than this server needs ({never})",
+                )
+            over_limit = _exceeded(level.display_name, self.usage(level.name), request, level.limit)
+            if over_limit:
+                outcome = "wait" if policy.when_full == "wait" else "refuse"
+                return Decision(outcome, reason=over_limit)
+            if _exceeded(level.display_name, self.usage(level.name), request, level.quota):
+                tier = OVER_QUOTA
+        return Decision("admit", tier=tier)
+
+    def admit(
+        self, policy: Policy, key: str, user: str, group: Group, request: Request
+    ) -> Decision:
+        """Check and reserve in one step; a key already charged is decided afresh."""
+        if key in self.charges:
+            self.release(policy, key)
+        decision = self.decide(policy, user, group, request)
+        if decision.admitted:
+            self._record(policy, Charge(key, user, group.name, request, decision.tier))
+        return decision
+
+    def release(self, policy: Policy, key: str) -> Charge | None:
+        charge = self.charges.get(key)
+        if charge is not None:
+            self._record(policy, charge, sign=-1)
+        return charge

@@ -1,0 +1,798 @@
+"""The policy model: what the admin wrote under ``hub.config.GPUPolicy``, checked.
+
+``parse_policy`` turns the raw mappings (as YAML gives them) into frozen
+dataclasses, or raises ``PolicyError`` listing *every* problem, each with its
+full key path and what to write instead::
+
+    hub.config.GPUPolicy.groups.students.quota.gpus: expected a number, got 'ten'
+
+Unknown keys, dangling references, cycles and impossible numbers are errors,
+never silently ignored. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from .quantities import (
+    QuantityError,
+    parse_bytes,
+    parse_duration,
+    parse_millicores,
+    parse_number,
+)
+
+PREFIX = "hub.config.GPUPolicy"
+SCHEDULERS = ("default", "kai", "volcano", "kueue")
+KINDS = ("gpu", "mig", "timeslice", "mps", "fraction", "hami", "dra")
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+# what a group's name must be to serve as a label value, a queue and a namespace suffix
+_NAME = re.compile(r"^[a-z0-9A-Z]([a-z0-9A-Z_.-]{0,61}[a-z0-9A-Z])?$")
+_MIG_PROFILE = re.compile(r"^([1-7])g\.\d+gb(\+me)?$")
+#: Keys a profile's kubespawner_override may not set: they would bypass accounting.
+ACCOUNTED_OVERRIDES = frozenset(
+    {
+        "cpu_guarantee",
+        "cpu_limit",
+        "mem_guarantee",
+        "mem_limit",
+        "extra_resource_guarantees",
+        "extra_resource_limits",
+        "node_selector",
+        "tolerations",
+        "scheduler_name",
+        "priority_class_name",
+        "extra_pod_config",
+        "extra_labels",
+        "namespace",
+        "profile_list",
+    }
+)
+
+
+class PolicyError(ValueError):
+    """The policy is wrong; ``errors`` lists every problem with its key path."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+# ---- the model ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flavor:
+    name: str
+    kind: str
+    display_name: str
+    resource: str | None = None  # the extended resource a pod requests per unit
+    mig_profile: str | None = None
+    mig_strategy: str | None = None
+    product: str | None = None
+    replicas: int = 1
+    gpu_fraction: Fraction | None = None
+    gpu_memory: int | None = None  # MiB
+    device_memory: int | None = None  # MiB of one whole device, for GPU-equivalents
+    gpucores: int | None = None
+    device_class: str | None = None
+    selectors: tuple[str, ...] = ()
+    sharing: str | None = None
+    dra_equivalents: Fraction = Fraction(1)
+    scheduler_name: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    runtime_class_name: str | None = None
+
+    @property
+    def unit_equivalents(self) -> Fraction:
+        """GPU-equivalents one unit of this flavor is charged (DESIGN §3 table)."""
+        if self.kind == "gpu":
+            return Fraction(1)
+        if self.kind == "mig":
+            assert self.mig_profile
+            return Fraction(int(self.mig_profile[0]), 7)
+        if self.kind in ("timeslice", "mps"):
+            return Fraction(1, self.replicas)
+        if self.kind == "fraction" and self.gpu_fraction is not None:
+            return self.gpu_fraction
+        if self.kind in ("fraction", "hami"):
+            # memory / device memory; unknown device memory charges a whole GPU
+            # (fail closed: never under-count)
+            if self.gpu_memory and self.device_memory:
+                return min(Fraction(self.gpu_memory, self.device_memory), Fraction(1))
+            return Fraction(1)
+        return self.dra_equivalents
+
+    def claim_template_name(self, count: int) -> str:
+        """The ResourceClaimTemplate a DRA pod of ``count`` devices references."""
+        return f"jupyterhub-gpu-{self.name}-x{count}"
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    flavor: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Option:
+    """A choice the user makes: ``gpus`` (counts), ``flavor`` or ``image``."""
+
+    name: str
+    display_name: str
+    choices: tuple[tuple[str, Any], ...]  # (key shown in the form, value)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    display_name: str
+    description: str
+    cpu: int  # millicores guaranteed
+    memory: int  # bytes guaranteed
+    cpu_limit: int | None
+    memory_limit: int | None
+    image: str | None
+    gpu: GpuRequest | None
+    options: Mapping[str, Option]
+    default: bool
+    kubespawner_override: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Amounts:
+    """A set of caps (quota, limit, per-user); ``None`` means not capped."""
+
+    gpus: Fraction | None = None
+    cpu: int | None = None  # millicores
+    memory: int | None = None  # bytes
+    servers: int | None = None
+    flavors: Mapping[str, int] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return (
+            self.gpus is None
+            and self.cpu is None
+            and self.memory is None
+            and self.servers is None
+            and not self.flavors
+        )
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    display_name: str
+    profiles: tuple[str, ...]
+    quota: Amounts
+    limit: Amounts
+    per_user: Amounts
+    max_runtime: int | None
+    queue: str
+    parent: str | None
+    priority_class: str | None
+    unlimited: bool
+    admin: bool
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    name: str = "default"
+    in_quota_priority_class: str = "jupyterhub-gpu-in-quota"
+    over_quota_priority_class: str = "jupyterhub-gpu-over-quota"
+
+
+@dataclass(frozen=True)
+class Policy:
+    scheduler: Scheduler
+    flavors: Mapping[str, Flavor]
+    profiles: Mapping[str, Profile]
+    everyone: Group
+    groups: Mapping[str, Group]
+    when_full: str = "refuse"
+    namespace_per_group: bool = False
+    namespace_prefix: str = "jupyterhub-gpu-"
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+
+    def group(self, name: str) -> Group:
+        return self.everyone if name == "everyone" else self.groups[name]
+
+    def ancestors(self, name: str) -> list[Group]:
+        """The group and its parents, nearest first."""
+        chain = []
+        current: str | None = name
+        while current is not None:
+            group = self.group(current)
+            chain.append(group)
+            current = group.parent
+        return chain
+
+
+# ---- parsing --------------------------------------------------------------------
+
+
+class _Errors:
+    """Collects every problem instead of stopping at the first."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(
+            f"{self.prefix}.{path}: {message}" if path else f"{self.prefix}: {message}"
+        )
+
+    def mapping(self, path: str, value: Any) -> Mapping[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.add(path, f"expected a mapping, got {value!r}")
+            return {}
+        return value
+
+    def keys(self, path: str, value: Mapping[str, Any], allowed: set[str] | frozenset[str]) -> None:
+        for key in value:
+            if key not in allowed:
+                hint = ", ".join(sorted(allowed))
+                self.add(f"{path}.{key}", f"unknown key (allowed here: {hint})")
+
+    def convert(self, path: str, value: Any, parse) -> Any:
+        try:
+            return parse(value)
+        except QuantityError as e:
+            self.add(path, str(e))
+            return None
+
+    def string(self, path: str, value: Any, *, required: bool = False) -> str | None:
+        if value is None:
+            if required:
+                self.add(path, "required")
+            return None
+        if not isinstance(value, str) or not value:
+            self.add(path, f"expected a non-empty string, got {value!r}")
+            return None
+        return value
+
+    def whole(self, path: str, value: Any, *, minimum: int = 0) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.add(path, f"expected a whole number >= {minimum}, got {value!r}")
+            return None
+        return value
+
+    def string_map(self, path: str, value: Any) -> dict[str, str]:
+        result = {}
+        for k, v in self.mapping(path, value).items():
+            if not isinstance(v, str | int | float) or isinstance(v, bool):
+                self.add(f"{path}.{k}", f"expected a string, got {v!r}")
+            else:
+                result[str(k)] = str(v)
+        return result
+
+
+_FLAVOR_COMMON = {"kind", "display_name", "node_selector", "tolerations", "runtime_class_name"}
+_FLAVOR_KEYS = {
+    "gpu": {"resource"},
+    "mig": {"profile", "strategy", "product"},
+    "timeslice": {"replicas", "resource"},
+    "mps": {"replicas", "resource"},
+    "fraction": {"gpu_fraction", "gpu_memory", "device_memory"},
+    "hami": {"gpu_memory", "gpucores", "device_memory", "scheduler_name"},
+    "dra": {"device_class", "selectors", "sharing", "gpu_equivalents"},
+}
+
+
+def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | None:
+    path = f"flavors.{name}"
+    spec = e.mapping(path, raw)
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        e.add(f"{path}.kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+        return None
+    e.keys(path, spec, _FLAVOR_COMMON | _FLAVOR_KEYS[kind])
+    tolerations = spec.get("tolerations", [GPU_TOLERATION])
+    if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
+        e.add(f"{path}.tolerations", f"expected a list of tolerations, got {tolerations!r}")
+        tolerations = []
+    common: dict[str, Any] = {
+        "name": name,
+        "kind": kind,
+        "display_name": e.string(f"{path}.display_name", spec.get("display_name")) or name,
+        "node_selector": e.string_map(f"{path}.node_selector", spec.get("node_selector")),
+        "tolerations": tuple(dict(t) for t in tolerations),
+        "runtime_class_name": e.string(
+            f"{path}.runtime_class_name", spec.get("runtime_class_name")
+        ),
+    }
+    if kind == "gpu":
+        resource = e.string(f"{path}.resource", spec.get("resource")) or "nvidia.com/gpu"
+        return Flavor(resource=resource, **common)
+    if kind == "mig":
+        profile = e.string(f"{path}.profile", spec.get("profile"), required=True)
+        if profile and not _MIG_PROFILE.match(profile):
+            e.add(
+                f"{path}.profile",
+                f"expected a MIG profile such as 1g.5gb or 3g.40gb, got {profile!r}",
+            )
+            profile = None
+        strategy = spec.get("strategy", "mixed")
+        if strategy not in ("mixed", "single"):
+            e.add(f"{path}.strategy", f"expected mixed or single, got {strategy!r}")
+        product = e.string(f"{path}.product", spec.get("product"))
+        if strategy == "single" and not product:
+            e.add(
+                f"{path}.product",
+                "required with strategy: single (the GPU model, e.g. NVIDIA-A100-SXM4-40GB), "
+                "to select nodes labelled <product>-MIG-<profile>",
+            )
+        if profile is None:
+            return None
+        resource = (
+            f"nvidia.com/mig-{profile.replace('+', '.')}"
+            if strategy == "mixed"
+            else "nvidia.com/gpu"
+        )
+        node_selector = dict(common.pop("node_selector"))
+        if strategy == "single" and product:
+            node_selector.setdefault("nvidia.com/gpu.product", f"{product}-MIG-{profile}")
+        return Flavor(
+            resource=resource,
+            mig_profile=profile,
+            mig_strategy=strategy,
+            product=product,
+            node_selector=node_selector,
+            **common,
+        )
+    if kind in ("timeslice", "mps"):
+        replicas = e.whole(f"{path}.replicas", spec.get("replicas"), minimum=1)
+        resource = e.string(f"{path}.resource", spec.get("resource")) or "nvidia.com/gpu.shared"
+        node_selector = dict(common.pop("node_selector"))
+        if resource == "nvidia.com/gpu":
+            # not renamed: only the sharing-strategy label tells shared from whole GPUs
+            strategy = "time-slicing" if kind == "timeslice" else "mps"
+            node_selector.setdefault("nvidia.com/gpu.sharing-strategy", strategy)
+        if replicas is None:
+            return None
+        return Flavor(resource=resource, replicas=replicas, node_selector=node_selector, **common)
+    if kind == "fraction":
+        if scheduler != "kai":
+            e.add(
+                f"{path}.kind",
+                f"fraction flavors need the KAI scheduler (its gpu-fraction / gpu-memory "
+                f"annotations); set scheduler.name: kai (it is {scheduler!r})",
+            )
+        has_fraction, has_memory = "gpu_fraction" in spec, "gpu_memory" in spec
+        if has_fraction == has_memory:
+            e.add(path, "set exactly one of gpu_fraction (e.g. 0.5) or gpu_memory (MiB)")
+            return None
+        fraction = memory = None
+        if has_fraction:
+            fraction = e.convert(f"{path}.gpu_fraction", spec["gpu_fraction"], parse_number)
+            if fraction is not None and not 0 < fraction < 1:
+                e.add(
+                    f"{path}.gpu_fraction",
+                    f"expected a number between 0 and 1, got {spec['gpu_fraction']!r}",
+                )
+                fraction = None
+        else:
+            memory = e.whole(f"{path}.gpu_memory", spec["gpu_memory"], minimum=1)
+        device_memory = None
+        if "device_memory" in spec:
+            device_memory = e.whole(f"{path}.device_memory", spec["device_memory"], minimum=1)
+        return Flavor(
+            gpu_fraction=fraction, gpu_memory=memory, device_memory=device_memory, **common
+        )
+    if kind == "hami":
+        memory = e.whole(f"{path}.gpu_memory", spec.get("gpu_memory"), minimum=1)
+        cores = None
+        if "gpucores" in spec:
+            cores = e.whole(f"{path}.gpucores", spec["gpucores"], minimum=1)
+            if cores is not None and cores > 100:
+                e.add(f"{path}.gpucores", f"expected a percentage 1-100, got {cores}")
+        device_memory = None
+        if "device_memory" in spec:
+            device_memory = e.whole(f"{path}.device_memory", spec["device_memory"], minimum=1)
+        return Flavor(
+            resource="nvidia.com/gpu",
+            gpu_memory=memory,
+            gpucores=cores,
+            device_memory=device_memory,
+            scheduler_name=e.string(f"{path}.scheduler_name", spec.get("scheduler_name"))
+            or "hami-scheduler",
+            **common,
+        )
+    # dra
+    device_class = e.string(f"{path}.device_class", spec.get("device_class")) or "gpu.nvidia.com"
+    selectors = spec.get("selectors", [])
+    if not isinstance(selectors, list) or not all(isinstance(s, str) for s in selectors):
+        e.add(f"{path}.selectors", f"expected a list of CEL expressions, got {selectors!r}")
+        selectors = []
+    sharing = spec.get("sharing")
+    if sharing not in (None, "TimeSlicing", "MPS"):
+        e.add(f"{path}.sharing", f"expected TimeSlicing or MPS, got {sharing!r}")
+    equivalents = Fraction(1)
+    if "gpu_equivalents" in spec:
+        equivalents = e.convert(f"{path}.gpu_equivalents", spec["gpu_equivalents"], parse_number)
+        if equivalents is not None and equivalents <= 0:
+            e.add(f"{path}.gpu_equivalents", "expected a number > 0")
+    return Flavor(
+        device_class=device_class,
+        selectors=tuple(selectors),
+        sharing=sharing,
+        dra_equivalents=equivalents or Fraction(1),
+        **common,
+    )
+
+
+_PROFILE_KEYS = {
+    "display_name",
+    "description",
+    "cpu",
+    "memory",
+    "cpu_limit",
+    "memory_limit",
+    "image",
+    "gpu",
+    "options",
+    "default",
+    "kubespawner_override",
+}
+
+
+def _parse_options(
+    e: _Errors, path: str, raw: Any, flavors: Mapping[str, Any]
+) -> dict[str, Option]:
+    options: dict[str, Option] = {}
+    for name, spec in e.mapping(path, raw).items():
+        opath = f"{path}.{name}"
+        if name not in ("gpus", "flavor", "image"):
+            e.add(opath, "unknown option (allowed: gpus, flavor, image)")
+            continue
+        spec = e.mapping(opath, spec)
+        e.keys(opath, spec, {"choices", "display_name"})
+        display = (
+            e.string(f"{opath}.display_name", spec.get("display_name"))
+            or {
+                "gpus": "GPUs",
+                "flavor": "GPU type",
+                "image": "Image",
+            }[name]
+        )
+        raw_choices = spec.get("choices")
+        choices: list[tuple[str, Any]] = []
+        if name == "image" and isinstance(raw_choices, Mapping):
+            for key, image in raw_choices.items():
+                if e.string(f"{opath}.choices.{key}", image):
+                    choices.append((str(key), image))
+        elif isinstance(raw_choices, list) and raw_choices:
+            for i, choice in enumerate(raw_choices):
+                cpath = f"{opath}.choices[{i}]"
+                if name == "gpus":
+                    if e.whole(cpath, choice, minimum=1) is not None:
+                        choices.append((str(choice), choice))
+                elif name == "flavor":
+                    if choice not in flavors:
+                        e.add(cpath, f"no flavor named {choice!r} (flavors: {', '.join(flavors)})")
+                    else:
+                        choices.append((str(choice), choice))
+                elif e.string(cpath, choice):
+                    choices.append((str(choice), choice))
+        else:
+            e.add(f"{opath}.choices", f"expected a non-empty list, got {raw_choices!r}")
+        options[name] = Option(name, display, tuple(choices))
+    return options
+
+
+def _parse_profile(
+    e: _Errors, name: str, raw: Any, flavors: Mapping[str, Flavor]
+) -> Profile | None:
+    path = f"profiles.{name}"
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, _PROFILE_KEYS)
+    if "--" in name:
+        e.add(path, "a profile name may not contain '--' (it separates group and profile in slugs)")
+    cpu = e.convert(f"{path}.cpu", spec.get("cpu", "1"), parse_millicores)
+    memory = e.convert(f"{path}.memory", spec.get("memory", "1Gi"), parse_bytes)
+    cpu_limit = memory_limit = None
+    if "cpu_limit" in spec:
+        cpu_limit = e.convert(f"{path}.cpu_limit", spec["cpu_limit"], parse_millicores)
+        if cpu_limit is not None and cpu is not None and cpu_limit < cpu:
+            e.add(f"{path}.cpu_limit", f"must be >= cpu ({spec.get('cpu')})")
+    if "memory_limit" in spec:
+        memory_limit = e.convert(f"{path}.memory_limit", spec["memory_limit"], parse_bytes)
+        if memory_limit is not None and memory is not None and memory_limit < memory:
+            e.add(f"{path}.memory_limit", f"must be >= memory ({spec.get('memory')})")
+    gpu = None
+    if spec.get("gpu") is not None:
+        gspec = e.mapping(f"{path}.gpu", spec["gpu"])
+        e.keys(f"{path}.gpu", gspec, {"flavor", "count"})
+        flavor = gspec.get("flavor")
+        count = e.whole(f"{path}.gpu.count", gspec.get("count", 1), minimum=1)
+        if flavor not in flavors:
+            e.add(
+                f"{path}.gpu.flavor",
+                f"no flavor named {flavor!r} (flavors: {', '.join(flavors) or 'none defined'})",
+            )
+        elif count is not None:
+            if flavors[flavor].kind == "fraction" and count != 1:
+                e.add(f"{path}.gpu.count", "a fraction flavor is one slice per server: use 1")
+            gpu = GpuRequest(flavor, count)
+    options = _parse_options(e, f"{path}.options", spec.get("options"), flavors)
+    if options and gpu is None and ("gpus" in options or "flavor" in options):
+        e.add(f"{path}.options", "gpus and flavor options need the profile to have a gpu")
+    if gpu and "gpus" in options and gpu.count not in [v for _, v in options["gpus"].choices]:
+        e.add(f"{path}.options.gpus.choices", f"must include the profile's gpu.count ({gpu.count})")
+    if gpu and "flavor" in options and gpu.flavor not in [v for _, v in options["flavor"].choices]:
+        e.add(
+            f"{path}.options.flavor.choices",
+            f"must include the profile's gpu.flavor ({gpu.flavor})",
+        )
+    override = e.mapping(f"{path}.kubespawner_override", spec.get("kubespawner_override"))
+    for key in override:
+        if key in ACCOUNTED_OVERRIDES:
+            e.add(
+                f"{path}.kubespawner_override.{key}",
+                "is set by the policy (cpu, memory, gpu, flavors and the scheduler); "
+                "use the profile's own keys instead",
+            )
+    default = spec.get("default", False)
+    if not isinstance(default, bool):
+        e.add(f"{path}.default", f"expected true or false, got {default!r}")
+    if cpu is None or memory is None:
+        return None
+    return Profile(
+        name=name,
+        display_name=e.string(f"{path}.display_name", spec.get("display_name")) or name,
+        description=e.string(f"{path}.description", spec.get("description")) or "",
+        cpu=cpu,
+        memory=memory,
+        cpu_limit=cpu_limit,
+        memory_limit=memory_limit,
+        image=e.string(f"{path}.image", spec.get("image")),
+        gpu=gpu,
+        options=options,
+        default=bool(default),
+        kubespawner_override=dict(override),
+    )
+
+
+def _parse_amounts(e: _Errors, path: str, raw: Any, flavors: Mapping[str, Flavor]) -> Amounts:
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, {"gpus", "cpu", "memory", "servers", "flavors"})
+    gpus = cpu = memory = servers = None
+    if "gpus" in spec:
+        gpus = e.convert(f"{path}.gpus", spec["gpus"], parse_number)
+    if "cpu" in spec:
+        cpu = e.convert(f"{path}.cpu", spec["cpu"], parse_millicores)
+    if "memory" in spec:
+        memory = e.convert(f"{path}.memory", spec["memory"], parse_bytes)
+    if "servers" in spec:
+        servers = e.whole(f"{path}.servers", spec["servers"])
+    per_flavor = {}
+    for flavor, count in e.mapping(f"{path}.flavors", spec.get("flavors")).items():
+        if flavor not in flavors:
+            e.add(f"{path}.flavors.{flavor}", f"no flavor named {flavor!r}")
+        elif (n := e.whole(f"{path}.flavors.{flavor}", count)) is not None:
+            per_flavor[flavor] = n
+    return Amounts(gpus=gpus, cpu=cpu, memory=memory, servers=servers, flavors=per_flavor)
+
+
+_GROUP_KEYS = {
+    "display_name",
+    "profiles",
+    "quota",
+    "limit",
+    "per_user",
+    "max_runtime",
+    "queue",
+    "parent",
+    "priority_class",
+    "unlimited",
+    "admin",
+}
+
+
+def _check_limit(e: _Errors, path: str, quota: Amounts, limit: Amounts) -> Amounts:
+    """Fill unset limit fields from the quota; a limit below its quota is an error."""
+    merged = {}
+    for key in ("gpus", "cpu", "memory", "servers"):
+        q, lim = getattr(quota, key), getattr(limit, key)
+        if lim is None:
+            merged[key] = q
+        else:
+            if q is not None and lim < q:
+                e.add(f"{path}.limit.{key}", f"must be >= quota.{key} (the burst ceiling)")
+            merged[key] = lim
+    flavors = dict(quota.flavors)
+    for flavor, lim in limit.flavors.items():
+        if flavor in quota.flavors and lim < quota.flavors[flavor]:
+            e.add(f"{path}.limit.flavors.{flavor}", f"must be >= quota.flavors.{flavor}")
+        flavors[flavor] = lim
+    return Amounts(flavors=flavors, **merged)
+
+
+def _parse_group(
+    e: _Errors, path: str, name: str, raw: Any, profiles: Mapping[str, Profile], flavors
+) -> Group | None:
+    spec = e.mapping(path, raw)
+    allowed = _GROUP_KEYS - ({"parent", "unlimited", "admin"} if name == "everyone" else set())
+    e.keys(path, spec, allowed)
+    if name != "everyone" and (not _NAME.match(name) or "--" in name):
+        e.add(
+            path,
+            "a group name must be 1-63 letters, digits, '-', '_' or '.', start and end "
+            "with a letter or digit, and not contain '--'",
+        )
+    names = spec.get("profiles", [])
+    if not isinstance(names, list):
+        e.add(f"{path}.profiles", f"expected a list of profile names, got {names!r}")
+        names = []
+    for i, profile in enumerate(names):
+        if profile not in profiles:
+            e.add(
+                f"{path}.profiles[{i}]",
+                f"no profile named {profile!r} (profiles: {', '.join(profiles) or 'none defined'})",
+            )
+    unlimited = spec.get("unlimited", False)
+    admin = spec.get("admin", False)
+    for key, value in (("unlimited", unlimited), ("admin", admin)):
+        if not isinstance(value, bool):
+            e.add(f"{path}.{key}", f"expected true or false, got {value!r}")
+    quota = _parse_amounts(e, f"{path}.quota", spec.get("quota"), flavors)
+    limit_raw = _parse_amounts(e, f"{path}.limit", spec.get("limit"), flavors)
+    if unlimited is True and not (quota.is_empty() and limit_raw.is_empty()):
+        e.add(
+            f"{path}.unlimited", "an unlimited group has no quota or limit: remove one or the other"
+        )
+    limit = _check_limit(e, path, quota, limit_raw)
+    offers_gpus = any(profiles[p].gpu for p in names if p in profiles)
+    if offers_gpus and unlimited is not True and limit.gpus is None:
+        gpu_profiles = [p for p in names if p in profiles and profiles[p].gpu]
+        e.add(
+            f"{path}.quota.gpus",
+            f"required: the group offers GPU profiles ({', '.join(gpu_profiles)}); "
+            "set a number of GPU-equivalents, or unlimited: true",
+        )
+    per_user = _parse_amounts(e, f"{path}.per_user", spec.get("per_user"), flavors)
+    max_runtime = None
+    if spec.get("max_runtime") is not None:
+        max_runtime = e.convert(f"{path}.max_runtime", spec["max_runtime"], parse_duration)
+    queue = e.string(f"{path}.queue", spec.get("queue")) or name
+    parent = e.string(f"{path}.parent", spec.get("parent"))
+    return Group(
+        name=name,
+        display_name=e.string(f"{path}.display_name", spec.get("display_name")) or name,
+        profiles=tuple(p for p in names if p in profiles),
+        quota=quota,
+        limit=limit,
+        per_user=per_user,
+        max_runtime=max_runtime,
+        queue=queue,
+        parent=parent,
+        priority_class=e.string(f"{path}.priority_class", spec.get("priority_class")),
+        unlimited=unlimited is True,
+        admin=admin is True,
+    )
+
+
+_SCHEDULER_DEFAULTS = {
+    # KAI's own priority classes: interactive "build" is never preempted,
+    # "build-preemptible" may be when its queue is over quota
+    "kai": ("build", "build-preemptible"),
+}
+
+
+def _parse_scheduler(e: _Errors, raw: Any) -> Scheduler:
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    spec = e.mapping("scheduler", raw)
+    e.keys("scheduler", spec, {"name", "in_quota_priority_class", "over_quota_priority_class"})
+    name = spec.get("name", "default")
+    if name not in SCHEDULERS:
+        e.add("scheduler.name", f"expected one of {', '.join(SCHEDULERS)}, got {name!r}")
+        name = "default"
+    base = Scheduler()
+    in_quota, over_quota = _SCHEDULER_DEFAULTS.get(
+        name, (base.in_quota_priority_class, base.over_quota_priority_class)
+    )
+    return Scheduler(
+        name=name,
+        in_quota_priority_class=e.string(
+            "scheduler.in_quota_priority_class", spec.get("in_quota_priority_class")
+        )
+        or in_quota,
+        over_quota_priority_class=e.string(
+            "scheduler.over_quota_priority_class", spec.get("over_quota_priority_class")
+        )
+        or over_quota,
+    )
+
+
+def parse_policy(
+    *,
+    scheduler: Any = None,
+    flavors: Any = None,
+    profiles: Any = None,
+    everyone: Any = None,
+    groups: Any = None,
+    when_full: Any = "refuse",
+    namespace_per_group: Any = False,
+    namespace_prefix: Any = "jupyterhub-gpu-",
+    extra_labels: Any = None,
+    prefix: str = PREFIX,
+) -> Policy:
+    """Check every part of a policy; return the model or raise PolicyError with all problems."""
+    e = _Errors(prefix)
+    sched = _parse_scheduler(e, scheduler)
+    parsed_flavors = {}
+    for name, raw in e.mapping("flavors", flavors).items():
+        flavor = _parse_flavor(e, str(name), raw, sched.name)
+        if flavor:
+            parsed_flavors[str(name)] = flavor
+    # references to flavors that failed to parse are reported where they are defined
+    known_flavors = {str(n): parsed_flavors.get(str(n)) for n in e.mapping("flavors", flavors)}
+    parsed_profiles = {}
+    for name, raw in e.mapping("profiles", profiles).items():
+        profile = _parse_profile(e, str(name), raw, {k: v for k, v in known_flavors.items() if v})
+        if profile:
+            parsed_profiles[str(name)] = profile
+    every = _parse_group(e, "everyone", "everyone", everyone, parsed_profiles, parsed_flavors)
+    parsed_groups = {}
+    for name, raw in e.mapping("groups", groups).items():
+        if name == "everyone":
+            e.add("groups.everyone", "'everyone' is the top-level everyone: key, not a group")
+            continue
+        group = _parse_group(e, f"groups.{name}", str(name), raw, parsed_profiles, parsed_flavors)
+        if group:
+            parsed_groups[str(name)] = group
+    _check_parents(e, parsed_groups)
+    if when_full not in ("refuse", "wait"):
+        e.add("when_full", f"expected refuse or wait, got {when_full!r}")
+    if not isinstance(namespace_per_group, bool):
+        e.add("namespace_per_group", f"expected true or false, got {namespace_per_group!r}")
+    labels = e.string_map("extra_labels", extra_labels)
+    for key, template in labels.items():
+        try:
+            template.format(username="u", group="g", profile="p", flavor="f", servername="s")
+        except (KeyError, IndexError, ValueError) as err:
+            e.add(
+                f"extra_labels.{key}",
+                f"unknown placeholder {err} (use {{username}}, {{group}}, {{profile}}, "
+                "{{flavor}} or {{servername}})",
+            )
+    if e.items:
+        raise PolicyError(e.items)
+    assert every is not None
+    return Policy(
+        scheduler=sched,
+        flavors=parsed_flavors,
+        profiles=parsed_profiles,
+        everyone=every,
+        groups=parsed_groups,
+        when_full=when_full,
+        namespace_per_group=namespace_per_group,
+        namespace_prefix=str(namespace_prefix),
+        extra_labels=labels,
+    )
+
+
+def _check_parents(e: _Errors, groups: Mapping[str, Group]) -> None:
+    for name, group in groups.items():
+        if group.parent is None:
+            continue
+        if group.parent not in groups:
+            e.add(f"groups.{name}.parent", f"no group named {group.parent!r}")
+            continue
+        seen = [name]
+        current = group.parent
+        while current is not None and current in groups:
+            if current in seen:
+                e.add(f"groups.{name}.parent", f"cycle: {' -> '.join([*seen, current])}")
+                break
+            seen.append(current)
+            current = groups[current].parent

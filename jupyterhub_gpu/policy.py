@@ -1,0 +1,142 @@
+"""``GPUPolicy``: the one place an admin describes GPUs and groups.
+
+Read from ``hub.config.GPUPolicy`` in z2jh values (or ``c.GPUPolicy`` in a
+plain ``jupyterhub_config.py``) by the hub's spawner and by the service alike.
+The traits hold the raw mappings exactly as YAML gives them; ``model`` checks
+them all at once and returns the frozen policy model, or raises ``PolicyError``
+listing every problem with its key path.
+"""
+
+from __future__ import annotations
+
+from traitlets import Bool, Dict, Enum, Unicode, default
+from traitlets.config import Configurable
+
+from .model import Policy, parse_policy
+
+
+class GPUPolicy(Configurable):
+    scheduler = Dict(
+        help="""
+        The cluster's scheduler and the priority classes pods get.
+
+        ``name`` is ``default`` (kube-scheduler, PriorityClass only), ``kai``
+        (``schedulerName: kai-scheduler``, label ``kai.scheduler/queue``),
+        ``volcano`` (``schedulerName: volcano``, annotation
+        ``scheduling.volcano.sh/queue-name``) or ``kueue`` (label
+        ``kueue.x-k8s.io/queue-name``, a LocalQueue per group).
+
+        ``in_quota_priority_class`` and ``over_quota_priority_class`` name the
+        PriorityClasses of pods within their group's quota and of pods bursting
+        between quota and limit (preemptible). Defaults: KAI's ``build`` and
+        ``build-preemptible``; otherwise ``jupyterhub-gpu-in-quota`` and
+        ``jupyterhub-gpu-over-quota``, which the service creates.
+        """,
+    ).tag(config=True)
+
+    flavors = Dict(
+        help="""
+        What the cluster offers, by name. Each flavor has a ``kind``:
+
+        - ``gpu``: whole GPUs (``resource``, default ``nvidia.com/gpu``); 1 GPU-equivalent.
+        - ``mig``: a MIG slice (``profile`` such as ``1g.5gb``; ``strategy`` ``mixed``
+          requests ``nvidia.com/mig-<profile>``, ``single`` requests ``nvidia.com/gpu``
+          on nodes labelled ``<product>-MIG-<profile>``); slices/7 GPU-equivalents.
+        - ``timeslice`` / ``mps``: a shared replica (``replicas``; ``resource``
+          default ``nvidia.com/gpu.shared``); 1/replicas GPU-equivalents.
+        - ``fraction``: a KAI GPU share (``gpu_fraction`` or ``gpu_memory`` MiB,
+          ``device_memory`` MiB to count it); needs ``scheduler.name: kai``.
+        - ``hami``: a HAMi vGPU (``gpu_memory`` MiB, ``gpucores`` %, ``device_memory``).
+        - ``dra``: a Dynamic Resource Allocation claim (``device_class``,
+          ``selectors``, ``sharing``, ``gpu_equivalents`` per device).
+
+        Every flavor may set ``display_name``, ``node_selector``, ``tolerations``
+        (default: tolerate the ``nvidia.com/gpu`` taint) and ``runtime_class_name``.
+        """,
+    ).tag(config=True)
+
+    profiles = Dict(
+        help="""
+        Notebook templates offered to groups, by name: ``display_name``,
+        ``description``, ``cpu`` and ``memory`` (guaranteed; Kubernetes quantities),
+        optional ``cpu_limit`` / ``memory_limit``, ``image``, ``gpu: {flavor, count}``,
+        ``options`` (``gpus: {choices: [1, 2, 4]}``, ``flavor: {choices: [...]}``,
+        ``image: {choices: [...]}``), ``default`` and ``kubespawner_override`` for
+        anything the policy does not account (volumes, environment, ...).
+        """,
+    ).tag(config=True)
+
+    everyone = Dict(
+        help="""
+        What every authenticated user is offered, as a group named ``everyone``:
+        ``profiles``, and optionally ``quota``, ``limit``, ``per_user``, ``max_runtime``.
+        """,
+    ).tag(config=True)
+
+    groups = Dict(
+        help="""
+        JupyterHub groups (from the identity provider or the hub's own admin), by
+        name: ``profiles`` they may use; ``quota`` (guaranteed: ``gpus`` in
+        GPU-equivalents, per-flavor device counts under ``flavors``, ``cpu``,
+        ``memory``, ``servers``); ``limit`` (burst ceiling, >= quota: pods
+        between quota and limit are over-quota and preemptible); ``per_user``
+        caps; ``max_runtime`` (e.g. ``8h``); ``queue`` (default: the group's
+        name); ``parent`` (whose quota and limit cap the sum of its children);
+        ``priority_class``; ``unlimited``; ``admin``; ``display_name``.
+        """,
+    ).tag(config=True)
+
+    when_full = Enum(
+        ["refuse", "wait"],
+        default_value="refuse",
+        help="""
+        What a spawn that does not fit its group's limit does: ``refuse`` at once
+        with the numbers, or ``wait`` in the group's first-come-first-served
+        queue until capacity frees (the spawn page shows its position).
+        """,
+    ).tag(config=True)
+
+    namespace_per_group = Bool(
+        False,
+        help="""
+        Put each group's servers in a namespace of its own
+        (``namespace_prefix`` + group name), where the service keeps the group's
+        ResourceQuota, LimitRange and NetworkPolicy.
+        """,
+    ).tag(config=True)
+
+    namespace_prefix = Unicode(
+        "jupyterhub-gpu-",
+        help="Prefix of the per-group namespaces (with ``namespace_per_group``).",
+    ).tag(config=True)
+
+    extra_labels = Dict(
+        help="""
+        Extra pod labels, as templates with ``{username}``, ``{group}``,
+        ``{profile}``, ``{flavor}`` and ``{servername}``; for example
+        ``{team: "{group}", user: "{username}", job_type: notebook}``.
+        """,
+    ).tag(config=True)
+
+    _model: Policy | None = None
+
+    @default("scheduler")
+    def _default_scheduler(self) -> dict:
+        return {"name": "default"}
+
+    @property
+    def model(self) -> Policy:
+        """The checked policy; raises ``PolicyError`` listing every problem."""
+        if self._model is None:
+            self._model = parse_policy(
+                scheduler=self.scheduler,
+                flavors=self.flavors,
+                profiles=self.profiles,
+                everyone=self.everyone,
+                groups=self.groups,
+                when_full=self.when_full,
+                namespace_per_group=self.namespace_per_group,
+                namespace_prefix=self.namespace_prefix,
+                extra_labels=self.extra_labels,
+            )
+        return self._model

@@ -1,0 +1,206 @@
+"""What a user may choose, and what they chose: offers and server-side validation.
+
+``offers`` lists one entry per (group, profile) pair the user's groups and
+``everyone`` allow, slug ``<group>--<profile>``, with options already bounded by
+the group's and the user's caps. ``select`` checks ``user_options`` (from the
+form or a direct REST call) against those offers and turns them into a
+``Selection`` with the exact ``Request`` admission charges; anything unknown,
+forbidden, out of bounds or forged raises ``Refused`` with a one-line reason.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .model import Flavor, Group, Option, Policy, Profile
+
+
+class Refused(Exception):
+    """The spawn is refused; the message is what the user sees."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one server is charged: GPU-equivalents, units per flavor, CPU, memory, one server."""
+
+    gpus: Fraction = Fraction(0)
+    cpu: int = 0  # millicores
+    memory: int = 0  # bytes
+    servers: int = 1
+    devices: tuple[tuple[str, int], ...] = ()  # (flavor, units)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": str(self.gpus),
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "servers": self.servers,
+            "devices": dict(self.devices),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Request:
+        return cls(
+            gpus=Fraction(data["gpus"]),
+            cpu=int(data["cpu"]),
+            memory=int(data["memory"]),
+            servers=int(data.get("servers", 1)),
+            devices=tuple(sorted((str(k), int(v)) for k, v in data.get("devices", {}).items())),
+        )
+
+
+@dataclass(frozen=True)
+class Offer:
+    group: Group
+    profile: Profile
+    options: Mapping[str, Option]  # bounded by the caps
+
+    @property
+    def slug(self) -> str:
+        return f"{self.group.name}--{self.profile.name}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    group: Group
+    profile: Profile
+    flavor: Flavor | None
+    count: int
+    image: str | None
+    request: Request
+
+    @property
+    def slug(self) -> str:
+        return f"{self.group.name}--{self.profile.name}"
+
+
+def request_for(profile: Profile, flavor: Flavor | None, count: int) -> Request:
+    if flavor is None:
+        return Request(cpu=profile.cpu, memory=profile.memory)
+    return Request(
+        gpus=flavor.unit_equivalents * count,
+        cpu=profile.cpu,
+        memory=profile.memory,
+        devices=((flavor.name, count),),
+    )
+
+
+def _fits_caps(policy: Policy, group: Group, request: Request) -> bool:
+    """Could this request ever be admitted in this group (empty cluster, no other servers)?"""
+    for level in policy.ancestors(group.name):
+        if level.unlimited:
+            continue
+        for caps in (level.limit, *((group.per_user,) if level is group else ())):
+            if caps.gpus is not None and request.gpus > caps.gpus:
+                return False
+            if caps.cpu is not None and request.cpu > caps.cpu:
+                return False
+            if caps.memory is not None and request.memory > caps.memory:
+                return False
+            for flavor, units in request.devices:
+                if flavor in caps.flavors and units > caps.flavors[flavor]:
+                    return False
+    return True
+
+
+def _bounded_options(policy: Policy, group: Group, profile: Profile) -> dict[str, Option]:
+    """The profile's options without the choices the group's or user's caps can never admit."""
+    options: dict[str, Option] = {}
+    base_flavor = policy.flavors[profile.gpu.flavor] if profile.gpu else None
+    for name, option in profile.options.items():
+        kept = []
+        for key, value in option.choices:
+            if name == "gpus":
+                request = request_for(profile, base_flavor, value)
+            elif name == "flavor":
+                request = request_for(profile, policy.flavors[value], profile.gpu.count)
+            else:
+                request = request_for(profile, base_flavor, profile.gpu.count if profile.gpu else 0)
+            if _fits_caps(policy, group, request):
+                kept.append((key, value))
+        if kept:
+            options[name] = Option(option.name, option.display_name, tuple(kept))
+    return options
+
+
+def member_groups(policy: Policy, user_groups: Iterable[str]) -> list[Group]:
+    """The policy groups a user belongs to (in policy order), then everyone."""
+    names = set(user_groups)
+    return [g for g in policy.groups.values() if g.name in names] + [policy.everyone]
+
+
+def offers(policy: Policy, user_groups: Iterable[str]) -> list[Offer]:
+    result = []
+    for group in member_groups(policy, user_groups):
+        for name in group.profiles:
+            profile = policy.profiles[name]
+            options = _bounded_options(policy, group, profile)
+            base = request_for(
+                profile,
+                policy.flavors[profile.gpu.flavor] if profile.gpu else None,
+                profile.gpu.count if profile.gpu else 0,
+            )
+            if not _fits_caps(policy, group, base) and not options:
+                continue  # e.g. a GPU profile in a group whose quota is 0
+            result.append(Offer(group, profile, options))
+    return result
+
+
+def _choice(offer: Offer, name: str, raw: Any, default: Any) -> Any:
+    option = offer.profile.options.get(name)
+    if raw is None:
+        return default
+    if option is None:
+        raise Refused(f"profile {offer.slug} has no {name!r} option")
+    bounded = offer.options.get(name)
+    for key, value in option.choices:
+        if str(raw) == key:
+            if bounded is None or key not in dict(bounded.choices):
+                raise Refused(
+                    f"{name}={raw} is more than {offer.group.display_name} allows for "
+                    f"{offer.profile.display_name}"
+                )
+            return value
+    allowed = ", ".join(k for k, _ in (bounded or option).choices)
+    raise Refused(f"{name}={raw!r} is not a choice of {offer.slug} (choices: {allowed})")
+
+
+def select(
+    policy: Policy, user_groups: Iterable[str], user_options: Mapping[str, Any]
+) -> Selection:
+    """Validate ``user_options`` server-side; the result is what will be charged and shaped."""
+    available = offers(policy, user_groups)
+    if not available:
+        raise Refused("you are not offered any server: ask an admin to add you to a group")
+    options = dict(user_options or {})
+    slug = options.pop("profile", None)
+    if slug is None:
+        chosen = next((o for o in available if o.profile.default), available[0])
+    else:
+        chosen = next((o for o in available if o.slug == slug), None)
+        if chosen is None:
+            raise Refused(f"profile {slug!r} is not offered to you")
+    forged = sorted(k for k in options if k not in ("gpus", "flavor", "image"))
+    if forged:
+        raise Refused(f"unknown option {forged[0]!r}: only the form's choices are accepted")
+    profile = chosen.profile
+    flavor = None
+    count = 0
+    if profile.gpu:
+        flavor_name = _choice(chosen, "flavor", options.get("flavor"), profile.gpu.flavor)
+        flavor = policy.flavors[flavor_name]
+        count = _choice(chosen, "gpus", options.get("gpus"), profile.gpu.count)
+        if flavor.kind == "fraction":
+            count = 1
+    image = _choice(chosen, "image", options.get("image"), profile.image)
+    request = request_for(profile, flavor, count)
+    if not _fits_caps(policy, chosen.group, request):
+        raise Refused(
+            f"{profile.display_name} with {count} x {flavor.display_name if flavor else 'CPU'} "
+            f"is more than {chosen.group.display_name} allows"
+        )
+    return Selection(chosen.group, profile, flavor, count, image, request)

@@ -1,0 +1,206 @@
+"""Pod shape: what a selection, in its tier, asks of Kubernetes (DESIGN §4.5).
+
+``shape`` is pure: it returns a ``PodShape`` the spawner applies on top of the
+chart's settings (``apply_to_pod`` for the final pod, ``merge_settings`` for
+KubeSpawner's own traits), and the same code renders ``jupyterhub-gpu pod``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .admission import IN_QUOTA
+from .model import Flavor, Policy
+from .selection import Selection
+
+LABEL_PREFIX = "gpu.jupyterhub.org"
+GROUP_LABEL = f"{LABEL_PREFIX}/group"
+PROFILE_LABEL = f"{LABEL_PREFIX}/profile"
+FLAVOR_LABEL = f"{LABEL_PREFIX}/flavor"
+TIER_LABEL = f"{LABEL_PREFIX}/tier"
+CHARGE_ANNOTATION = f"{LABEL_PREFIX}/charge"
+QUEUE_LABELS = {"kai": "kai.scheduler/queue", "kueue": "kueue.x-k8s.io/queue-name"}
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+SCHEDULER_NAMES = {"kai": "kai-scheduler", "volcano": "volcano"}
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(text: str) -> str:
+    """A valid label value (<= 63 chars, alphanumeric ends) made from any text."""
+    value = _LABEL_VALUE_BAD.sub("-", text)[:63].strip("-_.")
+    return value
+
+
+@dataclass
+class PodShape:
+    namespace: str | None = None
+    cpu_guarantee: float = 0
+    cpu_limit: float | None = None
+    mem_guarantee: int = 0
+    mem_limit: int | None = None
+    image: str | None = None
+    extended_resources: dict[str, str] = field(default_factory=dict)  # requests == limits
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    scheduler_name: str | None = None  # None: keep the chart's
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    resource_claims: list[dict[str, str]] = field(default_factory=list)
+
+
+def namespace_for(policy: Policy, group: str) -> str | None:
+    return f"{policy.namespace_prefix}{group}" if policy.namespace_per_group else None
+
+
+def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
+    if flavor.kind in ("fraction", "dra"):
+        return {}  # KAI annotations / a resource claim, no device request
+    resources = {flavor.resource or "nvidia.com/gpu": str(count)}
+    if flavor.kind == "hami":
+        assert flavor.gpu_memory is not None
+        resources["nvidia.com/gpumem"] = str(flavor.gpu_memory)
+        if flavor.gpucores:
+            resources["nvidia.com/gpucores"] = str(flavor.gpucores)
+    return resources
+
+
+def shape(
+    policy: Policy,
+    selection: Selection,
+    tier: str,
+    *,
+    username: str,
+    servername: str = "",
+) -> PodShape:
+    group, profile, flavor = selection.group, selection.profile, selection.flavor
+    scheduler = policy.scheduler
+    result = PodShape(
+        namespace=namespace_for(policy, group.name),
+        cpu_guarantee=profile.cpu / 1000,
+        cpu_limit=profile.cpu_limit / 1000 if profile.cpu_limit else None,
+        mem_guarantee=profile.memory,
+        mem_limit=profile.memory_limit,
+        image=selection.image,
+    )
+    result.labels = {
+        GROUP_LABEL: label_value(group.name),
+        PROFILE_LABEL: label_value(profile.name),
+        FLAVOR_LABEL: label_value(flavor.name if flavor else "cpu"),
+        TIER_LABEL: tier,
+    }
+    for key, template in policy.extra_labels.items():
+        result.labels[key] = label_value(
+            template.format(
+                username=username,
+                group=group.name,
+                profile=profile.name,
+                flavor=flavor.name if flavor else "cpu",
+                servername=servername,
+            )
+        )
+    result.annotations[CHARGE_ANNOTATION] = json.dumps(
+        {"user": username, "request": selection.request.to_json()}, sort_keys=True
+    )
+    if tier == IN_QUOTA:
+        result.priority_class_name = group.priority_class or scheduler.in_quota_priority_class
+    else:
+        result.priority_class_name = scheduler.over_quota_priority_class
+    if scheduler.name in SCHEDULER_NAMES:
+        result.scheduler_name = SCHEDULER_NAMES[scheduler.name]
+    if scheduler.name in QUEUE_LABELS:
+        result.labels[QUEUE_LABELS[scheduler.name]] = label_value(group.queue)
+    if scheduler.name == "volcano":
+        result.annotations[VOLCANO_QUEUE_ANNOTATION] = group.queue
+    if flavor is None:
+        return result
+
+    count = selection.count
+    result.extended_resources = _device_resources(flavor, count)
+    result.node_selector = dict(flavor.node_selector)
+    result.tolerations = [dict(t) for t in flavor.tolerations]
+    result.runtime_class_name = flavor.runtime_class_name
+    if flavor.kind == "fraction":
+        if flavor.gpu_fraction is not None:
+            result.annotations["gpu-fraction"] = str(float(flavor.gpu_fraction))
+        else:
+            result.annotations["gpu-memory"] = str(flavor.gpu_memory)
+    if flavor.kind == "hami" and flavor.scheduler_name:
+        result.scheduler_name = flavor.scheduler_name
+    if flavor.kind == "dra":
+        result.resource_claims = [
+            {"name": "gpu", "resourceClaimTemplateName": flavor.claim_template_name(count)}
+        ]
+    return result
+
+
+def _merge_tolerations(base: list[Any], extra: list[dict[str, Any]]) -> list[Any]:
+    merged = list(base)
+    for toleration in extra:
+        if toleration not in merged:
+            merged.append(toleration)
+    return merged
+
+
+def merge_settings(current: Mapping[str, Any], pod_shape: PodShape) -> dict[str, Any]:
+    """KubeSpawner trait values: the shape on top of what the chart configured.
+
+    Resource amounts and the priority class are the policy's alone; selectors,
+    tolerations, labels and extra resources are merged with the chart's.
+    """
+
+    def limit(chart_limit: Any, guarantee: float, own: float | None) -> Any:
+        if own is not None:
+            return own
+        # keep the chart's limit only where it still admits the guarantee
+        return chart_limit if chart_limit is not None and chart_limit >= guarantee else None
+
+    settings: dict[str, Any] = {
+        "cpu_guarantee": pod_shape.cpu_guarantee,
+        "cpu_limit": limit(current.get("cpu_limit"), pod_shape.cpu_guarantee, pod_shape.cpu_limit),
+        "mem_guarantee": pod_shape.mem_guarantee,
+        "mem_limit": limit(current.get("mem_limit"), pod_shape.mem_guarantee, pod_shape.mem_limit),
+        "extra_resource_guarantees": {
+            **dict(current.get("extra_resource_guarantees") or {}),
+            **pod_shape.extended_resources,
+        },
+        "extra_resource_limits": {
+            **dict(current.get("extra_resource_limits") or {}),
+            **pod_shape.extended_resources,
+        },
+        "node_selector": {**dict(current.get("node_selector") or {}), **pod_shape.node_selector},
+        "tolerations": _merge_tolerations(
+            list(current.get("tolerations") or []), pod_shape.tolerations
+        ),
+        "priority_class_name": pod_shape.priority_class_name or "",
+    }
+    if pod_shape.image:
+        settings["image"] = pod_shape.image
+    if pod_shape.scheduler_name:
+        settings["scheduler_name"] = pod_shape.scheduler_name
+    if pod_shape.namespace:
+        settings["namespace"] = pod_shape.namespace
+    return settings
+
+
+def apply_to_pod(pod: dict[str, Any], pod_shape: PodShape) -> dict[str, Any]:
+    """The final word on a pod manifest (dict form): labels, annotations, runtime class, claims."""
+    meta = pod.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **pod_shape.labels}
+    meta["annotations"] = {**(meta.get("annotations") or {}), **pod_shape.annotations}
+    spec = pod["spec"]
+    if pod_shape.runtime_class_name:
+        spec["runtimeClassName"] = pod_shape.runtime_class_name
+    if pod_shape.priority_class_name:
+        spec["priorityClassName"] = pod_shape.priority_class_name
+    if pod_shape.resource_claims:
+        spec["resourceClaims"] = list(pod_shape.resource_claims)
+        container = spec["containers"][0]
+        resources = container.setdefault("resources", {})
+        resources["claims"] = [{"name": c["name"]} for c in pod_shape.resource_claims]
+    return pod

@@ -1,0 +1,373 @@
+"""``GPUKubeSpawner``: KubeSpawner with the GPU policy in its spawn path.
+
+Every chart setting of ``c.KubeSpawner`` still applies (traitlets merges config
+along the class hierarchy); the policy adds, in KubeSpawner's own order:
+
+1. ``profile_list`` (unless the admin set one): one entry per (group, profile)
+   the user's groups allow, with the group's live remaining quota.
+2. ``load_user_options``: ``user_options`` from the form or the REST API are
+   validated against the user's groups (``selection.select``), then admitted
+   against the ledger (``admission.Ledger``), then the pod shape is applied on
+   top of the profile's overrides, so nothing a profile or hook sets can undo
+   the accounting.
+3. ``get_pod_manifest``: the final labels, annotations, runtime class and DRA
+   claims.
+
+A refusal is an HTTP 403 with a one-line reason: a handled rejection, so a storm
+of refused spawns never trips ``consecutive_failure_limit``. Any failure after
+admission releases the reservation; ``stop`` releases the charge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets import Float, default
+
+from .admission import Charge, Decision, Ledger
+from .model import Policy, PolicyError
+from .policy import GPUPolicy
+from .quantities import format_gpus
+from .selection import Offer, Refused, Request, Selection, offers, select
+from .shaping import (
+    CHARGE_ANNOTATION,
+    GROUP_LABEL,
+    TIER_LABEL,
+    apply_to_pod,
+    merge_settings,
+    namespace_for,
+    shape,
+)
+
+
+class SpawnRefused(web.HTTPError):
+    """A spawn the policy does not allow; its text is what the user reads."""
+
+    def __init__(self, message: str, status: int = 403) -> None:
+        super().__init__(status, "%s", message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class _SharedState:
+    """What every spawner of this hub shares: the ledger and the waiting lines."""
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.loaded = False
+        self.load_lock = asyncio.Lock()
+        self.reserving: set[str] = set()  # admitted, pod not yet created
+        self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
+        self.changed = asyncio.Condition()
+
+
+class GPUKubeSpawner(KubeSpawner):
+    """KubeSpawner that offers, checks, charges and shapes servers by the GPU policy."""
+
+    wait_poll_interval = Float(
+        2.0,
+        help="""
+        Seconds between re-checks of a waiting spawn even when no server was
+        released here (another hub replica, or a pod removed by an admin).
+        """,
+    ).tag(config=True)
+
+    _shared: _SharedState | None = None
+    _policies: dict[int, tuple[Any, Policy]] = {}
+
+    # ---- policy and shared state -------------------------------------------------
+
+    @property
+    def gpu_policy(self) -> Policy:
+        """The checked policy; a broken one refuses every spawn with the errors."""
+        cached = self._policies.get(id(self.config))
+        if cached and cached[0] is self.config:
+            return cached[1]
+        policy = GPUPolicy(config=self.config).model
+        GPUKubeSpawner._policies[id(self.config)] = (self.config, policy)
+        return policy
+
+    def _policy_or_refuse(self) -> Policy:
+        try:
+            return self.gpu_policy
+        except PolicyError as e:
+            self.log.error("GPU policy is invalid:\n%s", e)
+            raise SpawnRefused(
+                "the GPU policy is misconfigured; an admin must fix it (see the hub log)", 500
+            ) from e
+
+    @classmethod
+    def _state(cls) -> _SharedState:
+        if GPUKubeSpawner._shared is None:
+            GPUKubeSpawner._shared = _SharedState()
+        return GPUKubeSpawner._shared
+
+    def _namespaces(self, policy: Policy) -> list[str]:
+        if policy.namespace_per_group:
+            return [namespace_for(policy, g) for g in [*policy.groups, "everyone"]]
+        return [self.namespace]
+
+    async def _charges_from_pods(self, policy: Policy) -> list[Charge]:
+        charges = []
+        for namespace in self._namespaces(policy):
+            try:
+                pods = await self.api.list_namespaced_pod(
+                    namespace,
+                    label_selector=GROUP_LABEL,
+                    _request_timeout=self.k8s_api_request_timeout,
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise
+            for pod in pods.items:
+                if pod.metadata.deletion_timestamp or pod.status.phase in ("Succeeded", "Failed"):
+                    continue
+                annotations = pod.metadata.annotations or {}
+                try:
+                    charge = json.loads(annotations[CHARGE_ANNOTATION])
+                    charges.append(
+                        Charge(
+                            key=f"{pod.metadata.namespace}/{pod.metadata.name}",
+                            user=charge["user"],
+                            group=pod.metadata.labels[GROUP_LABEL],
+                            request=Request.from_json(charge["request"]),
+                            tier=pod.metadata.labels.get(TIER_LABEL, "in-quota"),
+                        )
+                    )
+                except (KeyError, ValueError, TypeError):
+                    self.log.warning(
+                        "pod %s/%s has no readable %s annotation; it is not counted",
+                        pod.metadata.namespace,
+                        pod.metadata.name,
+                        CHARGE_ANNOTATION,
+                    )
+        return charges
+
+    async def _ledger(self, policy: Policy) -> Ledger:
+        """The shared ledger, rebuilt from pod labels the first time it is needed."""
+        state = self._state()
+        if not state.loaded:
+            async with state.load_lock:
+                if not state.loaded:
+                    charges = await self._charges_from_pods(policy)
+                    state.ledger = Ledger.from_charges(policy, charges)
+                    state.loaded = True
+                    self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
+        return state.ledger
+
+    # ---- the profile list ----------------------------------------------------------
+
+    @default("profile_list")
+    def _default_profile_list(self):
+        return self._gpu_profile_list
+
+    def _user_groups(self) -> list[str]:
+        return [g.name for g in getattr(self.user, "groups", [])]
+
+    async def _gpu_profile_list(self, spawner: KubeSpawner) -> list[dict[str, Any]]:
+        policy = self._policy_or_refuse()
+        ledger = await self._ledger(policy)
+        return [
+            self._profile_entry(policy, ledger, offer)
+            for offer in offers(policy, self._user_groups())
+        ]
+
+    def _profile_entry(self, policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any]:
+        group, profile = offer.group, offer.profile
+        lines = [profile.description] if profile.description else []
+        resources = f"{_cores(profile.cpu)} CPU, {profile.memory // 2**30} GiB RAM"
+        if profile.gpu:
+            flavor = policy.flavors[profile.gpu.flavor]
+            resources += f", {profile.gpu.count} x {flavor.display_name}"
+        lines.append(resources)
+        if not group.unlimited and group.limit.gpus is not None:
+            used = ledger.usage(group.name).gpus
+            free = max(group.limit.gpus - used, 0)
+            lines.append(
+                f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
+                "GPUs free"
+            )
+        entry: dict[str, Any] = {
+            "display_name": f"{group.display_name}: {profile.display_name}",
+            "slug": offer.slug,
+            "description": " · ".join(lines),
+            "default": profile.default,
+            "kubespawner_override": dict(profile.kubespawner_override),
+        }
+        if offer.options:
+            entry["profile_options"] = {
+                name: {
+                    "display_name": option.display_name,
+                    "choices": {key: {"display_name": key} for key, _ in option.choices},
+                }
+                for name, option in offer.options.items()
+            }
+        return entry
+
+    # ---- the spawn path ------------------------------------------------------------
+
+    @property
+    def _server_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    async def load_user_options(self) -> None:
+        policy = self._policy_or_refuse()
+        try:
+            selection = select(policy, self._user_groups(), self.user_options or {})
+        except Refused as e:
+            raise SpawnRefused(str(e)) from None
+        # the profile list KubeSpawner validates against is the same offers
+        self.user_options = {**(self.user_options or {}), "profile": selection.slug}
+        await super().load_user_options()
+        namespace = namespace_for(policy, selection.group.name)
+        if namespace:
+            self.namespace = namespace
+        decision = await self._admit(policy, selection)
+        self.gpu_selection = selection
+        self.gpu_shape = shape(
+            policy,
+            selection,
+            decision.tier,
+            username=self.user.name,
+            servername=self.name or "",
+        )
+        current = {key: getattr(self, key) for key in _MERGED_TRAITS}
+        for key, value in merge_settings(current, self.gpu_shape).items():
+            setattr(self, key, value)
+
+    async def _admit(self, policy: Policy, selection: Selection) -> Decision:
+        state = self._state()
+        ledger = await self._ledger(policy)
+        key = self._server_key
+        group = selection.group.name
+        line = state.waiting.setdefault(group, deque())
+        self._gpu_wait_message = None
+        try:
+            while True:
+                first_in_line = not line or line[0] == key
+                if first_in_line:
+                    # check and reserve happen in this one synchronous call: atomic
+                    decision = ledger.admit(
+                        policy, key, self.user.name, selection.group, selection.request
+                    )
+                    if decision.admitted:
+                        state.reserving.add(key)
+                        self.log.info(
+                            "GPU admission: %s charged to %s (%s)", key, group, decision.tier
+                        )
+                        return decision
+                    if decision.outcome == "refuse":
+                        raise SpawnRefused(decision.reason)
+                    reason = decision.reason
+                else:
+                    reason = f"{len(line) - 1} spawns ahead of you"
+                if key not in line:
+                    line.append(key)
+                position = list(line).index(key) + 1
+                self._gpu_wait_message = (
+                    f"Waiting for {selection.group.display_name}: position {position} of "
+                    f"{len(line)} ({reason})"
+                )
+                async with state.changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(state.changed.wait(), self.wait_poll_interval)
+        finally:
+            if key in line:
+                line.remove(key)
+            self._gpu_wait_message = None
+            if not line:
+                state.waiting.pop(group, None)
+
+    async def _release(self) -> None:
+        state = self._state()
+        state.reserving.discard(self._server_key)
+        if state.loaded and self._server_key in state.ledger.charges:
+            state.ledger.release(self.gpu_policy, self._server_key)
+            async with state.changed:
+                state.changed.notify_all()
+
+    async def _start(self):
+        self._gpu_starting = True
+        try:
+            result = await super()._start()
+        except ApiException as e:
+            await self._release()
+            if e.status == 403:
+                # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
+                raise SpawnRefused(f"Kubernetes refused the server: {_api_message(e)}") from None
+            raise
+        except BaseException:
+            # refused, pod creation failed (API unreachable), timed out or cancelled:
+            # nothing may stay charged
+            await self._release()
+            raise
+        finally:
+            self._gpu_starting = False
+        self._state().reserving.discard(self._server_key)
+        return result
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            # KubeSpawner stops a conflicting old pod during start and retries;
+            # that stop must not release the reservation the start still holds
+            if not getattr(self, "_gpu_starting", False):
+                await self._release()
+
+    async def get_pod_manifest(self):
+        pod = await super().get_pod_manifest()
+        pod_shape = getattr(self, "gpu_shape", None)
+        if pod_shape is None:
+            return pod
+        manifest = self.api.api_client.sanitize_for_serialization(pod)
+        apply_to_pod(manifest, pod_shape)
+        return _to_v1_pod(self.api.api_client, manifest)
+
+    async def progress(self):
+        # while waiting in line there is no pod yet: report the queue position
+        while getattr(self, "_gpu_wait_message", None):
+            yield {"progress": 1, "message": self._gpu_wait_message}
+            await asyncio.sleep(1)
+        async for event in super().progress():
+            yield event
+
+
+_MERGED_TRAITS = (
+    "cpu_limit",
+    "mem_limit",
+    "extra_resource_guarantees",
+    "extra_resource_limits",
+    "node_selector",
+    "tolerations",
+)
+
+
+def _cores(millicores: int) -> str:
+    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores / 1000:g}"
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return error.reason or f"HTTP {error.status}"
+
+
+def _to_v1_pod(api_client, manifest: dict[str, Any]):
+    """A V1Pod again, as KubeSpawner passes it on to the API."""
+
+    class _Response:
+        data = json.dumps(manifest)
+
+    return api_client.deserialize(_Response(), "V1Pod")
