@@ -69,6 +69,61 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _groups(text: str) -> list[str]:
+    return [g.strip() for g in text.split(",") if g.strip()]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .values import policy_from_values
+
+    policy = policy_from_values(args.values)
+    print(
+        f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
+        f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"
+    )
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from .offline import offered_profiles
+
+    profiles = offered_profiles(args.values, _groups(args.groups))
+    if args.json:
+        print(json.dumps(profiles, indent=2))
+        return 0
+    if not profiles:
+        print("no profiles: a member of these groups cannot start a server")
+        return 0
+    for entry in profiles:
+        print(f"{entry['slug']}: {entry['display_name']}")
+        print(f"    {entry['description']}")
+        for name, option in entry.get("profile_options", {}).items():
+            print(f"    {name}: {', '.join(option['choices'])}")
+    return 0
+
+
+def cmd_pod(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .offline import render_pod
+    from .spawner import SpawnRefused
+
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"--option {item!r}: expected KEY=VALUE")
+        options[key] = value
+    try:
+        pod = asyncio.run(
+            render_pod(args.values, args.user, _groups(args.groups), args.profile, options)
+        )
+    except SpawnRefused as e:
+        raise UserError(f"refused: {e}") from None
+    print(yaml.safe_dump(pod, sort_keys=False), end="")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -93,6 +148,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--node-pools", help="a YAML file of simulated node pools")
     c.set_defaults(func=cmd_cluster)
 
+    values_help = "z2jh values files, merged in order like helm -f"
+    k = sub.add_parser("check", help="validate the policy in values files, offline")
+    k.add_argument("values", nargs="+", help=values_help)
+    k.set_defaults(func=cmd_check)
+
+    pr = sub.add_parser("profiles", help="what a member of some groups is offered")
+    pr.add_argument("values", nargs="+", help=values_help)
+    pr.add_argument("--groups", default="", help="comma-separated JupyterHub groups")
+    pr.add_argument("--json", action="store_true", help="print the KubeSpawner profile_list")
+    pr.set_defaults(func=cmd_profiles)
+
+    po = sub.add_parser("pod", help="the Pod a spawn would create on an empty cluster")
+    po.add_argument("values", nargs="+", help=values_help)
+    po.add_argument("--user", required=True)
+    po.add_argument("--groups", default="", help="comma-separated JupyterHub groups")
+    po.add_argument("--profile", help="the profile slug, <group>--<profile> (default: the default)")
+    po.add_argument("--option", action="append", default=[], help="KEY=VALUE, e.g. gpus=2")
+    po.set_defaults(func=cmd_pod)
+
     d = sub.add_parser("demo", help="the local cluster and a real hub to try it on")
     d.add_argument("--bin-dir", help=bin_dir_help)
     d.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1")
@@ -104,10 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .localcluster.build import BuildError
     from .localcluster.cluster import ClusterError
+    from .model import PolicyError
+    from .values import ValuesError
 
     try:
         return args.func(args)
-    except (UserError, BuildError, ClusterError) as e:
+    except PolicyError as e:
+        print(
+            f"jupyterhub-gpu {args.command}: the policy has {len(e.errors)} error(s):",
+            file=sys.stderr,
+        )
+        print(str(e), file=sys.stderr)
+        return 1
+    except (UserError, BuildError, ClusterError, ValuesError) as e:
         print(f"jupyterhub-gpu {args.command}: {e}", file=sys.stderr)
         return 1
 

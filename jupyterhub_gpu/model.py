@@ -666,7 +666,8 @@ def _parse_group(
     parent = e.string(f"{path}.parent", spec.get("parent"))
     return Group(
         name=name,
-        display_name=e.string(f"{path}.display_name", spec.get("display_name")) or name,
+        display_name=e.string(f"{path}.display_name", spec.get("display_name"))
+        or ("Everyone" if name == "everyone" else name),
         profiles=tuple(p for p in names if p in profiles),
         quota=quota,
         limit=limit,

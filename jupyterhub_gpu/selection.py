@@ -18,6 +18,9 @@ from typing import Any
 
 from .model import Flavor, Group, Option, Policy, Profile
 
+#: Kinds where a server gets one share of a GPU, whatever the gpus option says.
+SHARED_KINDS = ("timeslice", "mps", "fraction")
+
 
 class Refused(Exception):
     """The spawn is refused; the message is what the user sees."""
@@ -117,7 +120,9 @@ def _bounded_options(policy: Policy, group: Group, profile: Profile) -> dict[str
             if name == "gpus":
                 request = request_for(profile, base_flavor, value)
             elif name == "flavor":
-                request = request_for(profile, policy.flavors[value], profile.gpu.count)
+                flavor = policy.flavors[value]
+                count = 1 if flavor.kind in SHARED_KINDS else profile.gpu.count
+                request = request_for(profile, flavor, count)
             else:
                 request = request_for(profile, base_flavor, profile.gpu.count if profile.gpu else 0)
             if _fits_caps(policy, group, request):
@@ -194,7 +199,9 @@ def select(
         flavor_name = _choice(chosen, "flavor", options.get("flavor"), profile.gpu.flavor)
         flavor = policy.flavors[flavor_name]
         count = _choice(chosen, "gpus", options.get("gpus"), profile.gpu.count)
-        if flavor.kind == "fraction":
+        if flavor.kind in SHARED_KINDS:
+            # a shared replica or slice is one per server (the device plugin's
+            # failRequestsGreaterThanOne); more replicas would not add a GPU
             count = 1
     image = _choice(chosen, "image", options.get("image"), profile.image)
     request = request_for(profile, flavor, count)

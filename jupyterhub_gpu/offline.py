@@ -1,0 +1,76 @@
+"""What the hub would offer and create, computed offline from values files.
+
+``jupyterhub-gpu profiles`` and ``pod`` run the real spawner code
+(``GPUKubeSpawner.load_user_options`` and KubeSpawner's ``get_pod_manifest``)
+against an empty ledger, so admins see exactly what users get. No cluster is
+contacted: the spawner's client points at a closed loopback port.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.config import kube_config
+
+from .selection import offers
+from .values import hub_config, load_values, policy_from_config
+
+_OFFLINE_KUBECONFIG = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    # port 9 (discard) on loopback: nothing is ever sent, and nothing listens
+    "clusters": [{"name": "offline", "cluster": {"server": "https://127.0.0.1:9"}}],
+    "users": [{"name": "offline", "user": {"token": "offline"}}],
+    "contexts": [{"name": "offline", "context": {"cluster": "offline", "user": "offline"}}],
+    "current-context": "offline",
+}
+
+
+class _Named:
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+def offered_profiles(paths: list[str], groups: list[str]) -> list[dict[str, Any]]:
+    """The KubeSpawner ``profile_list`` a member of ``groups`` sees on an empty cluster."""
+    from .admission import Ledger
+    from .spawner import GPUKubeSpawner
+
+    policy = policy_from_config(hub_config(load_values(paths)))
+    # the entry builder is the spawner's own; it needs no spawner state
+    return [
+        GPUKubeSpawner._profile_entry(None, policy, Ledger(), offer)  # type: ignore[arg-type]
+        for offer in offers(policy, groups)
+    ]
+
+
+async def render_pod(
+    paths: list[str], user: str, groups: list[str], profile: str | None, options: dict[str, str]
+) -> dict[str, Any]:
+    """The Pod manifest spawn would create, or ``SpawnRefused`` with the user's message."""
+    from .spawner import GPUKubeSpawner, _SharedState
+
+    config = hub_config(load_values(paths))
+    policy_from_config(config)  # a policy error is reported as such, before anything else
+    with tempfile.TemporaryDirectory() as tmp:
+        kubeconfig = Path(tmp) / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(_OFFLINE_KUBECONFIG))
+        # read by KubeSpawner's client set-up; KUBECONFIG itself was read at import
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
+        empty = _SharedState()
+        empty.loaded = True  # an empty cluster: no server is charged yet
+        GPUKubeSpawner._shared = empty
+        hub_user = _Named(
+            name=user,
+            id=1,
+            url=f"/user/{user}/",
+            groups=[_Named(name=g) for g in groups],
+        )
+        spawner = GPUKubeSpawner(_mock=True, config=config, user=hub_user)
+        spawner.user_options = {**({"profile": profile} if profile else {}), **options}
+        await spawner.load_user_options()
+        pod = await spawner.get_pod_manifest()
+        return spawner.api.api_client.sanitize_for_serialization(pod)

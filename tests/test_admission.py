@@ -1,0 +1,155 @@
+"""Admission arithmetic: no group ever passes its limit, and the ledger is exactly its pods."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Ledger, Usage
+from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.selection import Request
+
+POLICY = parse_policy(
+    flavors={
+        "h200": {"kind": "gpu"},
+        "shared": {"kind": "timeslice", "replicas": 4},
+        "mig": {"kind": "mig", "profile": "3g.20gb"},
+    },
+    profiles={"p": {"gpu": {"flavor": "h200"}}},
+    when_full="wait",
+    groups={
+        "dept": {"quota": {"gpus": 6}, "limit": {"gpus": 8, "flavors": {"h200": 6}}},
+        "lab-a": {
+            "parent": "dept",
+            "quota": {"gpus": 3, "cpu": 16},
+            "limit": {"gpus": 5},
+            "per_user": {"servers": 2, "gpus": 3},
+            "profiles": ["p"],
+        },
+        "lab-b": {"parent": "dept", "quota": {"gpus": 4}, "limit": {"gpus": 6}, "profiles": ["p"]},
+        "admins": {"unlimited": True},
+    },
+)
+FLAVOR_EQ = {name: f.unit_equivalents for name, f in POLICY.flavors.items()}
+
+
+def request(flavor: str, units: int, cpu: int = 1000) -> Request:
+    return Request(
+        gpus=FLAVOR_EQ[flavor] * units, cpu=cpu, memory=2**30, devices=((flavor, units),)
+    )
+
+
+def recompute(ledger: Ledger) -> dict[str, Usage]:
+    """What the per-group totals must be, summed afresh from the charges (the pods)."""
+    totals: dict[str, Usage] = {}
+    for charge in ledger.charges.values():
+        for group in POLICY.ancestors(charge.group):
+            totals.setdefault(group.name, Usage()).add(charge.request)
+    return {k: v for k, v in totals.items() if not v.is_zero()}
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("admit"),
+            st.sampled_from(["lab-a", "lab-b", "dept", "admins"]),
+            st.sampled_from(["u1", "u2", "u3"]),
+            st.sampled_from(["h200", "shared", "mig"]),
+            st.integers(1, 3),
+            st.integers(0, 20),
+        ),
+        st.tuples(st.just("release"), st.integers(0, 20)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_no_sequence_of_admits_and_releases_passes_a_limit(ops):
+    ledger = Ledger()
+    for op in ops:
+        if op[0] == "admit":
+            _, group, user, flavor, units, key = op
+            decision = ledger.admit(
+                POLICY, f"ns/pod-{key}", user, POLICY.group(group), request(flavor, units)
+            )
+            assert decision.outcome in ("admit", "wait", "refuse")
+        else:
+            ledger.release(POLICY, f"ns/pod-{op[1]}")
+        # invariant 1: every limited group is at or under its limit, parents included
+        for name, group in POLICY.groups.items():
+            used = ledger.usage(name)
+            if not group.unlimited and group.limit.gpus is not None:
+                assert used.gpus <= group.limit.gpus
+            for flavor, cap in group.limit.flavors.items():
+                assert used.flavors[flavor] <= cap
+        # per-user caps hold
+        for (_user, group), used in ledger.users.items():
+            caps = POLICY.group(group).per_user
+            if caps.servers is not None:
+                assert used.servers <= caps.servers
+            if caps.gpus is not None:
+                assert used.gpus <= caps.gpus
+        # invariant 2: the running totals equal the sum recomputed from the charges
+        assert {k: v for k, v in ledger.groups.items()} == recompute(ledger)
+        # and a ledger rebuilt from the charges alone (a hub restart) is the same
+        rebuilt = Ledger.from_charges(POLICY, ledger.charges.values())
+        assert rebuilt.groups == ledger.groups
+        assert rebuilt.users == ledger.users
+
+
+def test_tier_is_over_quota_between_quota_and_limit_and_wait_beyond():
+    ledger = Ledger()
+    lab = POLICY.group("lab-b")
+    tiers = [
+        ledger.admit(POLICY, f"ns/p{i}", f"u{i}", lab, request("h200", 1)).tier for i in range(6)
+    ]
+    assert tiers == [IN_QUOTA] * 4 + [OVER_QUOTA] * 2
+    seventh = ledger.admit(POLICY, "ns/p7", "u7", lab, request("h200", 1))
+    assert seventh.outcome == "wait"  # when_full: wait
+    assert seventh.reason == "lab-b has 6 of 6 GPUs in use; this server needs 1"
+    assert "ns/p7" not in ledger.charges
+
+
+def test_parent_caps_the_sum_of_its_children():
+    ledger = Ledger()
+    for i in range(5):
+        assert ledger.admit(
+            POLICY, f"ns/b{i}", f"b{i}", POLICY.group("lab-b"), request("mig", 1)
+        ).admitted
+    # dept: 5 x 3/7 = 2.14 used; lab-a adds whole GPUs until dept's 6 h200 devices are used
+    for i in range(3):
+        assert ledger.admit(
+            POLICY, f"ns/a{i}", f"a{i}", POLICY.group("lab-a"), request("h200", 1)
+        ).admitted
+    assert ledger.usage("dept").gpus == Fraction(15, 7) + 3
+
+
+def test_per_user_cap_refuses_and_names_the_user():
+    ledger = Ledger()
+    lab = POLICY.group("lab-a")
+    assert ledger.admit(POLICY, "ns/1", "ann", lab, request("shared", 1)).admitted
+    assert ledger.admit(POLICY, "ns/2", "ann", lab, request("shared", 1)).admitted
+    third = ledger.admit(POLICY, "ns/3", "ann", lab, request("shared", 1))
+    assert third.outcome == "refuse"
+    assert third.reason == "ann in lab-a has 2 of 2 servers in use; this server needs 1"
+
+
+def test_a_request_larger_than_the_limit_is_refused_even_when_waiting_is_on():
+    decision = Ledger().decide(POLICY, "u", POLICY.group("lab-b"), request("h200", 7))
+    assert decision.outcome == "refuse"
+    assert "lab-b allows less than this server needs" in decision.reason
+
+
+def test_releasing_frees_exactly_what_was_charged():
+    ledger = Ledger()
+    lab = POLICY.group("lab-a")
+    ledger.admit(POLICY, "ns/1", "ann", lab, request("shared", 3, cpu=1500))
+    ledger.release(POLICY, "ns/1")
+    assert ledger.groups == {}
+    assert ledger.users == {}
+    assert ledger.charges == {}
+    assert ledger.release(POLICY, "ns/never") is None

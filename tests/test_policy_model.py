@@ -1,0 +1,189 @@
+"""Policy validation: every error named with its full key path, nothing ignored."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from jupyterhub_gpu.model import PolicyError, parse_policy
+
+P = "hub.config.GPUPolicy"
+
+
+def errors(**policy) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(**policy)
+    return info.value.errors
+
+
+def test_design_example_policy_is_valid_and_counts_gpu_equivalents():
+    policy = parse_policy(
+        scheduler={"name": "kai"},
+        flavors={
+            "h200": {
+                "kind": "gpu",
+                "resource": "nvidia.com/gpu",
+                "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"},
+            },
+            "h200-shared": {
+                "kind": "timeslice",
+                "resource": "nvidia.com/gpu.shared",
+                "replicas": 4,
+            },
+            "mig-1g5": {"kind": "mig", "profile": "1g.5gb", "strategy": "mixed"},
+            "mig-3g": {"kind": "mig", "profile": "3g.20gb"},
+            "slice-32g": {"kind": "fraction", "gpu_memory": 32000},
+        },
+        profiles={
+            "cpu": {"display_name": "CPU only", "cpu": 2, "memory": "2Gi"},
+            "student": {"cpu": 4, "memory": "16Gi", "gpu": {"flavor": "slice-32g"}},
+            "research": {
+                "cpu": 8,
+                "memory": "64Gi",
+                "gpu": {"flavor": "h200", "count": 1},
+                "options": {
+                    "gpus": {"choices": [1, 2, 4]},
+                    "flavor": {"choices": ["h200", "h200-shared"]},
+                },
+            },
+        },
+        everyone={"profiles": ["cpu"]},
+        groups={
+            "research": {
+                "quota": {"gpus": 12, "cpu": 64, "memory": "131Gi"},
+                "limit": {"gpus": 24},
+                "per_user": {"servers": 2, "gpus": 4},
+                "profiles": ["research", "cpu"],
+            },
+            "students": {
+                "quota": {"gpus": 10},
+                "per_user": {"servers": 1},
+                "max_runtime": "8h",
+                "profiles": ["student"],
+            },
+            "test": {"unlimited": True, "profiles": ["research", "student", "cpu"]},
+        },
+    )
+    f = policy.flavors
+    assert f["h200"].unit_equivalents == 1
+    assert f["h200-shared"].unit_equivalents == Fraction(1, 4)
+    assert f["mig-1g5"].unit_equivalents == Fraction(1, 7)
+    assert f["mig-3g"].unit_equivalents == Fraction(3, 7)
+    assert f["mig-1g5"].resource == "nvidia.com/mig-1g.5gb"
+    # no device memory given: a fraction is charged a whole GPU (never under-counted)
+    assert f["slice-32g"].unit_equivalents == 1
+    research = policy.groups["research"]
+    assert research.quota.gpus == 12
+    assert research.limit.gpus == 24
+    assert research.limit.cpu == 64000  # unset limit fields default to the quota
+    assert research.quota.memory == 131 * 2**30
+    assert research.queue == "research"
+    assert policy.groups["students"].max_runtime == 8 * 3600
+
+
+def test_the_design_example_error_message():
+    assert errors(
+        groups={"students": {"quota": {"gpus": "ten"}}},
+    ) == [f"{P}.groups.students.quota.gpus: expected a number, got 'ten'"]
+
+
+def test_every_error_is_reported_not_just_the_first():
+    found = errors(
+        scheduler={"name": "slurm"},
+        flavors={"x": {"kind": "gpu", "colour": "red"}, "y": {"kind": "tpu"}},
+        profiles={"p": {"gpu": {"flavor": "nope"}, "memory": "lots"}},
+        groups={
+            "a": {"profiles": ["missing"], "parent": "ghost"},
+            "b": {"quota": {"gpus": 4}, "limit": {"gpus": 2}},
+        },
+        when_full="panic",
+    )
+    expected = [
+        f"{P}.scheduler.name: expected one of default, kai, volcano, kueue, got 'slurm'",
+        f"{P}.flavors.x.colour: unknown key",
+        f"{P}.flavors.y.kind: expected one of gpu, mig, timeslice, mps, fraction, hami, dra",
+        f"{P}.profiles.p.memory: expected a quantity such as 4, 500m or 16Gi, got 'lots'",
+        f"{P}.profiles.p.gpu.flavor: no flavor named 'nope'",
+        f"{P}.groups.a.profiles[0]: no profile named 'missing'",
+        f"{P}.groups.a.parent: no group named 'ghost'",
+        f"{P}.groups.b.limit.gpus: must be >= quota.gpus",
+        f"{P}.when_full: expected refuse or wait, got 'panic'",
+    ]
+    for message in expected:
+        assert any(e.startswith(message) for e in found), (message, found)
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (
+            {"flavors": {"s": {"kind": "fraction", "gpu_fraction": 0.5}}},
+            "flavors.s.kind: fraction flavors need the KAI scheduler",
+        ),
+        (
+            {"scheduler": "kai", "flavors": {"s": {"kind": "fraction"}}},
+            "flavors.s: set exactly one of gpu_fraction",
+        ),
+        (
+            {"scheduler": "kai", "flavors": {"s": {"kind": "fraction", "gpu_fraction": 1.5}}},
+            "flavors.s.gpu_fraction: expected a number between 0 and 1",
+        ),
+        (
+            {"flavors": {"m": {"kind": "mig", "profile": "9g.80gb"}}},
+            "flavors.m.profile: expected a MIG profile",
+        ),
+        (
+            {"flavors": {"m": {"kind": "mig", "profile": "1g.5gb", "strategy": "single"}}},
+            "flavors.m.product: required with strategy: single",
+        ),
+        ({"flavors": {"t": {"kind": "timeslice"}}}, "flavors.t.replicas: expected a whole number"),
+        (
+            {"groups": {"a": {"parent": "b"}, "b": {"parent": "a"}}},
+            "groups.a.parent: cycle: a -> b -> a",
+        ),
+        (
+            {
+                "flavors": {"g": {"kind": "gpu"}},
+                "profiles": {"p": {"gpu": {"flavor": "g"}}},
+                "groups": {"a": {"profiles": ["p"]}},
+            },
+            "groups.a.quota.gpus: required: the group offers GPU profiles (p)",
+        ),
+        (
+            {"groups": {"a": {"unlimited": True, "quota": {"gpus": 1}}}},
+            "groups.a.unlimited: an unlimited group has no quota or limit",
+        ),
+        (
+            {"profiles": {"p": {"kubespawner_override": {"cpu_guarantee": 64}}}},
+            "profiles.p.kubespawner_override.cpu_guarantee: is set by the policy",
+        ),
+        (
+            {"profiles": {"p": {"cpu": 2, "cpu_limit": 1}}},
+            "profiles.p.cpu_limit: must be >= cpu",
+        ),
+        ({"groups": {"a--b": {}}}, "groups.a--b: a group name must be"),
+        ({"groups": {"everyone": {}}}, "groups.everyone: 'everyone' is the top-level"),
+        ({"everyone": {"parent": "x"}}, "everyone.parent: unknown key"),
+        (
+            {
+                "flavors": {"g": {"kind": "gpu"}},
+                "profiles": {
+                    "p": {
+                        "gpu": {"flavor": "g", "count": 3},
+                        "options": {"gpus": {"choices": [1, 2]}},
+                    }
+                },
+            },
+            "profiles.p.options.gpus.choices: must include the profile's gpu.count (3)",
+        ),
+        ({"extra_labels": {"team": "{tenant}"}}, "extra_labels.team: unknown placeholder"),
+        (
+            {"groups": {"a": {"max_runtime": "forever"}}},
+            "groups.a.max_runtime: expected a duration",
+        ),
+    ],
+)
+def test_impossible_policies_are_refused_with_the_key_path(policy, message):
+    found = errors(**policy)
+    assert any(e.startswith(f"{P}.{message}") for e in found), found
