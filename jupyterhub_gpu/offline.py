@@ -72,5 +72,7 @@ async def render_pod(
         spawner = GPUKubeSpawner(_mock=True, config=config, user=hub_user)
         spawner.user_options = {**({"profile": profile} if profile else {}), **options}
         await spawner.load_user_options()
-        pod = await spawner.get_pod_manifest()
-        return spawner.api.api_client.sanitize_for_serialization(pod)
+        pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
+        # KubeSpawner names the namespace when it creates the pod; show it here
+        pod["metadata"]["namespace"] = spawner.namespace
+        return pod

@@ -193,6 +193,9 @@ def select(
     if forged:
         raise Refused(f"unknown option {forged[0]!r}: only the form's choices are accepted")
     profile = chosen.profile
+    for name in options:
+        if name not in profile.options:
+            raise Refused(f"profile {chosen.slug} has no {name!r} option")
     flavor = None
     count = 0
     if profile.gpu:

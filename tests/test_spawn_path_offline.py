@@ -1,0 +1,253 @@
+"""The spawn path's pure parts, through the real spawner code in-process.
+
+Offers, server-side validation and pod shape for every GPU kind and scheduler;
+what the reference clusters offer and give each kind of member; the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from traitlets.config import Config
+
+import matrix
+from jupyterhub_gpu.offline import offered_profiles, render_pod
+from jupyterhub_gpu.selection import Refused, offers, select
+from jupyterhub_gpu.spawner import SpawnRefused
+from jupyterhub_gpu.values import policy_from_config
+
+VALUES = Path(__file__).parents[1] / "helm-values"
+
+
+def values_file(tmp_path: Path, policy: dict) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"hub": {"config": {"GPUPolicy": policy}}}))
+    return str(path)
+
+
+def model(policy: dict):
+    config = Config()
+    config.GPUPolicy.update(policy)
+    return policy_from_config(config)
+
+
+CASES = [(s, k) for s in matrix.SCHEDULERS for k in matrix.kinds(s)]
+
+
+@pytest.mark.parametrize(("scheduler", "kind"), CASES)
+async def test_pod_shape_for_every_kind_and_scheduler(tmp_path, scheduler, kind):
+    path = values_file(tmp_path, matrix.policy(scheduler))
+    pod = await render_pod([path], "ann", ["lab"], f"lab--p-{kind}", {})
+    matrix.assert_pod_matches(pod, kind, scheduler)
+    charge = json.loads(pod["metadata"]["annotations"]["gpu.jupyterhub.org/charge"])
+    assert charge["user"] == "ann"
+    assert charge["request"]["devices"] == {kind: 1}
+
+
+def test_user_sees_one_entry_per_group_and_profile_and_nothing_else():
+    policy = model(
+        yaml.safe_load((VALUES / "university.yaml").read_text())["hub"]["config"]["GPUPolicy"]
+    )
+    slugs = [o.slug for o in offers(policy, ["students", "some-idp-group"])]
+    assert slugs == ["students--student", "everyone--cpu"]
+    both = [o.slug for o in offers(policy, ["research", "students"])]
+    assert both == ["research--research", "research--cpu", "students--student", "everyone--cpu"]
+    assert [o.slug for o in offers(policy, [])] == ["everyone--cpu"]
+
+
+def test_listed_profiles_leak_no_other_group():
+    entries = offered_profiles([str(VALUES / "university.yaml")], ["students"])
+    text = json.dumps(entries)
+    assert "research" not in text.lower()
+    assert "Test (admins)" not in text
+
+
+def test_options_are_bounded_by_user_caps():
+    policy = model(
+        {
+            "flavors": {"g": {"kind": "gpu"}},
+            "profiles": {
+                "p": {"gpu": {"flavor": "g"}, "options": {"gpus": {"choices": [1, 2, 4, 8]}}}
+            },
+            "groups": {"lab": {"quota": {"gpus": 16}, "per_user": {"gpus": 2}, "profiles": ["p"]}},
+        }
+    )
+    (offer,) = [o for o in offers(policy, ["lab"]) if o.group.name == "lab"]
+    assert [k for k, _ in offer.options["gpus"].choices] == ["1", "2"]
+    with pytest.raises(Refused, match="gpus=4 is more than lab allows"):
+        select(policy, ["lab"], {"profile": "lab--p", "gpus": "4"})
+    assert select(policy, ["lab"], {"profile": "lab--p", "gpus": "2"}).request.gpus == 2
+
+
+@pytest.mark.parametrize(
+    ("groups", "options", "message"),
+    [
+        (
+            ["students"],
+            {"profile": "research--research"},
+            "profile 'research--research' is not offered",
+        ),
+        (["research"], {"profile": "research--research", "gpus": "3"}, "gpus='3' is not a choice"),
+        (
+            ["research"],
+            {"profile": "research--research", "flavor": "slice-32g"},
+            "flavor='slice-32g'",
+        ),
+        (["research"], {"profile": "research--research", "cpu_guarantee": "64"}, "unknown option"),
+        (["research"], {"profile": "research--cpu", "gpus": "1"}, "has no 'gpus' option"),
+        (
+            ["research"],
+            {"profile": "research--research", "image--unlisted-choice": "evil"},
+            "unknown option",
+        ),
+    ],
+)
+def test_forged_or_out_of_bounds_options_are_refused(groups, options, message):
+    policy = model(
+        yaml.safe_load((VALUES / "university.yaml").read_text())["hub"]["config"]["GPUPolicy"]
+    )
+    with pytest.raises(Refused, match=message):
+        select(policy, groups, options)
+
+
+async def test_user_in_no_group_without_everyone_profiles_is_refused(tmp_path):
+    path = values_file(tmp_path, {"groups": {"lab": {"profiles": []}}})
+    with pytest.raises(SpawnRefused, match="you are not offered any server"):
+        await render_pod([path], "nobody", [], None, {})
+
+
+def test_zero_quota_offers_no_gpu_profile_and_refuses_it():
+    policy = model(
+        {
+            "flavors": {"g": {"kind": "gpu"}},
+            "profiles": {"p": {"gpu": {"flavor": "g"}}, "c": {}},
+            "groups": {"frozen": {"quota": {"gpus": 0}, "profiles": ["p", "c"]}},
+        }
+    )
+    assert [o.slug for o in offers(policy, ["frozen"])] == ["frozen--c"]
+    with pytest.raises(Refused, match="not offered"):
+        select(policy, ["frozen"], {"profile": "frozen--p"})
+
+
+# ---- the reference clusters of DESIGN §1 -------------------------------------------
+
+
+async def test_university_student_gets_a_locked_32g_kai_slice():
+    pod = await render_pod([str(VALUES / "university.yaml")], "sam", ["students"], None, {})
+    container = pod["spec"]["containers"][0]
+    assert pod["metadata"]["annotations"]["gpu-memory"] == "32000"
+    assert pod["metadata"]["labels"]["kai.scheduler/queue"] == "students"
+    assert pod["spec"]["schedulerName"] == "kai-scheduler"
+    assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"]
+    assert "nvidia.com/gpu" not in container["resources"]["requests"]
+
+
+async def test_university_researcher_picks_gpus_and_flavor():
+    pod = await render_pod(
+        [str(VALUES / "university.yaml")],
+        "rita",
+        ["research"],
+        "research--research",
+        {"gpus": "4", "flavor": "h200"},
+    )
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
+    # per_user.gpus is 4: eight would be refused even though the option is offered to test
+    with pytest.raises(SpawnRefused):
+        await render_pod(
+            [str(VALUES / "university.yaml")],
+            "rita",
+            ["research"],
+            "research--research",
+            {"gpus": "8"},
+        )
+
+
+async def test_department_gpu_member_gets_runtime_class_and_chosen_image():
+    pod = await render_pod(
+        [str(VALUES / "department.yaml")],
+        "dana",
+        ["cpsHPCAccess"],
+        "cpsHPCAccess--gpu",
+        {"gpus": "2", "image": "TensorFlow"},
+    )
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    assert (
+        pod["spec"]["containers"][0]["image"] == "quay.io/jupyter/tensorflow-notebook:cuda-latest"
+    )
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert "schedulerName" not in pod["spec"]
+
+
+def test_department_everyone_gets_only_the_cpu_profile():
+    entries = offered_profiles([str(VALUES / "department.yaml")], [])
+    assert [e["slug"] for e in entries] == ["everyone--cpu"]
+    assert "2 CPU, 2 GiB RAM" in entries[0]["description"]
+
+
+async def test_enterprise_pod_lands_in_team_namespace_with_required_labels():
+    pod = await render_pod([str(VALUES / "enterprise.yaml")], "eve", ["analytics"], None, {})
+    labels = pod["metadata"]["labels"]
+    assert pod["metadata"]["namespace"] == "nb-analytics"
+    assert labels["team"] == "analytics"
+    assert labels["user"] == "eve"
+    assert labels["job_type"] == "notebook"
+    assert labels["kueue.x-k8s.io/queue-name"] == "analytics"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+
+
+# ---- the command line --------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jupyterhub_gpu.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("name", ["university", "department", "enterprise"])
+def test_check_passes_on_every_example(name):
+    result = cli("check", str(VALUES / f"{name}.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("policy OK")
+
+
+def test_check_reports_errors_with_paths_and_exits_1(tmp_path):
+    bad = values_file(tmp_path, {"groups": {"students": {"quota": {"gpus": "ten"}}}})
+    result = cli("check", str(VALUES / "university.yaml"), bad)  # merged like helm -f
+    assert result.returncode == 1
+    assert (
+        "hub.config.GPUPolicy.groups.students.quota.gpus: expected a number, got 'ten'"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_profiles_json_is_a_kubespawner_profile_list():
+    result = cli("profiles", str(VALUES / "university.yaml"), "--groups", "research", "--json")
+    profiles = json.loads(result.stdout)
+    assert [p["slug"] for p in profiles] == ["research--research", "research--cpu", "everyone--cpu"]
+    assert profiles[0]["profile_options"]["gpus"]["choices"].keys() == {"1", "2", "4"}
+
+
+def test_pod_refusal_exits_1_with_the_reason():
+    result = cli(
+        "pod",
+        str(VALUES / "university.yaml"),
+        "--user",
+        "x",
+        "--groups",
+        "students",
+        "--profile",
+        "research--research",
+    )
+    assert result.returncode == 1
+    assert "refused: profile 'research--research' is not offered to you" in result.stderr
