@@ -72,6 +72,8 @@ class LocalHub:
     password: str = "jupyterhub-gpu"
     #: hub.config.GPUPolicy; with it the hub runs GPUKubeSpawner, as z2jh would
     policy: dict | None = None
+    #: stop users' servers when the hub stops (False: they outlive a restart)
+    cleanup_servers: bool = True
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -102,7 +104,7 @@ class LocalHub:
             c.JupyterHub.db_url = "sqlite:///{self.directory}/jupyterhub.sqlite"
             c.JupyterHub.cookie_secret_file = "{self.directory}/cookie_secret"
             c.JupyterHub.pid_file = "{self.directory}/jupyterhub.pid"
-            c.JupyterHub.cleanup_servers = True
+            c.JupyterHub.cleanup_servers = {self.cleanup_servers!r}
             c.JupyterHub.authenticator_class = "dummy"
             c.DummyAuthenticator.password = {self.password!r}
             c.Authenticator.allowed_users = {set(self.users) | set(self.admin_users)!r}
@@ -199,7 +201,16 @@ class LocalHub:
             parsed = raw.decode(errors="replace")
         return status, parsed
 
+    def restart(self, timeout: float = 60) -> LocalHub:
+        """Stop the hub process and start it again on the same database and config."""
+        self._stop_process()
+        return self.start(timeout)
+
     def stop(self) -> None:
+        self._stop_process()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _stop_process(self) -> None:
         if self.process and self.process.poll() is None:
             # SIGTERM lets the hub stop its servers (cleanup_servers) and its proxy
             self.process.send_signal(signal.SIGTERM)
@@ -216,4 +227,4 @@ class LocalHub:
         if proxy_pid.exists():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(proxy_pid.read_text().strip()), signal.SIGKILL)
-        shutil.rmtree(self.directory, ignore_errors=True)
+            proxy_pid.unlink(missing_ok=True)
