@@ -1,0 +1,168 @@
+"""Policy work in the spawn path at scale, beside stock KubeSpawner (DESIGN §8).
+
+Scale: 10,000 users, 500 groups, 5,000 running servers charged in the ledger.
+Per spawn, the policy does: the user's profile list (offers + entries with live
+quota), server-side validation of user_options (select), and admission
+(admit, then release so the ledger stays at 5,000).
+
+Beside it, in the same process and run: stock KubeSpawner's own handling of a
+static profile list of the same size (1,000 profiles: 500 groups x 2), i.e.
+``_get_initialized_profile_list`` + ``_validate_user_options`` +
+``_get_profile`` — the work KubeSpawner does for every spawn with a static
+``profile_list``.
+
+Run: python benchmarks/policy_path.py [--spawns N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+def build_policy(groups: int):
+    from jupyterhub_gpu.model import parse_policy
+
+    return parse_policy(
+        flavors={
+            "h200": {"kind": "gpu"},
+            "shared": {"kind": "timeslice", "replicas": 4},
+            "mig": {"kind": "mig", "profile": "1g.5gb"},
+        },
+        profiles={
+            "cpu": {"cpu": 2, "memory": "4Gi"},
+            "gpu": {
+                "cpu": 8,
+                "memory": "32Gi",
+                "gpu": {"flavor": "h200"},
+                "options": {
+                    "gpus": {"choices": [1, 2, 4]},
+                    "flavor": {"choices": ["h200", "shared", "mig"]},
+                },
+            },
+        },
+        everyone={"profiles": ["cpu"]},
+        groups={
+            f"g{i:03d}": {
+                "quota": {"gpus": 40, "cpu": 400},
+                "limit": {"gpus": 60},
+                "per_user": {"servers": 3, "gpus": 4},
+                "profiles": ["gpu", "cpu"],
+            }
+            for i in range(groups)
+        },
+    )
+
+
+def kubespawner_static_list(groups: int) -> list[dict]:
+    """The same offer as a static KubeSpawner profile_list (no per-group filtering)."""
+    profiles = []
+    for i in range(groups):
+        for name in ("gpu", "cpu"):
+            entry = {
+                "display_name": f"g{i:03d}: {name}",
+                "slug": f"g{i:03d}--{name}",
+                "kubespawner_override": {"cpu_guarantee": 8},
+            }
+            if name == "gpu":
+                entry["profile_options"] = {
+                    "gpus": {
+                        "display_name": "GPUs",
+                        "choices": {c: {"display_name": c} for c in "124"},
+                    },
+                    "flavor": {
+                        "display_name": "GPU type",
+                        "choices": {c: {"display_name": c} for c in ("h200", "shared", "mig")},
+                    },
+                }
+            profiles.append(entry)
+    return profiles
+
+
+async def main(spawns: int, users: int = 10_000, groups: int = 500, servers: int = 5_000) -> None:
+    from jupyterhub_gpu.admission import Ledger
+    from jupyterhub_gpu.offline import _OFFLINE_KUBECONFIG
+    from jupyterhub_gpu.selection import offers, select
+    from jupyterhub_gpu.spawner import GPUKubeSpawner
+
+    rng = random.Random(7)
+    policy = build_policy(groups)
+    membership = {
+        f"user{u:05d}": rng.sample(sorted(policy.groups), rng.choice((1, 1, 2, 3)))
+        for u in range(users)
+    }
+    # 5,000 running servers in the ledger
+    ledger = Ledger()
+    names = list(membership)
+    for s in range(servers):
+        user = names[s % users]
+        selection = select(policy, membership[user], {"profile": f"{membership[user][0]}--cpu"})
+        ledger.admit(policy, f"ns/running-{s}", user, selection.group, selection.request)
+    assert len(ledger.charges) == servers
+
+    entry = GPUKubeSpawner._profile_entry
+    ours: list[float] = []
+    for i in range(spawns):
+        user = rng.choice(names)
+        groups_of_user = membership[user]
+        options = {"profile": f"{groups_of_user[0]}--gpu", "gpus": "2", "flavor": "shared"}
+        t0 = time.perf_counter()
+        listed = [entry(None, policy, ledger, o) for o in offers(policy, groups_of_user)]
+        selection = select(policy, groups_of_user, options)
+        decision = ledger.admit(policy, f"ns/new-{i}", user, selection.group, selection.request)
+        ledger.release(policy, f"ns/new-{i}")
+        ours.append(time.perf_counter() - t0)
+        assert listed
+        assert decision.admitted
+
+    # stock KubeSpawner, same process, a static list of the same size
+    with tempfile.TemporaryDirectory() as tmp:
+        from kubernetes_asyncio.config import kube_config
+
+        path = Path(tmp) / "kubeconfig"
+        path.write_text(yaml.safe_dump(_OFFLINE_KUBECONFIG))
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(path)
+        from kubespawner import KubeSpawner
+
+        static = kubespawner_static_list(groups)
+        spawner = KubeSpawner(_mock=True)
+        stock: list[float] = []
+        for _ in range(spawns):
+            i = rng.randrange(groups)
+            spawner.user_options = {"profile": f"g{i:03d}--gpu", "gpus": "2", "flavor": "shared"}
+            t0 = time.perf_counter()
+            initialized = spawner._get_initialized_profile_list(static)
+            spawner._validate_user_options(initialized)
+            spawner._get_profile(spawner.user_options["profile"], initialized)
+            stock.append(time.perf_counter() - t0)
+
+    def row(name: str, samples: list[float]) -> str:
+        ms = [s * 1000 for s in samples]
+        return (
+            f"| {name} | {statistics.median(ms):.3f} | {percentile(ms, 99):.3f} | {max(ms):.3f} |"
+        )
+
+    print(f"scale: {users} users, {groups} groups, {servers} running servers; {spawns} spawns each")
+    print("| path | p50 ms | p99 ms | max ms |")
+    print("|---|---|---|---|")
+    print(row("jupyterhub-gpu: profile list + validation + admission", ours))
+    print(row("stock KubeSpawner: static list of 1,000 profiles", stock))
+    print(f"ratio of p99 (stock / ours): {percentile(stock, 99) / percentile(ours, 99):.1f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spawns", type=int, default=2000)
+    asyncio.run(main(parser.parse_args().spawns))
