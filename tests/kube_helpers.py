@@ -46,3 +46,15 @@ async def eventually(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
+
+
+async def failed_scheduling(core, namespace: str, pod: str) -> list:
+    """The scheduler's FailedScheduling events for a pod, once there is one."""
+
+    async def events():
+        listed = await core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={pod}"
+        )
+        return [e for e in listed.items if e.reason == "FailedScheduling"]
+
+    return await eventually(events, f"a FailedScheduling event for {pod}")

@@ -11,7 +11,7 @@ import ipaddress
 import pytest
 from kubernetes_asyncio.client import ApiException
 
-from kube_helpers import eventually, pod_manifest
+from kube_helpers import eventually, failed_scheduling, pod_manifest
 
 pytestmark = pytest.mark.k8s
 
@@ -37,28 +37,14 @@ async def test_gpu_pod_lands_on_gpu_node_with_loopback_ip(core, namespace):
 async def test_gpu_pod_without_toleration_is_not_placed_on_tainted_gpu_node(core, namespace):
     manifest = pod_manifest("no-toleration", {"nvidia.com/gpu": "1"}, tolerations=[])
     await core.create_namespaced_pod(namespace, manifest)
-
-    async def unschedulable():
-        events = await core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=no-toleration"
-        )
-        return [e for e in events.items if e.reason == "FailedScheduling"]
-
-    events = await eventually(unschedulable, "a FailedScheduling event")
+    events = await failed_scheduling(core, namespace, "no-toleration")
     assert "nvidia.com/gpu" in events[0].message
     assert (await _pod(core, namespace, "no-toleration")).status.phase == "Pending"
 
 
 async def test_pod_asking_more_gpus_than_any_node_stays_pending(core, namespace):
     await core.create_namespaced_pod(namespace, pod_manifest("too-big", {"nvidia.com/gpu": "64"}))
-
-    async def unschedulable():
-        events = await core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=too-big"
-        )
-        return [e for e in events.items if e.reason == "FailedScheduling"]
-
-    events = await eventually(unschedulable, "a FailedScheduling event")
+    events = await failed_scheduling(core, namespace, "too-big")
     assert "Insufficient nvidia.com/gpu" in events[0].message
     pod = await _pod(core, namespace, "too-big")
     assert pod.status.phase == "Pending"
