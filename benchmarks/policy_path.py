@@ -95,7 +95,7 @@ async def main(spawns: int, users: int = 10_000, groups: int = 500, servers: int
     from jupyterhub_gpu.admission import Ledger
     from jupyterhub_gpu.offline import _OFFLINE_KUBECONFIG
     from jupyterhub_gpu.selection import offers, select
-    from jupyterhub_gpu.spawner import GPUKubeSpawner
+    from jupyterhub_gpu.spawner import profile_entry
 
     rng = random.Random(7)
     policy = build_policy(groups)
@@ -112,14 +112,13 @@ async def main(spawns: int, users: int = 10_000, groups: int = 500, servers: int
         ledger.admit(policy, f"ns/running-{s}", user, selection.group, selection.request)
     assert len(ledger.charges) == servers
 
-    entry = GPUKubeSpawner._profile_entry
     ours: list[float] = []
     for i in range(spawns):
         user = rng.choice(names)
         groups_of_user = membership[user]
         options = {"profile": f"{groups_of_user[0]}--gpu", "gpus": "2", "flavor": "shared"}
         t0 = time.perf_counter()
-        listed = [entry(None, policy, ledger, o) for o in offers(policy, groups_of_user)]
+        listed = [profile_entry(policy, ledger, o) for o in offers(policy, groups_of_user)]
         selection = select(policy, groups_of_user, options)
         decision = ledger.admit(policy, f"ns/new-{i}", user, selection.group, selection.request)
         ledger.release(policy, f"ns/new-{i}")

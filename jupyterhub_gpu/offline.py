@@ -37,14 +37,10 @@ class _Named:
 def offered_profiles(paths: list[str], groups: list[str]) -> list[dict[str, Any]]:
     """The KubeSpawner ``profile_list`` a member of ``groups`` sees on an empty cluster."""
     from .admission import Ledger
-    from .spawner import GPUKubeSpawner
+    from .spawner import profile_entry
 
     policy = policy_from_config(hub_config(load_values(paths)))
-    # the entry builder is the spawner's own; it needs no spawner state
-    return [
-        GPUKubeSpawner._profile_entry(None, policy, Ledger(), offer)  # type: ignore[arg-type]
-        for offer in offers(policy, groups)
-    ]
+    return [profile_entry(policy, Ledger(), offer) for offer in offers(policy, groups)]
 
 
 async def render_pod(

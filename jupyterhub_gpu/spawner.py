@@ -65,7 +65,6 @@ class _SharedState:
         self.ledger = Ledger()
         self.loaded = False
         self.load_lock = asyncio.Lock()
-        self.reserving: set[str] = set()  # admitted, pod not yet created
         self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
         self.changed = asyncio.Condition()
 
@@ -178,41 +177,8 @@ class GPUKubeSpawner(KubeSpawner):
         policy = self._policy_or_refuse()
         ledger = await self._ledger(policy)
         return [
-            self._profile_entry(policy, ledger, offer)
-            for offer in offers(policy, self._user_groups())
+            profile_entry(policy, ledger, offer) for offer in offers(policy, self._user_groups())
         ]
-
-    def _profile_entry(self, policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any]:
-        group, profile = offer.group, offer.profile
-        lines = [profile.description] if profile.description else []
-        resources = f"{_cores(profile.cpu)} CPU, {profile.memory // 2**30} GiB RAM"
-        if profile.gpu:
-            flavor = policy.flavors[profile.gpu.flavor]
-            resources += f", {profile.gpu.count} x {flavor.display_name}"
-        lines.append(resources)
-        if not group.unlimited and group.limit.gpus is not None:
-            used = ledger.usage(group.name).gpus
-            free = max(group.limit.gpus - used, 0)
-            lines.append(
-                f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
-                "GPUs free"
-            )
-        entry: dict[str, Any] = {
-            "display_name": f"{group.display_name}: {profile.display_name}",
-            "slug": offer.slug,
-            "description": " · ".join(lines),
-            "default": profile.default,
-            "kubespawner_override": dict(profile.kubespawner_override),
-        }
-        if offer.options:
-            entry["profile_options"] = {
-                name: {
-                    "display_name": option.display_name,
-                    "choices": {key: {"display_name": key} for key, _ in option.choices},
-                }
-                for name, option in offer.options.items()
-            }
-        return entry
 
     # ---- the spawn path ------------------------------------------------------------
 
@@ -261,7 +227,6 @@ class GPUKubeSpawner(KubeSpawner):
                         policy, key, self.user.name, selection.group, selection.request
                     )
                     if decision.admitted:
-                        state.reserving.add(key)
                         self.log.info(
                             "GPU admission: %s charged to %s (%s)", key, group, decision.tier
                         )
@@ -290,7 +255,6 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def _release(self) -> None:
         state = self._state()
-        state.reserving.discard(self._server_key)
         if state.loaded and self._server_key in state.ledger.charges:
             state.ledger.release(self.gpu_policy, self._server_key)
             async with state.changed:
@@ -313,7 +277,6 @@ class GPUKubeSpawner(KubeSpawner):
             raise
         finally:
             self._gpu_starting = False
-        self._state().reserving.discard(self._server_key)
         return result
 
     async def stop(self, now: bool = False) -> None:
@@ -341,6 +304,40 @@ class GPUKubeSpawner(KubeSpawner):
             await asyncio.sleep(1)
         async for event in super().progress():
             yield event
+
+
+def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any]:
+    """One KubeSpawner profile_list entry: resources and the group's live remaining quota."""
+    group, profile = offer.group, offer.profile
+    lines = [profile.description] if profile.description else []
+    resources = f"{_cores(profile.cpu)} CPU, {profile.memory / 2**30:g} GiB RAM"
+    if profile.gpu:
+        flavor = policy.flavors[profile.gpu.flavor]
+        resources += f", {profile.gpu.count} x {flavor.display_name}"
+    lines.append(resources)
+    if not group.unlimited and group.limit.gpus is not None:
+        used = ledger.usage(group.name).gpus
+        free = max(group.limit.gpus - used, 0)
+        lines.append(
+            f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
+            "GPUs free"
+        )
+    entry: dict[str, Any] = {
+        "display_name": f"{group.display_name}: {profile.display_name}",
+        "slug": offer.slug,
+        "description": " · ".join(lines),
+        "default": profile.default,
+        "kubespawner_override": dict(profile.kubespawner_override),
+    }
+    if offer.options:
+        entry["profile_options"] = {
+            name: {
+                "display_name": option.display_name,
+                "choices": {key: {"display_name": key} for key, _ in option.choices},
+            }
+            for name, option in offer.options.items()
+        }
+    return entry
 
 
 _MERGED_TRAITS = (
