@@ -235,10 +235,11 @@ class GPUKubeSpawner(KubeSpawner):
                         raise SpawnRefused(decision.reason)
                     reason = decision.reason
                 else:
-                    reason = f"{len(line) - 1} spawns ahead of you"
+                    reason = None
                 if key not in line:
                     line.append(key)
                 position = list(line).index(key) + 1
+                reason = reason or f"{position - 1} spawns ahead of you"
                 self._gpu_wait_message = (
                     f"Waiting for {selection.group.display_name}: position {position} of "
                     f"{len(line)} ({reason})"
@@ -247,11 +248,10 @@ class GPUKubeSpawner(KubeSpawner):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(state.changed.wait(), self.wait_poll_interval)
         finally:
+            # the line itself stays: a spawn still holding it must keep its place
             if key in line:
                 line.remove(key)
             self._gpu_wait_message = None
-            if not line:
-                state.waiting.pop(group, None)
 
     async def _release(self) -> None:
         state = self._state()
