@@ -51,24 +51,31 @@ async def render_pod(
 
     config = hub_config(load_values(paths))
     policy_from_config(config)  # a policy error is reported as such, before anything else
+    empty = _SharedState()
+    empty.loaded = True  # an empty cluster: no server is charged yet
+    GPUKubeSpawner._shared = empty
+    spawner = offline_spawner(config, user, groups)
+    spawner.user_options = {**({"profile": profile} if profile else {}), **options}
+    await spawner.load_user_options()
+    pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
+    # KubeSpawner names the namespace when it creates the pod; show it here
+    pod["metadata"]["namespace"] = spawner.namespace
+    return pod
+
+
+def offline_spawner(config, user: str, groups: list[str]):
+    """A GPUKubeSpawner for ``user`` whose Kubernetes client can reach nothing."""
+    from .spawner import GPUKubeSpawner
+
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
         kubeconfig.write_text(yaml.safe_dump(_OFFLINE_KUBECONFIG))
         # read by KubeSpawner's client set-up; KUBECONFIG itself was read at import
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
-        empty = _SharedState()
-        empty.loaded = True  # an empty cluster: no server is charged yet
-        GPUKubeSpawner._shared = empty
         hub_user = _Named(
             name=user,
             id=1,
             url=f"/user/{user}/",
             groups=[_Named(name=g) for g in groups],
         )
-        spawner = GPUKubeSpawner(_mock=True, config=config, user=hub_user)
-        spawner.user_options = {**({"profile": profile} if profile else {}), **options}
-        await spawner.load_user_options()
-        pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
-        # KubeSpawner names the namespace when it creates the pod; show it here
-        pod["metadata"]["namespace"] = spawner.namespace
-        return pod
+        return GPUKubeSpawner(_mock=True, config=config, user=hub_user)

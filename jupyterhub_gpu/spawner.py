@@ -82,6 +82,10 @@ class GPUKubeSpawner(KubeSpawner):
 
     _shared: _SharedState | None = None
     _policies: dict[int, tuple[Any, Policy]] = {}
+    #: what the spawn page shows while this spawn waits in its group's line
+    _gpu_wait_message: str | None = None
+    #: true from start() until the pod exists or the start failed
+    _gpu_starting: bool = False
 
     # ---- policy and shared state -------------------------------------------------
 
@@ -285,7 +289,7 @@ class GPUKubeSpawner(KubeSpawner):
         finally:
             # KubeSpawner stops a conflicting old pod during start and retries;
             # that stop must not release the reservation the start still holds
-            if not getattr(self, "_gpu_starting", False):
+            if not self._gpu_starting:
                 await self._release()
 
     async def get_pod_manifest(self):
@@ -299,7 +303,7 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def progress(self):
         # while waiting in line there is no pod yet: report the queue position
-        while getattr(self, "_gpu_wait_message", None):
+        while self._gpu_wait_message:
             yield {"progress": 1, "message": self._gpu_wait_message}
             await asyncio.sleep(1)
         async for event in super().progress():
