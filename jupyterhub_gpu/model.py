@@ -381,9 +381,7 @@ def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | N
                 fraction = None
         else:
             memory = e.whole(f"{path}.gpu_memory", spec["gpu_memory"], minimum=1)
-        device_memory = None
-        if "device_memory" in spec:
-            device_memory = e.whole(f"{path}.device_memory", spec["device_memory"], minimum=1)
+        device_memory = _device_memory(e, path, spec)
         return Flavor(
             gpu_fraction=fraction, gpu_memory=memory, device_memory=device_memory, **common
         )
@@ -394,9 +392,7 @@ def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | N
             cores = e.whole(f"{path}.gpucores", spec["gpucores"], minimum=1)
             if cores is not None and cores > 100:
                 e.add(f"{path}.gpucores", f"expected a percentage 1-100, got {cores}")
-        device_memory = None
-        if "device_memory" in spec:
-            device_memory = e.whole(f"{path}.device_memory", spec["device_memory"], minimum=1)
+        device_memory = _device_memory(e, path, spec)
         return Flavor(
             resource="nvidia.com/gpu",
             gpu_memory=memory,
@@ -427,6 +423,13 @@ def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | N
         dra_equivalents=equivalents or Fraction(1),
         **common,
     )
+
+
+def _device_memory(e: _Errors, path: str, spec: Mapping[str, Any]) -> int | None:
+    """MiB of one whole device, to count memory-sized shares in GPU-equivalents."""
+    if "device_memory" not in spec:
+        return None
+    return e.whole(f"{path}.device_memory", spec["device_memory"], minimum=1)
 
 
 _PROFILE_KEYS = {

@@ -92,6 +92,13 @@ def request_for(profile: Profile, flavor: Flavor | None, count: int) -> Request:
     )
 
 
+def base_request(policy: Policy, profile: Profile) -> Request:
+    """What a profile is charged with its own defaults (no options chosen)."""
+    if profile.gpu is None:
+        return request_for(profile, None, 0)
+    return request_for(profile, policy.flavors[profile.gpu.flavor], profile.gpu.count)
+
+
 def _fits_caps(policy: Policy, group: Group, request: Request) -> bool:
     """Could this request ever be admitted in this group (empty cluster, no other servers)?"""
     for level in policy.ancestors(group.name):
@@ -124,7 +131,7 @@ def _bounded_options(policy: Policy, group: Group, profile: Profile) -> dict[str
                 count = 1 if flavor.kind in SHARED_KINDS else profile.gpu.count
                 request = request_for(profile, flavor, count)
             else:
-                request = request_for(profile, base_flavor, profile.gpu.count if profile.gpu else 0)
+                request = base_request(policy, profile)
             if _fits_caps(policy, group, request):
                 kept.append((key, value))
         if kept:
@@ -144,12 +151,7 @@ def offers(policy: Policy, user_groups: Iterable[str]) -> list[Offer]:
         for name in group.profiles:
             profile = policy.profiles[name]
             options = _bounded_options(policy, group, profile)
-            base = request_for(
-                profile,
-                policy.flavors[profile.gpu.flavor] if profile.gpu else None,
-                profile.gpu.count if profile.gpu else 0,
-            )
-            if not _fits_caps(policy, group, base) and not options:
+            if not _fits_caps(policy, group, base_request(policy, profile)) and not options:
                 continue  # e.g. a GPU profile in a group whose quota is 0
             result.append(Offer(group, profile, options))
     return result

@@ -196,8 +196,6 @@ def apply_to_pod(pod: dict[str, Any], pod_shape: PodShape) -> dict[str, Any]:
     spec = pod["spec"]
     if pod_shape.runtime_class_name:
         spec["runtimeClassName"] = pod_shape.runtime_class_name
-    if pod_shape.priority_class_name:
-        spec["priorityClassName"] = pod_shape.priority_class_name
     if pod_shape.resource_claims:
         spec["resourceClaims"] = list(pod_shape.resource_claims)
         container = spec["containers"][0]
