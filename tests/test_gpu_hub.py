@@ -151,7 +151,15 @@ async def gpu_hub(local_cluster, core, priority_class_objects):
         users=users,
         policy=POLICY,
         cleanup_servers=False,
-        extra_config="c.JupyterHub.concurrent_spawn_limit = 0\n",
+        # ten notebook servers start at once on two cores: give each time to come up,
+        # and the API server time to answer (KubeSpawner's default 3 s request
+        # timeout makes it retry a create that did succeed, then delete its own pod)
+        extra_config=(
+            "c.JupyterHub.concurrent_spawn_limit = 0\n"
+            "c.KubeSpawner.k8s_api_request_timeout = 30\n"
+            "c.KubeSpawner.http_timeout = 240\n"
+            "c.KubeSpawner.start_timeout = 300\n"
+        ),
     )
     await asyncio.to_thread(hub.start)
     yield hub
@@ -204,7 +212,9 @@ async def test_200_concurrent_spawns_admit_exactly_the_quota(gpu_hub, core):
         running = [p for p in pods if p.status.phase == "Running"]
         return (listed, running) if not pending and len(running) == len(listed) else None
 
-    active, running = await eventually(settled, "every spawn to be decided", within=180)
+    active, running = await eventually(settled, "every spawn to be decided", within=320)
+    if len(active) != 10:  # show why a spawn failed before the fixture removes the log
+        print(gpu_hub.log_path.read_text(errors="replace")[-20000:])
     assert len(active) == 10
     assert len(running) == 10
     assert {p.metadata.labels["gpu.jupyterhub.org/group"] for p in running} == {"lab"}
