@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .admission import IN_QUOTA
+from .admission import IN_QUOTA, Charge
 from .model import Flavor, Policy
-from .selection import Selection
+from .selection import Request, Selection
 
 LABEL_PREFIX = "gpu.jupyterhub.org"
 GROUP_LABEL = f"{LABEL_PREFIX}/group"
@@ -202,3 +202,33 @@ def apply_to_pod(pod: dict[str, Any], pod_shape: PodShape) -> dict[str, Any]:
         resources = container.setdefault("resources", {})
         resources["claims"] = [{"name": c["name"]} for c in pod_shape.resource_claims]
     return pod
+
+
+def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:
+    """The charge a live server pod carries, or None for a pod that holds nothing.
+
+    ``pod`` is the API's JSON form (camelCase keys). Terminating and finished pods
+    hold nothing. Raises ``ValueError`` for a pod labelled as ours whose charge
+    annotation is missing or unreadable, so the caller can say which pod it is.
+    """
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if GROUP_LABEL not in labels:
+        return None
+    if metadata.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
+        "Succeeded",
+        "Failed",
+    ):
+        return None
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    try:
+        charge = json.loads((metadata.get("annotations") or {})[CHARGE_ANNOTATION])
+        return Charge(
+            key=key,
+            user=charge["user"],
+            group=labels[GROUP_LABEL],
+            request=Request.from_json(charge["request"]),
+            tier=labels.get(TIER_LABEL, IN_QUOTA),
+        )
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"pod {key} has no readable {CHARGE_ANNOTATION} annotation") from e

@@ -35,12 +35,11 @@ from .admission import Charge, Decision, Ledger
 from .model import Policy, PolicyError
 from .policy import GPUPolicy
 from .quantities import format_gpus
-from .selection import Offer, Refused, Request, Selection, offers, select
+from .selection import Offer, Refused, Selection, offers, select
 from .shaping import (
-    CHARGE_ANNOTATION,
     GROUP_LABEL,
-    TIER_LABEL,
     apply_to_pod,
+    charge_from_pod,
     merge_settings,
     namespace_for,
     shape,
@@ -133,27 +132,13 @@ class GPUKubeSpawner(KubeSpawner):
                     continue
                 raise
             for pod in pods.items:
-                if pod.metadata.deletion_timestamp or pod.status.phase in ("Succeeded", "Failed"):
-                    continue
-                annotations = pod.metadata.annotations or {}
                 try:
-                    charge = json.loads(annotations[CHARGE_ANNOTATION])
-                    charges.append(
-                        Charge(
-                            key=f"{pod.metadata.namespace}/{pod.metadata.name}",
-                            user=charge["user"],
-                            group=pod.metadata.labels[GROUP_LABEL],
-                            request=Request.from_json(charge["request"]),
-                            tier=pod.metadata.labels.get(TIER_LABEL, "in-quota"),
-                        )
-                    )
-                except (KeyError, ValueError, TypeError):
-                    self.log.warning(
-                        "pod %s/%s has no readable %s annotation; it is not counted",
-                        pod.metadata.namespace,
-                        pod.metadata.name,
-                        CHARGE_ANNOTATION,
-                    )
+                    charge = charge_from_pod(self.api.sanitize_for_serialization(pod))
+                except ValueError as e:
+                    self.log.warning("%s; it is not counted", e)
+                    continue
+                if charge is not None:
+                    charges.append(charge)
         return charges
 
     async def _ledger(self, policy: Policy) -> Ledger:

@@ -49,3 +49,7 @@ async def namespace(core):
         await asyncio.sleep(0.1)
     yield name
     await core.delete_namespace(name)
+
+
+# headless Chromium fixtures (`browser`, `page`) for page tests
+pytest_plugins = ["browser"]
