@@ -32,6 +32,7 @@ KINDS = ("gpu", "mig", "timeslice", "mps", "fraction", "hami", "dra")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 # what a group's name must be to serve as a label value, a queue and a namespace suffix
 _NAME = re.compile(r"^[a-z0-9A-Z]([a-z0-9A-Z_.-]{0,61}[a-z0-9A-Z])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _MIG_PROFILE = re.compile(r"^([1-7])g\.\d+gb(\+me)?$")
 #: Keys a profile's kubespawner_override may not set: they would bypass accounting.
 ACCOUNTED_OVERRIDES = frozenset(
@@ -759,6 +760,8 @@ def parse_policy(
         e.add("when_full", f"expected refuse or wait, got {when_full!r}")
     if not isinstance(namespace_per_group, bool):
         e.add("namespace_per_group", f"expected true or false, got {namespace_per_group!r}")
+    elif namespace_per_group:
+        _check_namespaces(e, str(namespace_prefix), [*parsed_groups, "everyone"])
     labels = e.string_map("extra_labels", extra_labels)
     for key, template in labels.items():
         try:
@@ -783,6 +786,20 @@ def parse_policy(
         namespace_prefix=str(namespace_prefix),
         extra_labels=labels,
     )
+
+
+def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
+    """Each group's namespace ``<prefix><group>`` must be a valid namespace name."""
+    for name in groups:
+        namespace = f"{prefix}{name}"
+        if not _DNS_LABEL.match(namespace):
+            where = "everyone" if name == "everyone" else f"groups.{name}"
+            e.add(
+                where,
+                f"with namespace_per_group its namespace would be {namespace!r}, not a valid "
+                "namespace name (lowercase letters, digits and '-', at most 63 characters): "
+                "rename the group or change namespace_prefix",
+            )
 
 
 def _check_parents(e: _Errors, groups: Mapping[str, Group]) -> None:

@@ -26,6 +26,7 @@ import json
 from collections import deque
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
@@ -33,11 +34,13 @@ from traitlets import Float, default
 
 from .admission import Charge, Decision, Ledger
 from .model import Policy, PolicyError
+from .pending import explain_unschedulable
 from .policy import GPUPolicy
 from .quantities import format_gpus
 from .selection import Offer, Refused, Selection, offers, select
 from .shaping import (
     GROUP_LABEL,
+    PodShape,
     apply_to_pod,
     charge_from_pod,
     merge_settings,
@@ -85,6 +88,9 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
+    #: what the last validated spawn chose, and the pod shape the policy gives it
+    gpu_selection: Selection | None = None
+    gpu_shape: PodShape | None = None
 
     # ---- policy and shared state -------------------------------------------------
 
@@ -133,7 +139,7 @@ class GPUKubeSpawner(KubeSpawner):
                 raise
             for pod in pods.items:
                 try:
-                    charge = charge_from_pod(self.api.sanitize_for_serialization(pod))
+                    charge = charge_from_pod(self.api.api_client.sanitize_for_serialization(pod))
                 except ValueError as e:
                     self.log.warning("%s; it is not counted", e)
                     continue
@@ -147,7 +153,8 @@ class GPUKubeSpawner(KubeSpawner):
         if not state.loaded:
             async with state.load_lock:
                 if not state.loaded:
-                    charges = await self._charges_from_pods(policy)
+                    with _kubernetes_reachable():
+                        charges = await self._charges_from_pods(policy)
                     state.ledger = Ledger.from_charges(policy, charges)
                     state.loaded = True
                     self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
@@ -259,9 +266,11 @@ class GPUKubeSpawner(KubeSpawner):
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
                 raise SpawnRefused(f"Kubernetes refused the server: {_api_message(e)}") from None
             raise
+        except (aiohttp.ClientError, OSError) as e:
+            await self._release()
+            raise _unreachable(e) from None
         except BaseException:
-            # refused, pod creation failed (API unreachable), timed out or cancelled:
-            # nothing may stay charged
+            # refused, pod creation failed, timed out or cancelled: nothing may stay charged
             await self._release()
             raise
         finally:
@@ -279,11 +288,10 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()
-        pod_shape = getattr(self, "gpu_shape", None)
-        if pod_shape is None:
+        if self.gpu_shape is None:
             return pod
         manifest = self.api.api_client.sanitize_for_serialization(pod)
-        apply_to_pod(manifest, pod_shape)
+        apply_to_pod(manifest, self.gpu_shape)
         return _to_v1_pod(self.api.api_client, manifest)
 
     async def progress(self):
@@ -292,7 +300,16 @@ class GPUKubeSpawner(KubeSpawner):
             yield {"progress": 1, "message": self._gpu_wait_message}
             await asyncio.sleep(1)
         async for event in super().progress():
-            yield event
+            yield self._explained(event)
+
+    def _explained(self, event: dict[str, Any]) -> dict[str, Any]:
+        """A scheduler's FailedScheduling event, said in plain language."""
+        raw = event.get("raw_event") or {}
+        if raw.get("reason") != "FailedScheduling" or self.gpu_selection is None:
+            return event
+        resources = tuple(self.gpu_shape.extended_resources) if self.gpu_shape else ()
+        text = explain_unschedulable(raw.get("message") or "", self.gpu_selection.flavor, resources)
+        return {**event, "message": text} if text else event
 
 
 def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any]:
@@ -337,6 +354,23 @@ _MERGED_TRAITS = (
     "node_selector",
     "tolerations",
 )
+
+
+def _unreachable(error: Exception) -> SpawnRefused:
+    return SpawnRefused(
+        f"the Kubernetes API server could not be reached ({type(error).__name__}); "
+        "nothing was started: try again in a minute, and tell an admin if it persists",
+        503,
+    )
+
+
+@contextlib.contextmanager
+def _kubernetes_reachable():
+    """An unreachable API server becomes one line for the user (503), not a traceback."""
+    try:
+        yield
+    except (aiohttp.ClientError, OSError) as e:
+        raise _unreachable(e) from None
 
 
 def _cores(millicores: int) -> str:

@@ -182,6 +182,15 @@ def test_every_error_is_reported_not_just_the_first():
             {"groups": {"a": {"max_runtime": "forever"}}},
             "groups.a.max_runtime: expected a duration",
         ),
+        (
+            {"namespace_per_group": True, "groups": {"Data_Science": {}}},
+            "groups.Data_Science: with namespace_per_group its namespace would be "
+            "'jupyterhub-gpu-Data_Science', not a valid namespace name",
+        ),
+        (
+            {"namespace_per_group": True, "namespace_prefix": "GPU-"},
+            "everyone: with namespace_per_group its namespace would be 'GPU-everyone'",
+        ),
     ],
 )
 def test_impossible_policies_are_refused_with_the_key_path(policy, message):
