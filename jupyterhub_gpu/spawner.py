@@ -24,15 +24,18 @@ import asyncio
 import contextlib
 import json
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Float, default
+from traitlets import Bool, Float, default
 
 from .admission import Charge, Decision, Ledger
+from .capacity import FlavorCapacity
+from .clusterview import ClusterView
 from .model import Policy, PolicyError
 from .pending import explain_unschedulable
 from .policy import GPUPolicy
@@ -69,6 +72,7 @@ class _SharedState:
         self.load_lock = asyncio.Lock()
         self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
         self.changed = asyncio.Condition()
+        self.cluster_view: ClusterView | None = None
 
 
 class GPUKubeSpawner(KubeSpawner):
@@ -79,6 +83,17 @@ class GPUKubeSpawner(KubeSpawner):
         help="""
         Seconds between re-checks of a waiting spawn even when no server was
         released here (another hub replica, or a pod removed by an admin).
+        """,
+    ).tag(config=True)
+
+    show_cluster_capacity = Bool(
+        True,
+        help="""
+        Show each GPU profile's free cluster capacity (node allocatable minus what
+        bound pods request) in the profile list, from a watch of nodes and pods in
+        all namespaces. Needs RBAC the chart does not grant (``jupyterhub-gpu
+        manifests`` renders it); without it the list says capacity is unknown and
+        the hub log warns once.
         """,
     ).tag(config=True)
 
@@ -172,9 +187,22 @@ class GPUKubeSpawner(KubeSpawner):
     async def _gpu_profile_list(self, spawner: KubeSpawner) -> list[dict[str, Any]]:
         policy = self._policy_or_refuse()
         ledger = await self._ledger(policy)
+        capacity = await self._capacity(policy)
         return [
-            profile_entry(policy, ledger, offer) for offer in offers(policy, self._user_groups())
+            profile_entry(policy, ledger, offer, capacity)
+            for offer in offers(policy, self._user_groups())
         ]
+
+    async def _capacity(self, policy: Policy) -> dict[str, FlavorCapacity] | None:
+        """Free cluster capacity per flavor, or None when it is unknown or turned off."""
+        if not self.show_cluster_capacity:
+            return None
+        state = self._state()
+        if state.cluster_view is None:
+            state.cluster_view = ClusterView(self.api.api_client, self.log).start()
+            # the first list of nodes and pods, so the very first page shows capacity
+            await state.cluster_view.wait_ready(self.k8s_api_request_timeout)
+        return state.cluster_view.capacity(policy)
 
     # ---- the spawn path ------------------------------------------------------------
 
@@ -312,8 +340,14 @@ class GPUKubeSpawner(KubeSpawner):
         return {**event, "message": text} if text else event
 
 
-def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any]:
-    """One KubeSpawner profile_list entry: resources and the group's live remaining quota."""
+def profile_entry(
+    policy: Policy,
+    ledger: Ledger,
+    offer: Offer,
+    capacity: Mapping[str, FlavorCapacity] | None = None,
+) -> dict[str, Any]:
+    """One KubeSpawner profile_list entry: resources, the group's live remaining quota,
+    and the free cluster capacity of its flavor (``capacity`` None: unknown)."""
     group, profile = offer.group, offer.profile
     lines = [profile.description] if profile.description else []
     resources = f"{_cores(profile.cpu)} CPU, {profile.memory / 2**30:g} GiB RAM"
@@ -328,6 +362,8 @@ def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any
             f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
             "GPUs free"
         )
+    if profile.gpu:
+        lines.append(_capacity_line(capacity, profile.gpu.flavor))
     entry: dict[str, Any] = {
         "display_name": f"{group.display_name}: {profile.display_name}",
         "slug": offer.slug,
@@ -354,6 +390,13 @@ _MERGED_TRAITS = (
     "node_selector",
     "tolerations",
 )
+
+
+def _capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) -> str:
+    known = capacity.get(flavor) if capacity is not None else None
+    if known is None or known.free is None:
+        return "cluster capacity unknown"
+    return f"cluster: {known.free} of {known.allocatable} {known.unit} free"
 
 
 def _unreachable(error: Exception) -> SpawnRefused:
