@@ -127,6 +127,9 @@ class Option:
     name: str
     display_name: str
     choices: tuple[tuple[str, Any], ...]  # (key shown in the form, value)
+    #: images a user may type instead of choosing (``unlisted_choice``); None: not allowed
+    unlisted_regex: str | None = None
+    unlisted_display_name: str = "Other image..."
 
 
 @dataclass(frozen=True)
@@ -458,7 +461,7 @@ def _parse_options(
             e.add(opath, "unknown option (allowed: gpus, flavor, image)")
             continue
         spec = e.mapping(opath, spec)
-        e.keys(opath, spec, {"choices", "display_name"})
+        e.keys(opath, spec, {"choices", "display_name", "unlisted_choice"})
         display = (
             e.string(f"{opath}.display_name", spec.get("display_name"))
             or {
@@ -488,8 +491,32 @@ def _parse_options(
                     choices.append((str(choice), choice))
         else:
             e.add(f"{opath}.choices", f"expected a non-empty list, got {raw_choices!r}")
-        options[name] = Option(name, display, tuple(choices))
+        unlisted = _parse_unlisted(e, f"{opath}.unlisted_choice", name, spec.get("unlisted_choice"))
+        options[name] = Option(name, display, tuple(choices), *unlisted)
     return options
+
+
+def _parse_unlisted(e: _Errors, path: str, option: str, raw: Any) -> tuple[str | None, str]:
+    """``unlisted_choice: {validation_regex, display_name}``: images only, and never unchecked."""
+    if raw is None:
+        return None, "Other image..."
+    if option != "image":
+        e.add(
+            path,
+            "only the image option takes unlisted choices (GPU counts and flavors are charged)",
+        )
+        return None, ""
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, {"validation_regex", "display_name"})
+    regex = e.string(f"{path}.validation_regex", spec.get("validation_regex"), required=True)
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as err:
+            e.add(f"{path}.validation_regex", f"not a regular expression: {err}")
+            regex = None
+    display = e.string(f"{path}.display_name", spec.get("display_name")) or "Other image..."
+    return regex, display
 
 
 def _parse_profile(

@@ -36,7 +36,7 @@ from traitlets import Bool, Float, default
 from .admission import Charge, Decision, Ledger
 from .capacity import FlavorCapacity
 from .clusterview import ClusterView
-from .model import Policy, PolicyError
+from .model import Option, Policy, PolicyError
 from .pending import explain_unschedulable
 from .policy import GPUPolicy
 from .quantities import format_gpus
@@ -373,11 +373,7 @@ def profile_entry(
     }
     if offer.options:
         entry["profile_options"] = {
-            name: {
-                "display_name": option.display_name,
-                "choices": {key: {"display_name": key} for key, _ in option.choices},
-            }
-            for name, option in offer.options.items()
+            name: _profile_option(option) for name, option in offer.options.items()
         }
     return entry
 
@@ -390,6 +386,23 @@ _MERGED_TRAITS = (
     "node_selector",
     "tolerations",
 )
+
+
+def _profile_option(option: Option) -> dict[str, Any]:
+    """A KubeSpawner ``profile_options`` entry; the values stay the policy's, server-side."""
+    entry: dict[str, Any] = {
+        "display_name": option.display_name,
+        "choices": {key: {"display_name": key} for key, _ in option.choices},
+    }
+    if option.unlisted_regex is not None:
+        entry["unlisted_choice"] = {
+            "enabled": True,
+            "display_name": option.unlisted_display_name,
+            "validation_regex": option.unlisted_regex,
+            # the image is set from the validated selection, not by an override
+            "kubespawner_override": {},
+        }
+    return entry
 
 
 def _capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) -> str:
