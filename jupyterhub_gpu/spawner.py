@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -73,6 +74,12 @@ class _SharedState:
         self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
         self.changed = asyncio.Condition()
         self.cluster_view: ClusterView | None = None
+        #: servers admitted whose start has not finished, and when each server was
+        #: last admitted or started (monotonic): the resync keeps these, as their
+        #: pods may not exist yet or be too new for its listing
+        self.starting: set[str] = set()
+        self.touched: dict[str, float] = {}
+        self.resync_task: asyncio.Task | None = None
 
 
 class GPUKubeSpawner(KubeSpawner):
@@ -94,6 +101,16 @@ class GPUKubeSpawner(KubeSpawner):
         all namespaces. Needs RBAC the chart does not grant (``jupyterhub-gpu
         manifests`` renders it); without it the list says capacity is unknown and
         the hub log warns once.
+        """,
+    ).tag(config=True)
+
+    ledger_resync_interval = Float(
+        60.0,
+        help="""
+        Seconds between checks of the GPU ledger against the pods in Kubernetes
+        (0: never). Servers whose pod vanished without the hub noticing are
+        released; charged pods the ledger lacks are counted. The ledger is also
+        rebuilt from pods whenever the hub starts.
         """,
     ).tag(config=True)
 
@@ -172,6 +189,8 @@ class GPUKubeSpawner(KubeSpawner):
                         charges = await self._charges_from_pods(policy)
                     state.ledger = Ledger.from_charges(policy, charges)
                     state.loaded = True
+                    if self.ledger_resync_interval > 0:
+                        state.resync_task = asyncio.create_task(self._resync_forever())
                     self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
         return state.ledger
 
@@ -251,6 +270,8 @@ class GPUKubeSpawner(KubeSpawner):
                         policy, key, self.user.name, selection.group, selection.request
                     )
                     if decision.admitted:
+                        state.starting.add(key)
+                        state.touched[key] = time.monotonic()
                         self.log.info(
                             "GPU admission: %s charged to %s (%s)", key, group, decision.tier
                         )
@@ -276,6 +297,29 @@ class GPUKubeSpawner(KubeSpawner):
             if key in line:
                 line.remove(key)
             self._gpu_wait_message = None
+
+    async def _resync_forever(self) -> None:
+        state = self._state()
+        while True:
+            await asyncio.sleep(self.ledger_resync_interval)
+            try:
+                policy = self.gpu_policy
+                listed_at = time.monotonic()
+                charges = await self._charges_from_pods(policy)
+            except Exception as e:  # the API server restarting: try again next time
+                self.log.warning("GPU ledger resync skipped: %r", e)
+                continue
+            # spawns under way, and servers admitted or started since the listing
+            keep = state.starting | {k for k, at in state.touched.items() if at >= listed_at}
+            added, released = state.ledger.resync(policy, charges, keep)
+            for key, what in [(k, "counted") for k in added] + [(k, "released") for k in released]:
+                self.log.warning("GPU ledger resync: %s %s (the hub had missed it)", what, key)
+            if released:
+                async with state.changed:
+                    state.changed.notify_all()
+            horizon = time.monotonic() - 10 * max(self.ledger_resync_interval, 1)
+            for key in [k for k, at in state.touched.items() if at < horizon]:
+                del state.touched[key]
 
     async def _release(self) -> None:
         state = self._state()
@@ -303,6 +347,9 @@ class GPUKubeSpawner(KubeSpawner):
             raise
         finally:
             self._gpu_starting = False
+            state = self._state()
+            state.starting.discard(self._server_key)
+            state.touched[self._server_key] = time.monotonic()
         return result
 
     async def stop(self, now: bool = False) -> None:

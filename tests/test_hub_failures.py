@@ -8,6 +8,7 @@ leaves no pod, PVC or secret behind.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -200,4 +201,51 @@ async def test_when_full_wait_queues_in_order_and_starts_when_a_server_stops(
         messages = await asyncio.to_thread(progress_messages, hub, "cat", "position 1 of 1")
         assert not await running("cat")
     finally:
+        await stop_hub(hub, core)
+
+
+async def test_the_ledger_resyncs_with_pods_the_hub_did_not_see(
+    local_cluster, core, priority_class_objects
+):
+    hub = await start_hub(
+        local_cluster, core, extra_config="c.GPUKubeSpawner.ledger_resync_interval = 1\n"
+    )
+    try:
+        # the hub has built its ledger (empty) before the other pod appears
+        status, _ = await api(hub, "POST", "/users/cat/server", {"profile": "everyone--cpu"})
+        assert status in (201, 202)
+        # a server another hub replica started, charged to lab, unknown to this hub
+        ghost = pod_manifest("ghost", {"nvidia.com/gpu": "1"}, nodeSelector=A100)
+        ghost["metadata"]["labels"] = {"gpu.jupyterhub.org/group": "lab"}
+        charge = {"gpus": "1", "cpu": 100, "memory": 2**27, "servers": 1, "devices": {"a100": 1}}
+        ghost["metadata"]["annotations"] = {
+            "gpu.jupyterhub.org/charge": json.dumps({"user": "ghost", "request": charge})
+        }
+        await core.create_namespaced_pod(hub.namespace, ghost)
+
+        async def refused():
+            status, body = await api(hub, "POST", "/users/ann/server", GPU)
+            assert status in (403, 201, 202), body
+            if status != 403:  # admitted before the resync ran: stop it and try again
+                await api(hub, "DELETE", "/users/ann/server")
+                await eventually(lambda: no_server("ann"), "ann's server to stop", within=60)
+            return status == 403 and body["message"]
+
+        async def no_server(user):
+            _, model = await api(hub, "GET", f"/users/{user}")
+            return model["servers"] == {}
+
+        message = await eventually(refused, "the resync to count the other pod", within=30)
+        assert message == "Lab has 1 of 1 GPUs in use; this server needs 1"
+        await core.delete_namespaced_pod("ghost", hub.namespace, grace_period_seconds=0)
+
+        async def admitted():
+            status, _ = await api(hub, "POST", "/users/ann/server", GPU)
+            return status in (201, 202)
+
+        await eventually(admitted, "the resync to release the vanished pod", within=30)
+    finally:
+        await core.delete_collection_namespaced_pod(
+            hub.namespace, label_selector="!hub.jupyter.org/username", grace_period_seconds=0
+        )
         await stop_hub(hub, core)
