@@ -435,15 +435,19 @@ def kueue_objects(policy: Policy, hub: str) -> list[dict[str, Any]]:
                 for r, v in _kueue_amounts(policy, child, child.quota, covered).items():
                     if quota[r] is not None and v is not None:
                         quota[r] = max(0, quota[r] - v)
+        cohort = group.name if group.name in children else group.parent
         resources = []
         for r in covered:
+            # outside a cohort there is nothing to borrow: the limit is all it may use
+            nominal = quota[r] if cohort else limit[r]
             entry: dict[str, Any] = {
                 "name": r,
                 "nominalQuota": _kueue_quantity(
-                    r, quota[r] if quota[r] is not None else KUEUE_UNBOUNDED
+                    r, nominal if nominal is not None else KUEUE_UNBOUNDED
                 ),
             }
-            if quota[r] is not None and limit[r] is not None:
+            # Kueue allows a borrowing limit only inside a cohort
+            if cohort and quota[r] is not None and limit[r] is not None:
                 entry["borrowingLimit"] = _kueue_quantity(r, max(0, limit[r] - quota[r]))
             resources.append(entry)
         cq_spec: dict[str, Any] = {
@@ -464,7 +468,6 @@ def kueue_objects(policy: Policy, hub: str) -> list[dict[str, Any]]:
                 "withinClusterQueue": "LowerPriority",
             },
         }
-        cohort = group.name if group.name in children else group.parent
         if cohort:
             cq_spec["cohort"] = queue_name(policy.groups[cohort])
         objects.append(

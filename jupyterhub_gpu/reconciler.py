@@ -169,8 +169,10 @@ def _same_scalar(want: Any, have: Any) -> bool:
 def contains(live: Any, want: Any) -> bool:
     """True when every field of ``want`` has its value in ``live`` (defaults may be added)."""
     if isinstance(want, Mapping):
+        # the API server omits empty and false fields (Go's omitempty)
         return isinstance(live, Mapping) and all(
-            k in live and contains(live[k], v) for k, v in want.items()
+            contains(live[k], v) if k in live else v in (False, 0, "", None, {}, [])
+            for k, v in want.items()
         )
     if isinstance(want, list):
         return (
@@ -229,7 +231,15 @@ class Reconciler:
                 _return_http_data_only=True,
                 response_types_map={},
             )
-            return json.loads(await response.read())
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+            if not 200 <= response.status <= 299:
+                error = ApiException(status=response.status, reason=response.reason)
+                error.body = body.decode(errors="replace")
+                raise error
+            return json.loads(body)
 
     async def _list(self, kind: Kind) -> list[dict[str, Any]]:
         data = await self._call("GET", kind.path(), [("labelSelector", self.selector)])
@@ -320,6 +330,16 @@ class Reconciler:
         report: ReconcileReport,
     ) -> None:
         current = live.get(identity(obj))
+        if current is not None and current["metadata"].get("deletionTimestamp"):
+            report.errors.append(
+                ObjectError(
+                    _kind_text(kind),
+                    _name(obj),
+                    "is being deleted (pruned earlier or deleted by someone); "
+                    "it is created again on a pass after it is gone",
+                )
+            )
+            return
         if current is not None and contains(current, obj):
             report.unchanged += 1
             return
