@@ -280,10 +280,20 @@ class Reconciler:
         return f"HTTP {error.status}: {reason}"
 
     async def reconcile(self, policy: Policy) -> ReconcileReport:
+        """One pass: apply what is missing or drifted, prune what we own beyond the policy."""
+        return await self._reconcile(
+            desired_objects(policy, self.hub_namespace, self.service_account)
+        )
+
+    async def remove_all(self) -> ReconcileReport:
+        """Delete every object this hub owns (uninstalling the bundle, tests)."""
+        return await self._reconcile([])
+
+    async def _reconcile(self, objects: list[dict[str, Any]]) -> ReconcileReport:
         report = ReconcileReport()
         writes_before = self.writes
         desired: dict[Kind, list[dict[str, Any]]] = {k: [] for k in KINDS}
-        for obj in desired_objects(policy, self.hub_namespace, self.service_account):
+        for obj in objects:
             obj = json.loads(json.dumps(obj))  # a private copy we may annotate
             kind = _BY_TYPE[(obj["apiVersion"], obj["kind"])]
             annotations = obj["metadata"].setdefault("annotations", {})

@@ -123,3 +123,80 @@ def crds(scheduler: str) -> list[dict[str, Any]]:
         for doc in yaml.safe_load_all(path.read_text())
         if doc and doc.get("kind") == "CustomResourceDefinition"
     ]
+
+
+async def install(api_client: Any, scheduler: str, within: float = 60) -> list[str]:
+    """Create a scheduler's CRDs in a cluster (those missing) and wait until they serve.
+
+    ``api_client`` is a kubernetes_asyncio ApiClient. Returns the CRD names.
+    """
+    import asyncio
+    import time
+
+    from kubernetes_asyncio import client
+
+    ext = client.ApiextensionsV1Api(api_client)
+    names = []
+    for crd in crds(scheduler):
+        names.append(crd["metadata"]["name"])
+        try:
+            await ext.create_custom_resource_definition(crd)
+        except client.ApiException as e:
+            if e.status != 409:  # already there
+                raise
+    deadline = time.monotonic() + within
+    for name in names:
+        while True:
+            crd = await ext.read_custom_resource_definition(name)
+            conditions = {c.type: c.status for c in (crd.status.conditions or [])}
+            established = conditions.get("Established") == "True"
+            established = established and not crd.metadata.deletion_timestamp
+            if established and await _serves(api_client, crd):
+                break
+            if time.monotonic() > deadline:
+                raise BuildError(f"CRD {name} not established within {within}s: {conditions}")
+            await asyncio.sleep(0.2)
+    return names
+
+
+async def _serves(api_client: Any, crd: Any) -> bool:
+    """True once the API server lists the CRD's objects (its storage may still start)."""
+    from kubernetes_asyncio import client
+
+    version = next(v.name for v in crd.spec.versions if v.storage)
+    custom = client.CustomObjectsApi(api_client)
+    try:
+        await custom.list_cluster_custom_object(crd.spec.group, version, crd.spec.names.plural)
+    except client.ApiException as e:
+        if e.status in (404, 429, 503):
+            return False
+        raise
+    return True
+
+
+async def uninstall(api_client: Any, scheduler: str, within: float = 60) -> None:
+    """Delete a scheduler's CRDs (and so every object of theirs) and wait until gone."""
+    import asyncio
+    import time
+
+    from kubernetes_asyncio import client
+
+    ext = client.ApiextensionsV1Api(api_client)
+    deadline = time.monotonic() + within
+    for crd in crds(scheduler):
+        name = crd["metadata"]["name"]
+        try:
+            await ext.delete_custom_resource_definition(name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+        while True:
+            try:
+                await ext.read_custom_resource_definition(name)
+            except client.ApiException as e:
+                if e.status == 404:
+                    break
+                raise
+            if time.monotonic() > deadline:
+                raise BuildError(f"CRD {name} still there after {within}s")
+            await asyncio.sleep(0.2)
