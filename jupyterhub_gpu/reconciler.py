@@ -293,8 +293,7 @@ class Reconciler:
         report = ReconcileReport()
         writes_before = self.writes
         desired: dict[Kind, list[dict[str, Any]]] = {k: [] for k in KINDS}
-        for obj in objects:
-            obj = json.loads(json.dumps(obj))  # a private copy we may annotate
+        for obj in objects:  # fresh from desired_objects: ours to annotate
             kind = _BY_TYPE[(obj["apiVersion"], obj["kind"])]
             annotations = obj["metadata"].setdefault("annotations", {})
             annotations[APPLIED_HASH] = applied_hash(obj)
@@ -316,13 +315,17 @@ class Reconciler:
             else:
                 live[kind] = {identity(o): o for o in result}
 
-        # namespaces before what lives in them; cluster objects before namespaced ones
+        # compare first (no task per object: most passes write nothing), then write
+        # namespaces before what lives in them, cluster objects before namespaced ones
         for kind in KINDS:
             if live[kind] is None:
                 continue
-            await asyncio.gather(
-                *(self._sync(kind, obj, live[kind], report) for obj in desired[kind])
-            )
+            writes = [
+                (obj, current)
+                for obj in desired[kind]
+                if self._needs_apply(kind, obj, current := live[kind].get(identity(obj)), report)
+            ]
+            await asyncio.gather(*(self._sync(kind, obj, cur, report) for obj, cur in writes))
         for kind in reversed(KINDS):
             if live[kind] is None:
                 continue
@@ -332,15 +335,14 @@ class Reconciler:
         report.writes = self.writes - writes_before
         return report
 
-    async def _sync(
-        self,
-        kind: Kind,
-        obj: dict[str, Any],
-        live: Mapping[tuple, dict[str, Any]],
-        report: ReconcileReport,
-    ) -> None:
-        current = live.get(identity(obj))
-        if current is not None and current["metadata"].get("deletionTimestamp"):
+    @staticmethod
+    def _needs_apply(
+        kind: Kind, obj: dict[str, Any], current: Mapping[str, Any] | None, report: ReconcileReport
+    ) -> bool:
+        if current is None:
+            return True
+        meta = current["metadata"]
+        if meta.get("deletionTimestamp"):
             report.errors.append(
                 ObjectError(
                     _kind_text(kind),
@@ -349,10 +351,31 @@ class Reconciler:
                     "it is created again on a pass after it is gone",
                 )
             )
-            return
-        if current is not None and contains(current, obj):
+            return False
+        same_hash = (meta.get("annotations") or {}).get(APPLIED_HASH) == (
+            obj["metadata"]["annotations"][APPLIED_HASH]
+        )
+        # our last apply is the policy's current one, and nobody else has written
+        # the object since (only we, or controllers through the status subresource)
+        if same_hash and all(
+            m.get("manager") == FIELD_MANAGER or m.get("subresource") == "status"
+            for m in meta.get("managedFields") or []
+        ):
             report.unchanged += 1
-            return
+            return False
+        # someone else wrote too: unchanged only if every field we set still holds
+        if same_hash and contains(current, obj):
+            report.unchanged += 1
+            return False
+        return True
+
+    async def _sync(
+        self,
+        kind: Kind,
+        obj: dict[str, Any],
+        current: Mapping[str, Any] | None,
+        report: ReconcileReport,
+    ) -> None:
         try:
             await self._apply(kind, obj)
         except ApiException as e:
