@@ -44,7 +44,7 @@ from typing import Any
 
 from .model import Amounts, Flavor, Group, Policy
 from .quantities import format_bytes, format_cpu
-from .shaping import GROUP_LABEL, dns_label, namespace_for
+from .shaping import GROUP_LABEL, dns_label, label_value, namespace_for
 
 OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER = "jupyterhub-gpu"
@@ -159,7 +159,7 @@ def namespace_objects(
     for group in all_groups(policy):
         ns = namespace_for(policy, group.name)
         assert ns is not None
-        group_label = {GROUP_LABEL: dns_label(group.name) or "group"}
+        group_label = {GROUP_LABEL: label_value(group.name)}  # as on its servers' pods
         objects.append(
             {
                 "apiVersion": "v1",

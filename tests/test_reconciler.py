@@ -59,6 +59,22 @@ def two_groups(prefix: str, scheduler: str = "default", lab_gpus: int = 2):
     )
 
 
+async def settled(kube, hub: str) -> dict[tuple, dict]:
+    """``owned`` once controllers have finished their own writes (e.g. quota status)."""
+    found = await owned(kube, hub)
+    for _ in range(50):
+        await asyncio.sleep(0.5)
+        again = await owned(kube, hub)
+        if _versions(again) == _versions(found):
+            return again
+        found = again
+    raise AssertionError("objects kept changing for 25 s")
+
+
+def _versions(objects: dict[tuple, dict]) -> dict[tuple, str]:
+    return {key: obj["metadata"]["resourceVersion"] for key, obj in objects.items()}
+
+
 async def owned(kube, hub: str) -> dict[tuple, dict]:
     """Every object of a kind the reconciler manages carrying our labels, by identity."""
     api = Reconciler(kube, hub)
@@ -107,9 +123,8 @@ async def test_applying_creates_exactly_the_desired_objects_and_a_second_pass_wr
     assert first.ok, first.summary()
     assert len(first.created) == len(desired)
     assert first.writes == len(desired)
-    live = await owned(kube, hub)
+    live = await settled(kube, hub)
     assert set(live) == desired
-    versions = {key: obj["metadata"]["resourceVersion"] for key, obj in live.items()}
 
     writes_before = reconciler.writes
     second = await reconciler.reconcile(policy)
@@ -118,8 +133,7 @@ async def test_applying_creates_exactly_the_desired_objects_and_a_second_pass_wr
     assert second.unchanged == len(desired)
     assert second.writes == 0
     assert reconciler.writes == writes_before
-    again = await owned(kube, hub)
-    assert {k: o["metadata"]["resourceVersion"] for k, o in again.items()} == versions
+    assert _versions(await owned(kube, hub)) == _versions(live)
 
 
 async def test_a_quota_change_updates_and_a_removed_group_is_pruned_leaving_others_alone(
