@@ -148,8 +148,9 @@ async def test_a_quota_change_updates_and_a_removed_group_is_pruned_leaving_othe
     assert quota.spec.hard["requests.nvidia.com/gpu"] == "2"
 
     # objects that are not ours: no labels, and our owner label for another hub
+    org_ns = f"{prefix}org"
     await core.create_namespaced_resource_quota(
-        lab_ns, {"metadata": {"name": "admins-own"}, "spec": {"hard": {"pods": "100"}}}
+        org_ns, {"metadata": {"name": "admins-own"}, "spec": {"hard": {"pods": "100"}}}
     )
     other_hub = f"{hub}-other"
     await core.create_namespace(
@@ -181,10 +182,12 @@ async def test_a_quota_change_updates_and_a_removed_group_is_pruned_leaving_othe
         assert f"Namespace {lab_ns}" in pruned.pruned
         assert f"ResourceQuota {lab_ns}/jupyterhub-gpu" in pruned.pruned
         assert f"ResourceClaimTemplate {lab_ns}/jupyterhub-gpu-claim-x2" in pruned.pruned
-        assert not any(f"{prefix}org" in name for name in pruned.pruned)
+        assert not any(org_ns in name for name in pruned.pruned)
         namespace = await core.read_namespace(lab_ns)
         assert namespace.metadata.deletion_timestamp is not None
-        assert (await core.read_namespace(f"{prefix}org")).metadata.deletion_timestamp is None
+        assert (await core.read_namespace(org_ns)).metadata.deletion_timestamp is None
+        own = await core.read_namespaced_resource_quota("admins-own", org_ns)
+        assert own.spec.hard == {"pods": "100"}
         assert (await core.read_namespace(other_hub)).metadata.deletion_timestamp is None
         assert set(await owned(kube, hub)) == {identity(o) for o in desired_objects(only_org, hub)}
     finally:
