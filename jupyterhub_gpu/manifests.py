@@ -4,7 +4,7 @@ Pure: ``desired_objects`` is what the service's reconciler keeps in step with th
 policy, and ``jupyterhub-gpu manifests`` prints it together with ``rbac_objects``
 (the cluster-wide RBAC an admin installs once; z2jh's chart does not grant it).
 
-What is rendered, per group (``everyone`` included, since its servers run too):
+What is rendered, per group (``everyone`` included when it offers a profile):
 
 - with ``namespace_per_group``: the group's Namespace, a ResourceQuota, a
   LimitRange, a NetworkPolicy and a RoleBinding letting the hub run servers there.
@@ -79,8 +79,11 @@ def _metadata(
 
 
 def all_groups(policy: Policy) -> list[Group]:
-    """Every group servers can be charged to: the configured groups and ``everyone``."""
-    return [*policy.groups.values(), policy.everyone]
+    """Every group servers can be charged to: the configured groups, and ``everyone``
+    when it offers a profile (a group of the policy gets its objects even without
+    profiles: it may be a parent, and its namespace and queue show where it stands)."""
+    everyone = [policy.everyone] if policy.everyone.profiles else []
+    return [*policy.groups.values(), *everyone]
 
 
 def server_namespaces(policy: Policy, hub_namespace: str) -> list[str]:

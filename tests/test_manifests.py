@@ -155,6 +155,20 @@ def test_resource_quota_is_the_limit_in_whole_units_of_every_device_resource():
     assert everyone["requests.nvidia.com/gpu"] == "0"
 
 
+def test_everyone_gets_objects_only_when_it_offers_a_profile():
+    p = parse_policy(
+        scheduler={"name": "kueue"},
+        flavors=FLAVORS,
+        profiles=PROFILES,
+        everyone={"profiles": []},
+        groups={"lab": {"quota": {"gpus": 2}, "profiles": ["gpu"]}},
+        namespace_per_group=True,
+    )
+    objects = desired_objects(p, HUB)
+    assert {o["metadata"]["name"] for o in find(objects, "Namespace")} == {"jupyterhub-gpu-lab"}
+    assert {o["metadata"]["name"] for o in find(objects, "ClusterQueue")} == {"lab"}
+
+
 def test_limit_range_defaults_requests_to_the_groups_smallest_profile_and_sets_no_limit():
     objects = desired_objects(policy(), HUB)
     limits = one(objects, "LimitRange", namespace="nb-lab")["spec"]["limits"]
