@@ -425,10 +425,10 @@ def kueue_objects(policy: Policy, hub: str) -> list[dict[str, Any]]:
                 "spec": spec,
             }
         )
+    # DRA devices are counted by ResourceQuota, not by Kueue's resource groups
     device_resources = sorted(
-        {r for f in policy.flavors.values() if (r := _device_resource(f))} - {None}
+        {r for f in policy.flavors.values() if (r := _device_resource(f)) and f.kind != "dra"}
     )
-    device_resources = [r for r in device_resources if "resource.k8s.io" not in r]
     covered = ["cpu", "memory", "pods", *device_resources]
     for group in all_groups(policy):
         quota = _kueue_amounts(policy, group, group.quota, covered)
