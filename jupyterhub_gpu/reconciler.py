@@ -255,7 +255,8 @@ class Reconciler:
         await self._call(
             "PATCH",
             kind.path(meta.get("namespace"), meta["name"]),
-            [("fieldManager", FIELD_MANAGER), ("force", "true")],
+            # Strict: a field the API does not know is an error, never silently pruned
+            [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")],
             obj,
             "application/apply-patch+yaml",
         )

@@ -290,7 +290,12 @@ async def _dry_run_apply(kube, obj: dict) -> None:
     await kube.call_api(
         path,
         "PATCH",
-        query_params=[("fieldManager", "gitops"), ("dryRun", "All"), ("force", "true")],
+        query_params=[
+            ("fieldManager", "gitops"),
+            ("dryRun", "All"),
+            ("force", "true"),
+            ("fieldValidation", "Strict"),  # an unknown field fails instead of being dropped
+        ],
         header_params={"Content-Type": "application/apply-patch+yaml"},
         body=obj,
         auth_settings=["BearerToken"],
