@@ -33,6 +33,7 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 # what a group's name must be to serve as a label value, a queue and a namespace suffix
 _NAME = re.compile(r"^[a-z0-9A-Z]([a-z0-9A-Z_.-]{0,61}[a-z0-9A-Z])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
 _MIG_PROFILE = re.compile(r"^([1-7])g\.\d+gb(\+me)?$")
 #: Keys a profile's kubespawner_override may not set: they would bypass accounting.
 ACCOUNTED_OVERRIDES = frozenset(
@@ -815,18 +816,34 @@ def parse_policy(
     )
 
 
+def dns_label(text: str) -> str:
+    """A valid object name (RFC 1123 label: lowercase, digits, '-') made from any text.
+
+    Group names come from identity providers (``cpsHPCAccess``, ``jupyter_admin``);
+    namespaces, queues and their labels need names Kubernetes accepts.
+    """
+    return _DNS_LABEL_BAD.sub("-", text.lower())[:63].strip("-")
+
+
 def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
-    """Each group's namespace ``<prefix><group>`` must be a valid namespace name."""
+    """Each group gets a namespace of its own: no two may map to the same valid name."""
+    if prefix and not _DNS_LABEL.match(prefix.rstrip("-") or "x"):
+        e.add("namespace_prefix", f"{prefix!r} cannot start a namespace name: use e.g. 'jh-'")
+        return
+    taken: dict[str, str] = {}
     for name in groups:
-        namespace = f"{prefix}{name}"
-        if not _DNS_LABEL.match(namespace):
-            where = "everyone" if name == "everyone" else f"groups.{name}"
+        namespace = dns_label(f"{prefix}{name}")
+        where = "everyone" if name == "everyone" else f"groups.{name}"
+        if not namespace:
+            e.add(where, "with namespace_per_group this name gives no valid namespace name")
+        elif namespace in taken:
             e.add(
                 where,
-                f"with namespace_per_group its namespace would be {namespace!r}, not a valid "
-                "namespace name (lowercase letters, digits and '-', at most 63 characters): "
-                "rename the group or change namespace_prefix",
+                f"with namespace_per_group its namespace {namespace!r} is also "
+                f"{taken[namespace]}'s: rename one of the groups",
             )
+        else:
+            taken[namespace] = name
 
 
 def _check_parents(e: _Errors, groups: Mapping[str, Group]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .admission import IN_QUOTA, Charge
-from .model import Flavor, Policy
+from .model import Flavor, Policy, dns_label
 from .selection import Request, Selection
 
 LABEL_PREFIX = "gpu.jupyterhub.org"
@@ -52,18 +52,6 @@ class PodShape:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     resource_claims: list[dict[str, str]] = field(default_factory=list)
-
-
-_DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
-
-
-def dns_label(text: str) -> str:
-    """A valid object name (RFC 1123 label: lowercase, digits, '-') made from any text.
-
-    Group and queue names may hold capitals, '_' and '.', which namespaces and
-    queue objects may not; pods' queue labels use the same name so they match.
-    """
-    return _DNS_LABEL_BAD.sub("-", text.lower())[:63].strip("-")
 
 
 def namespace_for(policy: Policy, group: str) -> str | None:

@@ -215,13 +215,13 @@ def test_every_error_is_reported_not_just_the_first():
             "profiles.p.options.image.unlisted_choice.validation_regex: not a regular expression",
         ),
         (
-            {"namespace_per_group": True, "groups": {"Data_Science": {}}},
-            "groups.Data_Science: with namespace_per_group its namespace would be "
-            "'jupyterhub-gpu-Data_Science', not a valid namespace name",
+            {"namespace_per_group": True, "groups": {"Data_Science": {}, "data-science": {}}},
+            "groups.data-science: with namespace_per_group its namespace "
+            "'jupyterhub-gpu-data-science' is also Data_Science's",
         ),
         (
-            {"namespace_per_group": True, "namespace_prefix": "GPU-"},
-            "everyone: with namespace_per_group its namespace would be 'GPU-everyone'",
+            {"namespace_per_group": True, "namespace_prefix": "_"},
+            "namespace_prefix: '_' cannot start a namespace name",
         ),
     ],
 )
