@@ -65,7 +65,10 @@ def percentile(samples: list[float], q: float) -> float:
 def storm(hub: LocalHub, method: str, path: str, body: dict | None):
     def one(user: str):
         started = time.monotonic()
-        status, _ = hub.api(method, path.format(user=user), body)
+        try:
+            status, _ = hub.api(method, path.format(user=user), body)
+        except TimeoutError:
+            status = "no answer in 30 s"
         return status, time.monotonic() - started
 
     with ThreadPoolExecutor(50) as pool:
@@ -83,7 +86,7 @@ def report(name: str, results, stall: list[float]) -> None:
     times = [t for _, t in results]
     statuses = Counter(s for s, _ in results)
     print(
-        f"| {name} | {dict(sorted(statuses.items()))} | {statistics.median(times):.2f} "
+        f"| {name} | {dict(sorted(statuses.items(), key=str))} | {statistics.median(times):.2f} "
         f"| {percentile(times, 0.95):.2f} | {max(times):.2f} "
         f"| {sum(t > 5 for t in times)} | {max(stall, default=0):.2f} |"
     )
