@@ -120,6 +120,8 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
+    #: the last start was refused before anything was written to Kubernetes
+    _gpu_refused_before_kubernetes: bool = False
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -230,6 +232,16 @@ class GPUKubeSpawner(KubeSpawner):
         return f"{self.namespace}/{self.pod_name}"
 
     async def load_user_options(self) -> None:
+        self._gpu_refused_before_kubernetes = False
+        try:
+            await self._load_user_options()
+        except SpawnRefused:
+            # nothing was written to Kubernetes for this spawn (admission refused it,
+            # or its options): the stop JupyterHub sends next has nothing to delete
+            self._gpu_refused_before_kubernetes = True
+            raise
+
+    async def _load_user_options(self) -> None:
         policy = self._policy_or_refuse()
         try:
             selection = select(policy, self._user_groups(), self.user_options or {})
@@ -353,6 +365,11 @@ class GPUKubeSpawner(KubeSpawner):
         return result
 
     async def stop(self, now: bool = False) -> None:
+        if self._gpu_refused_before_kubernetes:
+            # skip KubeSpawner's DELETE of a pod that was never created: in a storm of
+            # refused spawns those calls are most of the hub's and the API's work
+            self._gpu_refused_before_kubernetes = False
+            return
         try:
             await super().stop(now=now)
         finally:
