@@ -25,6 +25,7 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3
 html_theme = "alabaster"
+html_theme_options = {"page_width": "1200px", "sidebar_width": "240px"}
 html_title = "jupyterhub-gpu"
 autodoc_member_order = "bysource"
 # the docs build offline: no intersphinx inventories are fetched
