@@ -10,11 +10,13 @@ installed JupyterHub, KubeSpawner and authenticators themselves.
 
 from __future__ import annotations
 
+import secrets
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.roles import _validate_role_name
 from jupyterhub.scopes import _check_scopes_exist
@@ -172,6 +174,49 @@ def test_roles_use_real_scopes_and_name_the_service():
     }
     # the default user role keeps 'self' and gains the dashboard
     assert set(roles["user"]["scopes"]) == {"self", "access:services!service=gpu"}
+
+
+def with_services_and_roles(config, values: dict[str, Any], tmp_path: Path):
+    """What the chart's jupyterhub_config.py makes of hub.services and hub.loadRoles.
+
+    Both are dicts in the values and lists in JupyterHub: the key becomes the
+    name, and the chart supplies each service's api_token from its Secret.
+    """
+    config.JupyterHub.services = [
+        {"name": key, **{k: v for k, v in spec.items() if k != "apiToken"}}
+        | {"api_token": secrets.token_hex(16)}
+        for key, spec in values["hub"]["services"].items()
+    ]
+    config.JupyterHub.load_roles = [
+        {"name": key, **role} for key, role in values["hub"]["loadRoles"].items()
+    ]
+    config.JupyterHub.authenticator_class = "dummy"
+    config.JupyterHub.db_url = f"sqlite:///{tmp_path}/jupyterhub.sqlite"
+    config.JupyterHub.cookie_secret_file = str(tmp_path / "cookie_secret")
+    config.JupyterHub.pid_file = str(tmp_path / "jupyterhub.pid")
+    return config
+
+
+async def test_jupyterhub_initializes_with_the_gpu_service_and_its_roles(tmp_path):
+    """JupyterHub's own start-up (no proxy, no server) accepts the service and roles."""
+    values = load_values(layered("university"))
+    hub = JupyterHub(config=with_services_and_roles(hub_config(values), values, tmp_path))
+    await hub.initialize([])
+    service_row = orm.Service.find(hub.db, "gpu")
+    assert [(r.name, sorted(r.scopes)) for r in service_row.roles] == [
+        ("gpu-service", ["delete:servers", "list:users", "read:servers", "read:users:groups"])
+    ]
+    assert sorted(orm.Role.find(hub.db, "user").scopes) == ["access:services!service=gpu", "self"]
+    assert hub._service_map["gpu"].url == "http://hub:10101"
+    assert hub._service_map["gpu"].oauth_no_confirm
+
+
+async def test_jupyterhub_refuses_a_role_for_a_service_that_does_not_exist(tmp_path):
+    values = load_values(layered("university"))
+    values["hub"]["loadRoles"]["gpu-service"]["services"] = ["gpu-typo"]
+    hub = JupyterHub(config=with_services_and_roles(hub_config(values), values, tmp_path))
+    with pytest.raises(ValueError, match="gpu-typo"):
+        await hub.initialize([])
 
 
 def chart_config(paths: list[Path]):
