@@ -54,8 +54,22 @@ class PodShape:
     resource_claims: list[dict[str, str]] = field(default_factory=list)
 
 
+_DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(text: str) -> str:
+    """A valid object name (RFC 1123 label: lowercase, digits, '-') made from any text.
+
+    Group and queue names may hold capitals, '_' and '.', which namespaces and
+    queue objects may not; pods' queue labels use the same name so they match.
+    """
+    return _DNS_LABEL_BAD.sub("-", text.lower())[:63].strip("-")
+
+
 def namespace_for(policy: Policy, group: str) -> str | None:
-    return f"{policy.namespace_prefix}{group}" if policy.namespace_per_group else None
+    if not policy.namespace_per_group:
+        return None
+    return dns_label(f"{policy.namespace_prefix}{group}")
 
 
 def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
@@ -114,9 +128,9 @@ def shape(
     if scheduler.name in SCHEDULER_NAMES:
         result.scheduler_name = SCHEDULER_NAMES[scheduler.name]
     if scheduler.name in QUEUE_LABELS:
-        result.labels[QUEUE_LABELS[scheduler.name]] = label_value(group.queue)
+        result.labels[QUEUE_LABELS[scheduler.name]] = dns_label(group.queue)
     if scheduler.name == "volcano":
-        result.annotations[VOLCANO_QUEUE_ANNOTATION] = group.queue
+        result.annotations[VOLCANO_QUEUE_ANNOTATION] = dns_label(group.queue)
     if flavor is None:
         return result
 
