@@ -233,12 +233,10 @@ def chart_config(paths: list[Path]):
     return config
 
 
-async def test_chart_profile_list_default_is_removed_so_users_see_the_policy():
-    # without base.yaml the chart's [] reaches the spawner: no profile form at all
-    config = chart_config([VALUES / "university.yaml"])
-    spawner = offline_spawner(config, "rita", ["research"])
-    assert spawner.profile_list == []
-    config = chart_config(layered("university"))
+@pytest.mark.parametrize("files", [["university.yaml"], ["base.yaml", "university.yaml"]])
+async def test_the_charts_empty_profile_list_does_not_hide_the_policy(files):
+    # the chart writes its default singleuser.profileList ([]) unless base.yaml nulls it
+    config = chart_config([VALUES / f for f in files])
     spawner = offline_spawner(config, "rita", ["research"])
     empty = _SharedState()
     empty.loaded = True  # an empty cluster: nothing to read from Kubernetes
