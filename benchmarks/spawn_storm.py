@@ -16,7 +16,15 @@ The hub runs with z2jh's default ``concurrentSpawnLimit`` (64): spawns beyond
 64 pending are answered 429 at once by JupyterHub itself. ``--concurrent-spawn-limit 0``
 lifts it, so every request goes through the policy (as the test does).
 
+Two settings separate the hub's own answer time from artifacts of one small
+machine: ``--slow-spawn-timeout S`` (JupyterHub's default 10 s is how long an
+admitted spawn's POST waits before its 202, by itself above 5 s) and
+``--no-notebook-processes`` (the 10 admitted servers' pods run ``sleep`` so the
+pod runner starts no JupyterLab on the hub's two cores; on a real cluster they run
+on GPU nodes).
+
 Run: python benchmarks/spawn_storm.py [--concurrent-spawn-limit N]
+     [--slow-spawn-timeout S] [--no-notebook-processes]
 """
 
 from __future__ import annotations
@@ -97,7 +105,7 @@ def report(name: str, results, stall: list[float]) -> None:
     )
 
 
-def main(concurrent_spawn_limit: int) -> None:
+def main(concurrent_spawn_limit: int, slow_spawn_timeout: float, notebooks: bool) -> None:
     cluster = LocalCluster.create(name=f"storm-{uuid.uuid4().hex[:6]}")
     hub = None
     stall_log = Path(tempfile.mkdtemp()) / "stalls.jsonl"
@@ -115,7 +123,9 @@ def main(concurrent_spawn_limit: int) -> None:
             policy=POLICY,
             extra_config=(
                 f"c.JupyterHub.concurrent_spawn_limit = {concurrent_spawn_limit}\n"
-                "c.KubeSpawner.k8s_api_request_timeout = 30\n"
+                f"c.JupyterHub.tornado_settings = {{'slow_spawn_timeout': {slow_spawn_timeout}}}\n"
+                + ("" if notebooks else "c.KubeSpawner.cmd = ['sleep', 'infinity']\n")
+                + "c.KubeSpawner.k8s_api_request_timeout = 30\n"
                 "c.KubeSpawner.http_timeout = 240\n"
                 "c.KubeSpawner.start_timeout = 300\n" + STALL_MONITOR.format(path=str(stall_log))
             ),
@@ -127,7 +137,8 @@ def main(concurrent_spawn_limit: int) -> None:
         ended = time.time()
         print(
             "200 distinct users, 50 client threads, one hub, group lab with room for 10 GPUs, "
-            f"concurrent_spawn_limit {concurrent_spawn_limit}"
+            f"concurrent_spawn_limit {concurrent_spawn_limit}, slow_spawn_timeout "
+            f"{slow_spawn_timeout} s, notebook processes {'on' if notebooks else 'off'}"
         )
         print(
             "| requests | statuses | median s | p95 s | max s | answers > 5 s "
@@ -153,4 +164,7 @@ def main(concurrent_spawn_limit: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--concurrent-spawn-limit", type=int, default=64)
-    main(parser.parse_args().concurrent_spawn_limit)
+    parser.add_argument("--slow-spawn-timeout", type=float, default=10)
+    parser.add_argument("--no-notebook-processes", action="store_true")
+    args = parser.parse_args()
+    main(args.concurrent_spawn_limit, args.slow_spawn_timeout, not args.no_notebook_processes)
