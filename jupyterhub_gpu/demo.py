@@ -1,62 +1,204 @@
-"""``jupyterhub-gpu demo``: the local cluster and a real hub to try it on.
+"""``jupyterhub-gpu demo``: the local cluster and a real hub with the GPU policy.
 
-Builds (or reuses) the local cluster, starts a real JupyterHub with
-configurable-http-proxy spawning into it, with demo users who log in with a
-shared password, prints the URL and the logins, and on Ctrl-C stops everything
-it started.
-
-The GPU policy (group profiles and quotas) is not wired in yet: the hub runs
-stock KubeSpawner, so every user gets the CPU notebook.
+Builds (or reuses) the local cluster, creates the cluster objects the policy's
+pods need, starts a real JupyterHub with configurable-http-proxy and
+``GPUKubeSpawner`` configured from ``demo_values.yaml`` through the same
+``hub.config`` path z2jh uses, with demo users in each group who log in with a
+shared password. Prints the URL and the logins; Ctrl-C (or SIGTERM) stops the
+hub, its servers and the cluster, and removes their folders.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
+import socket
 import sys
-import threading
+import time
+from pathlib import Path
+from typing import Any
 
 from .localcluster.cluster import LocalCluster
 from .localcluster.hub import LocalHub
+from .manifests import priority_classes
+from .model import Policy
+from .values import load_values, policy_from_values
 
-DEMO_USERS = {
+#: The demo's policy: a z2jh values file (``jupyterhub-gpu check`` works on it).
+DEMO_VALUES = Path(__file__).with_name("demo_values.yaml")
+
+#: user -> JupyterHub groups; one user per role of the university policy
+DEMO_USERS: dict[str, list[str]] = {
     "researcher": ["research"],
     "student1": ["students"],
     "student2": ["students"],
+    "admin": ["test"],
     "nogroup": [],
 }
-DEMO_ADMIN = "admin"
+DEMO_ADMINS = ("admin",)
+#: what each login shows off, for the banner
+DEMO_ROLES = {
+    "researcher": "research profiles: 1, 2 or 4 H200s, an A100 or a MIG slice",
+    "student1": "the student GPU (a time-sliced H200 replica)",
+    "student2": "...and is refused: the students' quota fits one server",
+    "admin": "every profile, unlimited (the test queue); hub admin",
+    "nogroup": "in no group: only everyone's CPU profile",
+}
+
+
+class DemoError(RuntimeError):
+    """The demo cannot start; the message says what to do."""
+
+
+def demo_policy(values: Path = DEMO_VALUES) -> tuple[dict[str, Any], Policy]:
+    """``hub.config.GPUPolicy`` from the values file, and the checked policy it gives."""
+    policy = policy_from_values([values])  # a PolicyError stops the demo before anything starts
+    return load_values([values])["hub"]["config"]["GPUPolicy"], policy
+
+
+# ---- cluster objects ------------------------------------------------------------
+# STOPGAP until the hub service's reconciler (DESIGN §5) runs in the demo: the
+# objects the spawned pods name are created once here. Remove this section when
+# the service is added (see ``service_config``).
+
+
+def cluster_objects(policy: Policy) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, manifest) of the cluster-wide objects this policy's pods need."""
+    objects = [("PriorityClass", body) for body in priority_classes(policy)]
+    runtime_classes = sorted(
+        {f.runtime_class_name for f in policy.flavors.values() if f.runtime_class_name}
+    )
+    for name in runtime_classes:
+        # the GPU Operator creates these on a real cluster; the handler is its name
+        objects.append(
+            (
+                "RuntimeClass",
+                {
+                    "apiVersion": "node.k8s.io/v1",
+                    "kind": "RuntimeClass",
+                    "metadata": {"name": name},
+                    "handler": name,
+                },
+            )
+        )
+    return objects
+
+
+async def create_cluster_objects(cluster: LocalCluster, policy: Policy) -> list[str]:
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client import ApiException
+
+    created = []
+    async with cluster.api() as api:
+        create = {
+            "PriorityClass": client.SchedulingV1Api(api).create_priority_class,
+            "RuntimeClass": client.NodeV1Api(api).create_runtime_class,
+        }
+        for kind, body in cluster_objects(policy):
+            try:
+                await create[kind](body)
+            except ApiException as e:
+                if e.status != 409:  # already there (a reused cluster)
+                    raise
+            created.append(f"{kind} {body['metadata']['name']}")
+    return created
+
+
+# ---- the hub service ------------------------------------------------------------
+
+
+def service_config() -> str:
+    """Extra hub config for ``jupyterhub-gpu-service`` at /services/gpu/.
+
+    HOOK: not built yet. When the service lands, return the config that adds it
+    (``c.JupyterHub.services.append({...})`` and its role; LocalHub already
+    defines ``c.JupyterHub.services`` with its own admin service), drop the
+    STOPGAP cluster objects above (the reconciler creates them), and add its URL
+    to ``banner``.
+    """
+    return ""
+
+
+# ---- running it -------------------------------------------------------------------
+
+
+def banner(hub: LocalHub, cluster: LocalCluster) -> str:
+    width = max(map(len, DEMO_USERS))
+    rows = "\n".join(
+        f"    {user:<{width}}  {', '.join(groups) or '-':<9}  {DEMO_ROLES[user]}"
+        for user, groups in DEMO_USERS.items()
+    )
+    return (
+        f"\nJupyterHub with the GPU policy is running at {hub.url}/hub/login\n\n"
+        f"  log in as (password for all: {hub.password}):\n"
+        f"    {'user':<{width}}  {'groups':<9}  sees\n{rows}\n\n"
+        f"  policy:  {DEMO_VALUES}\n"
+        f"           (`jupyterhub-gpu profiles {DEMO_VALUES} --groups students`)\n"
+        f"  kubectl: export KUBECONFIG={cluster.state.kubeconfig}\n"
+        f"  hub log: {hub.directory / 'jupyterhub.log'}\n\n"
+        "Press Ctrl-C to stop everything.\n"
+    )
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise DemoError(
+                f"port {port} on 127.0.0.1 is in use ({e.strerror}): "
+                "stop what uses it, or pass another with --port"
+            ) from None
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
     def say(message: str) -> None:
         print(f"[demo] {message}", file=sys.stderr, flush=True)
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-
-    cluster = LocalCluster.create(name="demo", bin_dir=bin_dir, progress=say)
-    hub = None
+    _check_port_free(port)
+    policy_values, policy = demo_policy()
+    # SIGTERM stops the demo as cleanly as Ctrl-C does
+    signal.signal(signal.SIGTERM, _interrupt)
+    cluster: LocalCluster | None = None
+    hub: LocalHub | None = None
     try:
-        say("starting JupyterHub")
-        hub = LocalHub(cluster, users=DEMO_USERS, admin_users=(DEMO_ADMIN,), port=port).start()
-        logins = ", ".join([*DEMO_USERS, DEMO_ADMIN])
-        print(
-            f"\nJupyterHub is running at {hub.url}/hub/login\n"
-            f"  users: {logins}\n"
-            f"  password (all users): {hub.password}\n"
-            f"  kubectl: export KUBECONFIG={cluster.state.kubeconfig}\n"
-            "Press Ctrl-C to stop everything.\n",
-            flush=True,
+        # a Ctrl-C while it starts: create() removes what it started, then re-raises
+        cluster = LocalCluster.create(name="demo", bin_dir=bin_dir, progress=say)
+        say("creating " + ", ".join(asyncio.run(create_cluster_objects(cluster, policy))))
+        hub = LocalHub(
+            cluster,
+            users=DEMO_USERS,
+            admin_users=DEMO_ADMINS,
+            port=port,
+            policy=policy_values,
+            extra_config=service_config(),
         )
-        while not stop.wait(1):
-            if hub.process.poll() is not None:
-                tail = hub.log_path.read_text(errors="replace")[-3000:]
-                say(f"the hub exited; its log ends:\n{tail}")
-                return 1
+        say(f"starting JupyterHub with GPUKubeSpawner and {DEMO_VALUES.name} on port {port}")
+        try:
+            hub.start(timeout=180)
+        except RuntimeError as e:
+            raise DemoError(str(e)) from None
+        print(banner(hub, cluster), flush=True)
+        while hub.process.poll() is None:
+            time.sleep(0.5)
+        tail = hub.log_path.read_text(errors="replace")[-3000:]
+        say(f"the hub exited on its own; its log ends:\n{tail}")
+        return 1
+    except KeyboardInterrupt:
         return 0
     finally:
-        say("stopping the hub and the cluster")
-        if hub:
-            hub.stop()
-        cluster.down()
+        # a second Ctrl-C must not cut the clean-up short and leave processes behind
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        say("stopping the hub, its servers and the cluster")
+        with contextlib.ExitStack() as cleanup:
+            if cluster:
+                cleanup.callback(cluster.down)
+            if hub:
+                cleanup.callback(hub.stop)  # first: it stops the servers' pods
+        say("stopped; nothing is left running")

@@ -1,0 +1,320 @@
+"""`jupyterhub-gpu demo` as a newcomer runs it: start it, open the URL, log in as
+each demo user in headless Chromium, spawn, hit the quota, press Ctrl-C.
+
+The demo runs as a subprocess exactly as the README's command starts it; the
+only things the test takes from it are what it prints (the URL, the kubeconfig
+and hub log paths) and what a user could see in /proc (its processes and their
+listening sockets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES
+from jupyterhub_gpu.localcluster.build import ensure_binaries
+from jupyterhub_gpu.localcluster.cluster import ClusterState, LocalCluster, free_port
+from jupyterhub_gpu.localcluster.hub import ensure_chp
+from jupyterhub_gpu.localcluster.kubeconfig import load_configuration
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+PASSWORD = "jupyterhub-gpu"
+#: a loaded two-core machine: JupyterLab's first start and page load can be slow
+SPAWN_TIMEOUT_MS = 240_000
+PAGE_TIMEOUT_MS = 60_000
+REFUSAL = "Students has 0.25 of 0.25 GPUs in use; this server needs 0.25"
+
+
+class Demo:
+    """The demo subprocess and the lines it printed (stdout and stderr, in order)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.lines: list[str] = []
+        # read from what it prints, once it is up
+        self.url = ""
+        self.kubeconfig = self.cluster_dir = self.hub_dir = None
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub_gpu.cli", "demo", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if match := re.search(pattern, line):
+                    return match
+            if self.process.poll() is not None:
+                self._reader.join(5)
+                raise AssertionError(
+                    f"the demo exited ({self.process.returncode}) before printing "
+                    f"{pattern!r}:\n{self.output}"
+                )
+            time.sleep(0.2)
+        raise AssertionError(f"the demo printed no {pattern!r} in {timeout}s:\n{self.output}")
+
+    def interrupt(self, timeout: float = 180) -> int:
+        """Ctrl-C, as in a terminal; the exit status."""
+        self.process.send_signal(signal.SIGINT)
+        returncode = self.process.wait(timeout)
+        self._reader.join(10)
+        return returncode
+
+
+@pytest.fixture(scope="module")
+def demo():
+    # build (or find) what the demo needs first, so its start-up timeout is about starting
+    ensure_binaries()
+    ensure_chp()
+    port = free_port()
+    running = Demo(port)
+    try:
+        url = running.wait_for(r"is running at (http://\S+)/hub/login", timeout=240).group(1)
+        assert url == f"http://127.0.0.1:{port}"
+        running.url = url
+        kubeconfig = Path(running.wait_for(r"export KUBECONFIG=(\S+)", timeout=5).group(1))
+        running.kubeconfig = kubeconfig
+        running.cluster_dir = kubeconfig.parent.parent
+        running.hub_dir = Path(running.wait_for(r"hub log: (\S+)", timeout=5).group(1)).parent
+        yield running
+    finally:
+        if running.process.poll() is None:
+            try:
+                running.interrupt()
+            except subprocess.TimeoutExpired:
+                running.process.kill()
+        # a demo that failed to clean up must not leave a cluster running for the next test
+        if running.cluster_dir and (running.cluster_dir / "state.json").exists():
+            LocalCluster(ClusterState.load(running.cluster_dir)).down()
+
+
+@asynccontextmanager
+async def logged_in(browser, demo: Demo, user: str):
+    """A fresh browser context logged in as ``user`` through the hub's login page."""
+    context = await browser.new_context()
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = await context.new_page()
+    try:
+        await page.goto(f"{demo.url}/hub/login?next=%2Fhub%2Fspawn")
+        await page.fill("#username_input", user)
+        await page.fill("#password_input", PASSWORD)
+        await page.click("#login_submit")
+        await page.wait_for_url(f"{demo.url}/hub/spawn**")
+        yield page
+    finally:
+        await context.close()
+
+
+async def offered(page) -> tuple[list[str], str]:
+    """The profile slugs on the spawn form, in order, and the form's visible text."""
+    slugs = await page.eval_on_selector_all(
+        "#spawn_form input[name=profile]", "inputs => inputs.map(i => i.value)"
+    )
+    return slugs, await page.inner_text("#spawn_form")
+
+
+GROUP_NAMES = {"research": "Research", "students": "Students", "test": "Test (admins)"}
+EXPECTED = {
+    "researcher": ["research--research", "research--cpu", "everyone--cpu"],
+    # one GPU profile, the students'; plus the CPU profile everyone gets
+    "student1": ["students--student", "everyone--cpu"],
+    "student2": ["students--student", "everyone--cpu"],
+    "admin": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+    "nogroup": ["everyone--cpu"],
+}
+
+
+def test_every_demo_user_has_expected_profiles():
+    # the table below is the demo's own user list: a user added there needs a row here
+    assert set(EXPECTED) == set(DEMO_USERS)
+
+
+def test_the_demo_policy_passes_check():
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterhub_gpu.cli", "check", str(DEMO_VALUES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    # the local cluster runs plain kube-scheduler: a KAI policy could not place pods there
+    assert "scheduler default" in result.stdout
+
+
+@pytest.mark.parametrize("user", list(EXPECTED))
+async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, demo, user):
+    async with logged_in(browser, demo, user) as page:
+        slugs, text = await offered(page)
+        gpu_choices = await page.eval_on_selector_all(
+            "select[name='profile-option-research--research--gpus'] option",
+            "options => options.map(o => o.value)",
+        )
+    assert slugs == EXPECTED[user]
+    own = DEMO_USERS[user]
+    # labelled by group ("<group>: <profile>"); no other group's name leaks
+    for group, name in GROUP_NAMES.items():
+        if group in own:
+            assert f"{name}: " in text
+        else:
+            assert f"{name}:" not in text, f"{user} sees {name}'s profiles:\n{text}"
+    assert "Everyone: CPU only" in text
+    if user == "researcher":
+        assert "Research: Research" in text
+        assert "Research: 24 of 24 GPUs free" in text  # the burst limit, live
+        assert gpu_choices == ["1", "2", "4"]
+    else:
+        assert gpu_choices == []
+    if user.startswith("student"):
+        assert "Students: Student GPU" in text
+        assert "1 x H200 (time-sliced, 1/4)" in text
+        # nobody has started a server yet
+        assert "Students: 0.25 of 0.25 GPUs free" in text
+
+
+async def user_pods(demo: Demo) -> list[str]:
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api:
+        pods = await client.CoreV1Api(api).list_namespaced_pod("default")
+    return sorted(p.metadata.name for p in pods.items)
+
+
+async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(browser, demo):
+    async with logged_in(browser, demo, "student1") as page:
+        await page.check("#profile-item-students--student")
+        await page.click("#spawn_form button[type=submit]")
+        # through spawn-pending to the single-user server, behind the hub's proxy
+        await page.wait_for_url(f"{demo.url}/user/student1/lab**", timeout=SPAWN_TIMEOUT_MS)
+        await page.wait_for_selector("#jp-main-dock-panel", timeout=SPAWN_TIMEOUT_MS)
+        assert "JupyterLab" in await page.title()
+    assert await user_pods(demo) == ["jupyter-student1"]
+    # the server is a real process the demo's cluster started: jupyterhub-singleuser
+    commands = [cmdline(pid) for pid in descendants(demo.process.pid)]
+    assert any("jupyterhub-singleuser" in c for c in commands), commands
+
+    async with logged_in(browser, demo, "student2") as page:
+        _, text = await offered(page)
+        assert "Students: 0 of 0.25 GPUs free" in text
+        await page.check("#profile-item-students--student")
+        await page.click("#spawn_form button[type=submit]")
+        # the spawn page shows the one-line refusal (or spawn-pending does, when slow)
+        await page.get_by_text(REFUSAL).wait_for(timeout=SPAWN_TIMEOUT_MS)
+        assert "/user/student2" not in page.url
+    assert await user_pods(demo) == ["jupyter-student1"]  # no pod was created
+
+
+# ---- what runs: processes and their listening sockets, from /proc ----------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # the command name (field 2) may hold spaces: split after its closing parenthesis
+    return text.rsplit(")", 1)[1].split()
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every process under ``root`` (its own sessions included): pid -> start time."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))):
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if (fields := _stat(child)) is not None:
+                found[child] = fields[19]  # starttime: tells a reused pid apart
+                todo.append(child)
+    return found
+
+
+def still_running(processes: dict[int, str]) -> list[str]:
+    running = []
+    for pid, started in processes.items():
+        fields = _stat(pid)
+        if fields and fields[19] == started and fields[0] != "Z":
+            running.append(f"{pid}: {cmdline(pid)}")
+    return running
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def listening(pids) -> set[tuple[str, int]]:
+    """The (IPv4 address, port) pairs these processes listen on."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+        except (FileNotFoundError, PermissionError):
+            continue
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "0A" and inode in inodes:  # 0A: LISTEN
+            address, port = local.split(":")
+            ip = socket.inet_ntoa(bytes.fromhex(address)[::-1])
+            found.add((ip, int(port, 16)))
+    return found
+
+
+def accepts(address: tuple[str, int]) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(address) == 0
+
+
+def test_ctrl_c_stops_everything_and_leaves_nothing_behind(demo):
+    processes = descendants(demo.process.pid)
+    sockets = listening(processes)
+    # what is about to be stopped is really there: the hub's public port among them
+    assert ("127.0.0.1", demo.port) in sockets, sockets
+    assert demo.cluster_dir.is_dir()
+    assert demo.hub_dir.is_dir()
+
+    assert demo.interrupt() == 0, demo.output
+    assert "stopped; nothing is left running" in demo.output
+    assert "Traceback" not in demo.output
+    assert still_running(processes) == []
+    assert [a for a in sockets if accepts(a)] == []
+    assert not demo.cluster_dir.exists()
+    assert not demo.hub_dir.exists()
