@@ -9,8 +9,6 @@ listening sockets).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import signal
 import socket
@@ -22,14 +20,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES
+from jupyterhub_gpu.localcluster import sockets
 from jupyterhub_gpu.localcluster.build import ensure_binaries
 from jupyterhub_gpu.localcluster.cluster import ClusterState, LocalCluster, free_port
 from jupyterhub_gpu.localcluster.hub import ensure_chp
 from jupyterhub_gpu.localcluster.kubeconfig import load_configuration
-
-pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
 PASSWORD = "jupyterhub-gpu"
 #: a loaded two-core machine: JupyterLab's first start and page load can be slow
@@ -168,6 +166,26 @@ def test_the_demo_policy_passes_check():
     assert "scheduler default" in result.stdout
 
 
+def test_a_port_in_use_is_a_clear_error_before_anything_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "jupyterhub_gpu.cli", "demo", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert "pass another with --port" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "starting etcd" not in result.stderr  # refused before the cluster starts
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
 @pytest.mark.parametrize("user", list(EXPECTED))
 async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, demo, user):
     async with logged_in(browser, demo, user) as page:
@@ -198,6 +216,20 @@ async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, de
         assert "Students: 0.25 of 0.25 GPUs free" in text
 
 
+async def what_went_wrong(page, demo: Demo) -> str:
+    """The page, the pods and the hub's log, for a spawn that did not get there."""
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api:
+        pods = await client.CoreV1Api(api).list_namespaced_pod("default")
+    log = (demo.hub_dir / "jupyterhub.log").read_text(errors="replace")[-6000:]
+    return (
+        f"the page is {page.url}:\n{await page.inner_text('body')}\n\n"
+        f"pods: {[(p.metadata.name, p.status.phase, p.status.pod_ip) for p in pods.items]}\n\n"
+        f"the hub log ends:\n{log}"
+    )
+
+
 async def user_pods(demo: Demo) -> list[str]:
     from kubernetes_asyncio import client
 
@@ -206,17 +238,22 @@ async def user_pods(demo: Demo) -> list[str]:
     return sorted(p.metadata.name for p in pods.items)
 
 
+@pytest.mark.k8s
+@pytest.mark.hub
 async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(browser, demo):
     async with logged_in(browser, demo, "student1") as page:
         await page.check("#profile-item-students--student")
         await page.click("#spawn_form button[type=submit]")
         # through spawn-pending to the single-user server, behind the hub's proxy
-        await page.wait_for_url(f"{demo.url}/user/student1/lab**", timeout=SPAWN_TIMEOUT_MS)
-        await page.wait_for_selector("#jp-main-dock-panel", timeout=SPAWN_TIMEOUT_MS)
+        try:
+            await page.wait_for_url(f"{demo.url}/user/student1/lab**", timeout=SPAWN_TIMEOUT_MS)
+            await page.wait_for_selector("#jp-main-dock-panel", timeout=SPAWN_TIMEOUT_MS)
+        except PlaywrightTimeout:
+            raise AssertionError(await what_went_wrong(page, demo)) from None
         assert "JupyterLab" in await page.title()
     assert await user_pods(demo) == ["jupyter-student1"]
     # the server is a real process the demo's cluster started: jupyterhub-singleuser
-    commands = [cmdline(pid) for pid in descendants(demo.process.pid)]
+    commands = [cmdline(pid) for pid in processes_under(demo.process.pid)]
     assert any("jupyterhub-singleuser" in c for c in commands), commands
 
     async with logged_in(browser, demo, "student2") as page:
@@ -227,6 +264,9 @@ async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(brow
         # the spawn page shows the one-line refusal (or spawn-pending does, when slow)
         await page.get_by_text(REFUSAL).wait_for(timeout=SPAWN_TIMEOUT_MS)
         assert "/user/student2" not in page.url
+        # coming back later, the pending page still says why the last attempt failed
+        await page.goto(f"{demo.url}/hub/spawn-pending/student2")
+        await page.get_by_text(REFUSAL).wait_for()
     assert await user_pods(demo) == ["jupyter-student1"]  # no pod was created
 
 
@@ -236,25 +276,18 @@ async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(brow
 def _stat(pid: int) -> list[str] | None:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return None
     # the command name (field 2) may hold spaces: split after its closing parenthesis
     return text.rsplit(")", 1)[1].split()
 
 
-def descendants(root: int) -> dict[int, str]:
-    """Every process under ``root`` (its own sessions included): pid -> start time."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat(int(entry))):
-            parents.setdefault(int(fields[1]), []).append(int(entry))
-    found: dict[int, str] = {}
-    todo = [root]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            if (fields := _stat(child)) is not None:
-                found[child] = fields[19]  # starttime: tells a reused pid apart
-                todo.append(child)
+def processes_under(root: int) -> dict[int, str]:
+    """Every process below ``root`` (in sessions of their own too): pid -> start time."""
+    found = {}
+    for pid in sockets.descendants([root]) - {root}:
+        if fields := _stat(pid):
+            found[pid] = fields[19]  # starttime tells a reused pid apart
     return found
 
 
@@ -270,44 +303,27 @@ def still_running(processes: dict[int, str]) -> list[str]:
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return ""
 
 
-def listening(pids) -> set[tuple[str, int]]:
-    """The (IPv4 address, port) pairs these processes listen on."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith("socket:["):
-                        inodes.add(target[8:-1])
-        except (FileNotFoundError, PermissionError):
-            continue
-    found = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, state, inode = fields[1], fields[3], fields[9]
-        if state == "0A" and inode in inodes:  # 0A: LISTEN
-            address, port = local.split(":")
-            ip = socket.inet_ntoa(bytes.fromhex(address)[::-1])
-            found.add((ip, int(port, 16)))
-    return found
-
-
-def accepts(address: tuple[str, int]) -> bool:
-    with socket.socket() as s:
+def accepts(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.settimeout(1)
-        return s.connect_ex(address) == 0
+        return s.connect_ex((host, int(port))) == 0
 
 
+@pytest.mark.k8s
+@pytest.mark.hub
 def test_ctrl_c_stops_everything_and_leaves_nothing_behind(demo):
-    processes = descendants(demo.process.pid)
-    sockets = listening(processes)
-    # what is about to be stopped is really there: the hub's public port among them
-    assert ("127.0.0.1", demo.port) in sockets, sockets
+    processes = processes_under(demo.process.pid)
+    addresses = [
+        a for found in sockets.listening_addresses([demo.process.pid]).values() for a in found
+    ]
+    # what is about to be stopped is really there, and loopback only
+    assert f"127.0.0.1:{demo.port}" in addresses, addresses
+    assert [a for a in addresses if not sockets.is_loopback(a)] == []
     assert demo.cluster_dir.is_dir()
     assert demo.hub_dir.is_dir()
 
@@ -315,6 +331,6 @@ def test_ctrl_c_stops_everything_and_leaves_nothing_behind(demo):
     assert "stopped; nothing is left running" in demo.output
     assert "Traceback" not in demo.output
     assert still_running(processes) == []
-    assert [a for a in sockets if accepts(a)] == []
+    assert [a for a in addresses if accepts(a)] == []
     assert not demo.cluster_dir.exists()
     assert not demo.hub_dir.exists()
