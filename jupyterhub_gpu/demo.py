@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import shutil
 import signal
 import socket
 import sys
@@ -19,7 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .localcluster.cluster import LocalCluster
+from .localcluster.cluster import (
+    ClusterState,
+    LocalCluster,
+    _alive,
+    _stop_group,
+    state_root,
+)
 from .localcluster.hub import LocalHub
 from .manifests import priority_classes
 from .model import Policy
@@ -141,6 +150,49 @@ def banner(hub: LocalHub, cluster: LocalCluster) -> str:
     )
 
 
+# ---- what a killed demo leaves behind ----------------------------------------------
+# Ctrl-C cleans up; kill -9 or a closed terminal cannot. The cluster and hub run in
+# sessions of their own and outlive the demo, so each demo notes in its cluster's
+# state folder who it is and where its hub lives, and the next demo removes what
+# a demo that is no longer running left.
+
+MARKER = "demo.json"
+
+
+def _mark(cluster: LocalCluster, hub: LocalHub | None) -> None:
+    marker = {"pid": os.getpid(), "hub_directory": str(hub.directory) if hub else None}
+    (cluster.state.path / MARKER).write_text(json.dumps(marker))
+
+
+def _stop_leftover_hub(directory: Path) -> None:
+    # the hub and its proxy each lead a session of their own: stop both groups
+    for pid_file in ("jupyterhub.pid", "jupyterhub-proxy.pid"):
+        try:
+            pid = int((directory / pid_file).read_text().strip())
+        except (OSError, ValueError):
+            continue  # never written: that process never started
+        if _alive(pid):
+            _stop_group(pid, grace=10)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def clean_leftovers(say) -> None:
+    """Stop and remove what demos that are no longer running left behind."""
+    root = state_root()
+    for directory in sorted(root.iterdir()) if root.is_dir() else []:
+        try:
+            marker = json.loads((directory / MARKER).read_text())
+            pid = int(marker["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a demo's cluster, or one still starting
+        if _alive(pid):
+            continue  # a demo that is still running (on another port)
+        say(f"stopping what an earlier demo (pid {pid}) left running")
+        if marker.get("hub_directory"):
+            _stop_leftover_hub(Path(marker["hub_directory"]))
+        LocalCluster(ClusterState.load(directory)).down()
+
+
 def _check_port_free(port: int) -> None:
     with socket.socket() as s:
         try:
@@ -160,8 +212,9 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
     def say(message: str) -> None:
         print(f"[demo] {message}", file=sys.stderr, flush=True)
 
-    _check_port_free(port)
     policy_values, policy = demo_policy()
+    clean_leftovers(say)  # before the port check: a leftover hub may hold the port
+    _check_port_free(port)
     # SIGTERM stops the demo as cleanly as Ctrl-C does
     signal.signal(signal.SIGTERM, _interrupt)
     cluster: LocalCluster | None = None
@@ -169,6 +222,7 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
     try:
         # a Ctrl-C while it starts: create() removes what it started, then re-raises
         cluster = LocalCluster.create(name="demo", bin_dir=bin_dir, progress=say)
+        _mark(cluster, None)
         say("creating " + ", ".join(asyncio.run(create_cluster_objects(cluster, policy))))
         hub = LocalHub(
             cluster,
@@ -178,6 +232,7 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
             policy=policy_values,
             extra_config=service_config(),
         )
+        _mark(cluster, hub)
         say(f"starting JupyterHub with GPUKubeSpawner and {DEMO_VALUES.name} on port {port}")
         try:
             hub.start(timeout=180)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES
+from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES, _stop_leftover_hub
 from jupyterhub_gpu.localcluster import sockets
 from jupyterhub_gpu.localcluster.build import ensure_binaries
 from jupyterhub_gpu.localcluster.cluster import ClusterState, LocalCluster, free_port
@@ -78,6 +78,16 @@ class Demo:
             time.sleep(0.2)
         raise AssertionError(f"the demo printed no {pattern!r} in {timeout}s:\n{self.output}")
 
+    def wait_until_up(self, timeout: float = 240) -> Demo:
+        """Wait for the banner; note the URL and the folders it names."""
+        url = self.wait_for(r"is running at (http://\S+)/hub/login", timeout).group(1)
+        assert url == f"http://127.0.0.1:{self.port}"
+        self.url = url
+        self.kubeconfig = Path(self.wait_for(r"export KUBECONFIG=(\S+)", timeout=5).group(1))
+        self.cluster_dir = self.kubeconfig.parent.parent
+        self.hub_dir = Path(self.wait_for(r"hub log: (\S+)", timeout=5).group(1)).parent
+        return self
+
     def interrupt(self, timeout: float = 180) -> int:
         """Ctrl-C, as in a terminal; the exit status."""
         self.process.send_signal(signal.SIGINT)
@@ -85,32 +95,33 @@ class Demo:
         self._reader.join(10)
         return returncode
 
+    def make_sure_it_is_gone(self) -> None:
+        """After a failed test: nothing of this demo may stay running for the next one."""
+        if self.process.poll() is None:
+            try:
+                self.interrupt()
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self.hub_dir and self.hub_dir.exists():
+            _stop_leftover_hub(self.hub_dir)
+        if self.cluster_dir and (self.cluster_dir / "state.json").exists():
+            LocalCluster(ClusterState.load(self.cluster_dir)).down()
+
 
 @pytest.fixture(scope="module")
-def demo():
-    # build (or find) what the demo needs first, so its start-up timeout is about starting
+def built():
+    """Build (or find) what the demo needs first, so its start-up timeout is about starting."""
     ensure_binaries()
     ensure_chp()
-    port = free_port()
-    running = Demo(port)
+
+
+@pytest.fixture(scope="module")
+def demo(built):
+    running = Demo(free_port())
     try:
-        url = running.wait_for(r"is running at (http://\S+)/hub/login", timeout=240).group(1)
-        assert url == f"http://127.0.0.1:{port}"
-        running.url = url
-        kubeconfig = Path(running.wait_for(r"export KUBECONFIG=(\S+)", timeout=5).group(1))
-        running.kubeconfig = kubeconfig
-        running.cluster_dir = kubeconfig.parent.parent
-        running.hub_dir = Path(running.wait_for(r"hub log: (\S+)", timeout=5).group(1)).parent
-        yield running
+        yield running.wait_until_up()
     finally:
-        if running.process.poll() is None:
-            try:
-                running.interrupt()
-            except subprocess.TimeoutExpired:
-                running.process.kill()
-        # a demo that failed to clean up must not leave a cluster running for the next test
-        if running.cluster_dir and (running.cluster_dir / "state.json").exists():
-            LocalCluster(ClusterState.load(running.cluster_dir)).down()
+        running.make_sure_it_is_gone()
 
 
 @asynccontextmanager
@@ -334,3 +345,30 @@ def test_ctrl_c_stops_everything_and_leaves_nothing_behind(demo):
     assert [a for a in addresses if accepts(a)] == []
     assert not demo.cluster_dir.exists()
     assert not demo.hub_dir.exists()
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+def test_the_next_demo_removes_what_a_killed_demo_left_running(built):
+    killed = Demo(free_port())
+    try:
+        killed.wait_until_up()
+        processes = processes_under(killed.process.pid)
+        killed.process.kill()  # kill -9, or a closed terminal: no chance to clean up
+        killed.process.wait(30)
+        # the cluster and the hub run in sessions of their own: they outlive it
+        assert still_running(processes)
+        assert killed.cluster_dir.is_dir()
+
+        following = Demo(free_port())
+        try:
+            following.wait_until_up()
+            assert f"earlier demo (pid {killed.process.pid})" in following.output
+            assert still_running(processes) == []
+            assert not killed.cluster_dir.exists()
+            assert not killed.hub_dir.exists()
+            assert following.interrupt() == 0, following.output
+        finally:
+            following.make_sure_it_is_gone()
+    finally:
+        killed.make_sure_it_is_gone()
