@@ -178,3 +178,23 @@ class Ledger:
         if charge is not None:
             self._record(policy, charge, sign=-1)
         return charge
+
+    def resync(
+        self, policy: Policy, live: Iterable[Charge], keep: Iterable[str] = ()
+    ) -> tuple[list[str], list[str]]:
+        """Bring the ledger in step with the charges on live pods.
+
+        Charges whose pod is gone are released, unless in ``keep`` (spawns whose
+        pod may not exist yet); pods the ledger does not know (another hub
+        replica, a pod restored from backup) are counted. Returns (added,
+        released) keys.
+        """
+        live_charges = {c.key: c for c in live}
+        protected = set(keep)
+        released = [k for k in self.charges if k not in live_charges and k not in protected]
+        for key in released:
+            self.release(policy, key)
+        added = [k for k in live_charges if k not in self.charges]
+        for key in added:
+            self._record(policy, live_charges[key])
+        return added, released

@@ -124,6 +124,24 @@ def cmd_pod(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_manifests(args: argparse.Namespace) -> int:
+    from .manifests import desired_objects, rbac_objects
+    from .values import policy_from_values
+
+    policy = policy_from_values(args.values)
+    objects = [
+        *rbac_objects(args.hub_namespace, args.service_account),
+        *desired_objects(policy, args.hub_namespace, args.service_account),
+    ]
+
+    class NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data):  # a GitOps reader wants each object whole
+            return True
+
+    print(yaml.dump_all(objects, Dumper=NoAliases, sort_keys=False), end="")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DemoError, run_demo
 
@@ -169,6 +187,22 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("--profile", help="the profile slug, <group>--<profile> (default: the default)")
     po.add_argument("--option", action="append", default=[], help="KEY=VALUE, e.g. gpus=2")
     po.set_defaults(func=cmd_pod)
+
+    m = sub.add_parser(
+        "manifests", help="the Kubernetes objects the service reconciles, plus its RBAC (YAML)"
+    )
+    m.add_argument("values", nargs="+", help=values_help)
+    m.add_argument(
+        "--hub-namespace",
+        default="jupyterhub",
+        help="the namespace the z2jh release (hub, proxy) runs in (default: jupyterhub)",
+    )
+    m.add_argument(
+        "--service-account",
+        default="hub",
+        help="the hub's service account, which the service shares (default: hub)",
+    )
+    m.set_defaults(func=cmd_manifests)
 
     d = sub.add_parser("demo", help="the local cluster and a real hub to try it on")
     d.add_argument("--bin-dir", help=bin_dir_help)

@@ -32,6 +32,8 @@ KINDS = ("gpu", "mig", "timeslice", "mps", "fraction", "hami", "dra")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 # what a group's name must be to serve as a label value, a queue and a namespace suffix
 _NAME = re.compile(r"^[a-z0-9A-Z]([a-z0-9A-Z_.-]{0,61}[a-z0-9A-Z])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
 _MIG_PROFILE = re.compile(r"^([1-7])g\.\d+gb(\+me)?$")
 #: Keys a profile's kubespawner_override may not set: they would bypass accounting.
 ACCOUNTED_OVERRIDES = frozenset(
@@ -126,6 +128,9 @@ class Option:
     name: str
     display_name: str
     choices: tuple[tuple[str, Any], ...]  # (key shown in the form, value)
+    #: images a user may type instead of choosing (``unlisted_choice``); None: not allowed
+    unlisted_regex: str | None = None
+    unlisted_display_name: str = "Other image..."
 
 
 @dataclass(frozen=True)
@@ -457,7 +462,7 @@ def _parse_options(
             e.add(opath, "unknown option (allowed: gpus, flavor, image)")
             continue
         spec = e.mapping(opath, spec)
-        e.keys(opath, spec, {"choices", "display_name"})
+        e.keys(opath, spec, {"choices", "display_name", "unlisted_choice"})
         display = (
             e.string(f"{opath}.display_name", spec.get("display_name"))
             or {
@@ -487,8 +492,32 @@ def _parse_options(
                     choices.append((str(choice), choice))
         else:
             e.add(f"{opath}.choices", f"expected a non-empty list, got {raw_choices!r}")
-        options[name] = Option(name, display, tuple(choices))
+        unlisted = _parse_unlisted(e, f"{opath}.unlisted_choice", name, spec.get("unlisted_choice"))
+        options[name] = Option(name, display, tuple(choices), *unlisted)
     return options
+
+
+def _parse_unlisted(e: _Errors, path: str, option: str, raw: Any) -> tuple[str | None, str]:
+    """``unlisted_choice: {validation_regex, display_name}``: images only, and never unchecked."""
+    if raw is None:
+        return None, "Other image..."
+    if option != "image":
+        e.add(
+            path,
+            "only the image option takes unlisted choices (GPU counts and flavors are charged)",
+        )
+        return None, ""
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, {"validation_regex", "display_name"})
+    regex = e.string(f"{path}.validation_regex", spec.get("validation_regex"), required=True)
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as err:
+            e.add(f"{path}.validation_regex", f"not a regular expression: {err}")
+            regex = None
+    display = e.string(f"{path}.display_name", spec.get("display_name")) or "Other image..."
+    return regex, display
 
 
 def _parse_profile(
@@ -759,6 +788,8 @@ def parse_policy(
         e.add("when_full", f"expected refuse or wait, got {when_full!r}")
     if not isinstance(namespace_per_group, bool):
         e.add("namespace_per_group", f"expected true or false, got {namespace_per_group!r}")
+    elif namespace_per_group:
+        _check_namespaces(e, str(namespace_prefix), [*parsed_groups, "everyone"])
     labels = e.string_map("extra_labels", extra_labels)
     for key, template in labels.items():
         try:
@@ -783,6 +814,36 @@ def parse_policy(
         namespace_prefix=str(namespace_prefix),
         extra_labels=labels,
     )
+
+
+def dns_label(text: str) -> str:
+    """A valid object name (RFC 1123 label: lowercase, digits, '-') made from any text.
+
+    Group names come from identity providers (``cpsHPCAccess``, ``jupyter_admin``);
+    namespaces, queues and their labels need names Kubernetes accepts.
+    """
+    return _DNS_LABEL_BAD.sub("-", text.lower())[:63].strip("-")
+
+
+def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
+    """Each group gets a namespace of its own: no two may map to the same valid name."""
+    if prefix and not _DNS_LABEL.match(prefix.rstrip("-") or "x"):
+        e.add("namespace_prefix", f"{prefix!r} cannot start a namespace name: use e.g. 'jh-'")
+        return
+    taken: dict[str, str] = {}
+    for name in groups:
+        namespace = dns_label(f"{prefix}{name}")
+        where = "everyone" if name == "everyone" else f"groups.{name}"
+        if not namespace:
+            e.add(where, "with namespace_per_group this name gives no valid namespace name")
+        elif namespace in taken:
+            e.add(
+                where,
+                f"with namespace_per_group its namespace {namespace!r} is also "
+                f"{taken[namespace]}'s: rename one of the groups",
+            )
+        else:
+            taken[namespace] = name
 
 
 def _check_parents(e: _Errors, groups: Mapping[str, Group]) -> None:

@@ -8,6 +8,7 @@ contacted: the spawner's client points at a closed loopback port.
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -78,4 +79,7 @@ def offline_spawner(config, user: str, groups: list[str]):
             url=f"/user/{user}/",
             groups=[_Named(name=g) for g in groups],
         )
+        config = copy.deepcopy(config)
+        # there is no cluster to watch: say nothing about its capacity
+        config.GPUKubeSpawner.show_cluster_capacity = False
         return GPUKubeSpawner(_mock=True, config=config, user=hub_user)

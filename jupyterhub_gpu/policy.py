@@ -61,8 +61,11 @@ class GPUPolicy(Configurable):
         ``description``, ``cpu`` and ``memory`` (guaranteed; Kubernetes quantities),
         optional ``cpu_limit`` / ``memory_limit``, ``image``, ``gpu: {flavor, count}``,
         ``options`` (``gpus: {choices: [1, 2, 4]}``, ``flavor: {choices: [...]}``,
-        ``image: {choices: [...]}``), ``default`` and ``kubespawner_override`` for
-        anything the policy does not account (volumes, environment, ...).
+        ``image: {choices: [...]}``; the image option alone may add
+        ``unlisted_choice: {validation_regex: ..., display_name: ...}`` so users
+        can type an image, checked server-side against the whole regex),
+        ``default`` and ``kubespawner_override`` for anything the policy does not
+        account (volumes, environment, ...).
         """,
     ).tag(config=True)
 

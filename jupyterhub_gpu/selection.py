@@ -11,6 +11,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -20,6 +21,10 @@ from .model import Flavor, Group, Option, Policy, Profile
 
 #: Kinds where a server gets one share of a GPU, whatever the gpus option says.
 SHARED_KINDS = ("timeslice", "mps", "fraction")
+
+
+#: what KubeSpawner's form sends for a typed-in image (``unlisted_choice``)
+UNLISTED_IMAGE = "image--unlisted-choice"
 
 
 class Refused(Exception):
@@ -135,7 +140,13 @@ def _bounded_options(policy: Policy, group: Group, profile: Profile) -> dict[str
             if _fits_caps(policy, group, request):
                 kept.append((key, value))
         if kept:
-            options[name] = Option(option.name, option.display_name, tuple(kept))
+            options[name] = Option(
+                option.name,
+                option.display_name,
+                tuple(kept),
+                option.unlisted_regex,
+                option.unlisted_display_name,
+            )
     return options
 
 
@@ -176,6 +187,15 @@ def _choice(offer: Offer, name: str, raw: Any, default: Any) -> Any:
     raise Refused(f"{name}={raw!r} is not a choice of {offer.slug} (choices: {allowed})")
 
 
+def _unlisted_image(offer: Offer, image: str) -> str:
+    option = offer.profile.options["image"]
+    if option.unlisted_regex is None:
+        raise Refused(f"profile {offer.slug} offers only its listed images")
+    if not re.fullmatch(option.unlisted_regex, image):
+        raise Refused(f"image {image!r} is not allowed here: it must match {option.unlisted_regex}")
+    return image
+
+
 def select(
     policy: Policy, user_groups: Iterable[str], user_options: Mapping[str, Any]
 ) -> Selection:
@@ -191,12 +211,12 @@ def select(
         chosen = next((o for o in available if o.slug == slug), None)
         if chosen is None:
             raise Refused(f"profile {slug!r} is not offered to you")
-    forged = sorted(k for k in options if k not in ("gpus", "flavor", "image"))
+    forged = sorted(k for k in options if k not in ("gpus", "flavor", "image", UNLISTED_IMAGE))
     if forged:
         raise Refused(f"unknown option {forged[0]!r}: only the form's choices are accepted")
     profile = chosen.profile
     for name in options:
-        if name not in profile.options:
+        if name.removesuffix("--unlisted-choice") not in profile.options:
             raise Refused(f"profile {chosen.slug} has no {name!r} option")
     flavor = None
     count = 0
@@ -208,7 +228,10 @@ def select(
             # a shared replica or slice is one per server (the device plugin's
             # failRequestsGreaterThanOne); more replicas would not add a GPU
             count = 1
-    image = _choice(chosen, "image", options.get("image"), profile.image)
+    if options.get(UNLISTED_IMAGE):
+        image = _unlisted_image(chosen, str(options[UNLISTED_IMAGE]))
+    else:
+        image = _choice(chosen, "image", options.get("image"), profile.image)
     request = request_for(profile, flavor, count)
     if not _fits_caps(policy, chosen.group, request):
         raise Refused(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .admission import IN_QUOTA, Charge
-from .model import Flavor, Policy
+from .model import Flavor, Policy, dns_label
 from .selection import Request, Selection
 
 LABEL_PREFIX = "gpu.jupyterhub.org"
@@ -55,7 +55,9 @@ class PodShape:
 
 
 def namespace_for(policy: Policy, group: str) -> str | None:
-    return f"{policy.namespace_prefix}{group}" if policy.namespace_per_group else None
+    if not policy.namespace_per_group:
+        return None
+    return dns_label(f"{policy.namespace_prefix}{group}")
 
 
 def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
@@ -114,9 +116,9 @@ def shape(
     if scheduler.name in SCHEDULER_NAMES:
         result.scheduler_name = SCHEDULER_NAMES[scheduler.name]
     if scheduler.name in QUEUE_LABELS:
-        result.labels[QUEUE_LABELS[scheduler.name]] = label_value(group.queue)
+        result.labels[QUEUE_LABELS[scheduler.name]] = dns_label(group.queue)
     if scheduler.name == "volcano":
-        result.annotations[VOLCANO_QUEUE_ANNOTATION] = group.queue
+        result.annotations[VOLCANO_QUEUE_ANNOTATION] = dns_label(group.queue)
     if flavor is None:
         return result
 

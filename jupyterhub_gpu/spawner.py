@@ -23,21 +23,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Float, default
+from traitlets import Bool, Float, default
 
 from .admission import Charge, Decision, Ledger
-from .model import Policy, PolicyError
+from .capacity import FlavorCapacity
+from .clusterview import ClusterView
+from .model import Option, Policy, PolicyError
+from .pending import explain_unschedulable
 from .policy import GPUPolicy
 from .quantities import format_gpus
 from .selection import Offer, Refused, Selection, offers, select
 from .shaping import (
     GROUP_LABEL,
+    PodShape,
     apply_to_pod,
     charge_from_pod,
     merge_settings,
@@ -70,6 +77,13 @@ class _SharedState:
         self.load_lock = asyncio.Lock()
         self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
         self.changed = asyncio.Condition()
+        self.cluster_view: ClusterView | None = None
+        #: servers admitted whose start has not finished, and when each server was
+        #: last admitted or started (monotonic): the resync keeps these, as their
+        #: pods may not exist yet or be too new for its listing
+        self.starting: set[str] = set()
+        self.touched: dict[str, float] = {}
+        self.resync_task: asyncio.Task | None = None
 
 
 class GPUKubeSpawner(KubeSpawner):
@@ -83,12 +97,38 @@ class GPUKubeSpawner(KubeSpawner):
         """,
     ).tag(config=True)
 
+    show_cluster_capacity = Bool(
+        True,
+        help="""
+        Show each GPU profile's free cluster capacity (node allocatable minus what
+        bound pods request) in the profile list, from a watch of nodes and pods in
+        all namespaces. Needs RBAC the chart does not grant (``jupyterhub-gpu
+        manifests`` renders it); without it the list says capacity is unknown and
+        the hub log warns once.
+        """,
+    ).tag(config=True)
+
+    ledger_resync_interval = Float(
+        60.0,
+        help="""
+        Seconds between checks of the GPU ledger against the pods in Kubernetes
+        (0: never). Servers whose pod vanished without the hub noticing are
+        released; charged pods the ledger lacks are counted. The ledger is also
+        rebuilt from pods whenever the hub starts.
+        """,
+    ).tag(config=True)
+
     _shared: _SharedState | None = None
     _policies: dict[int, tuple[Any, Policy]] = {}
     #: what the spawn page shows while this spawn waits in its group's line
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
+    #: the last start was refused before anything was written to Kubernetes
+    _gpu_refused_before_kubernetes: bool = False
+    #: what the last validated spawn chose, and the pod shape the policy gives it
+    gpu_selection: Selection | None = None
+    gpu_shape: PodShape | None = None
 
     # ---- policy and shared state -------------------------------------------------
 
@@ -137,7 +177,7 @@ class GPUKubeSpawner(KubeSpawner):
                 raise
             for pod in pods.items:
                 try:
-                    charge = charge_from_pod(self.api.sanitize_for_serialization(pod))
+                    charge = charge_from_pod(self.api.api_client.sanitize_for_serialization(pod))
                 except ValueError as e:
                     self.log.warning("%s; it is not counted", e)
                     continue
@@ -151,9 +191,12 @@ class GPUKubeSpawner(KubeSpawner):
         if not state.loaded:
             async with state.load_lock:
                 if not state.loaded:
-                    charges = await self._charges_from_pods(policy)
+                    with _kubernetes_reachable():
+                        charges = await self._charges_from_pods(policy)
                     state.ledger = Ledger.from_charges(policy, charges)
                     state.loaded = True
+                    if self.ledger_resync_interval > 0:
+                        state.resync_task = asyncio.create_task(self._resync_forever())
                     self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
         return state.ledger
 
@@ -169,9 +212,22 @@ class GPUKubeSpawner(KubeSpawner):
     async def _gpu_profile_list(self, spawner: KubeSpawner) -> list[dict[str, Any]]:
         policy = self._policy_or_refuse()
         ledger = await self._ledger(policy)
+        capacity = await self._capacity(policy)
         return [
-            profile_entry(policy, ledger, offer) for offer in offers(policy, self._user_groups())
+            profile_entry(policy, ledger, offer, capacity)
+            for offer in offers(policy, self._user_groups())
         ]
+
+    async def _capacity(self, policy: Policy) -> dict[str, FlavorCapacity] | None:
+        """Free cluster capacity per flavor, or None when it is unknown or turned off."""
+        if not self.show_cluster_capacity:
+            return None
+        state = self._state()
+        if state.cluster_view is None:
+            state.cluster_view = ClusterView(self.api.api_client, self.log).start()
+            # the first list of nodes and pods, so the very first page shows capacity
+            await state.cluster_view.wait_ready(self.k8s_api_request_timeout)
+        return state.cluster_view.capacity(policy)
 
     # ---- the spawn path ------------------------------------------------------------
 
@@ -180,6 +236,16 @@ class GPUKubeSpawner(KubeSpawner):
         return f"{self.namespace}/{self.pod_name}"
 
     async def load_user_options(self) -> None:
+        self._gpu_refused_before_kubernetes = False
+        try:
+            await self._load_user_options()
+        except SpawnRefused:
+            # nothing was written to Kubernetes for this spawn (admission refused it,
+            # or its options): the stop JupyterHub sends next has nothing to delete
+            self._gpu_refused_before_kubernetes = True
+            raise
+
+    async def _load_user_options(self) -> None:
         policy = self._policy_or_refuse()
         try:
             selection = select(policy, self._user_groups(), self.user_options or {})
@@ -220,6 +286,8 @@ class GPUKubeSpawner(KubeSpawner):
                         policy, key, self.user.name, selection.group, selection.request
                     )
                     if decision.admitted:
+                        state.starting.add(key)
+                        state.touched[key] = time.monotonic()
                         self.log.info(
                             "GPU admission: %s charged to %s (%s)", key, group, decision.tier
                         )
@@ -246,6 +314,29 @@ class GPUKubeSpawner(KubeSpawner):
                 line.remove(key)
             self._gpu_wait_message = None
 
+    async def _resync_forever(self) -> None:
+        state = self._state()
+        while True:
+            await asyncio.sleep(self.ledger_resync_interval)
+            try:
+                policy = self.gpu_policy
+                listed_at = time.monotonic()
+                charges = await self._charges_from_pods(policy)
+            except Exception as e:  # the API server restarting: try again next time
+                self.log.warning("GPU ledger resync skipped: %r", e)
+                continue
+            # spawns under way, and servers admitted or started since the listing
+            keep = state.starting | {k for k, at in state.touched.items() if at >= listed_at}
+            added, released = state.ledger.resync(policy, charges, keep)
+            for key, what in [(k, "counted") for k in added] + [(k, "released") for k in released]:
+                self.log.warning("GPU ledger resync: %s %s (the hub had missed it)", what, key)
+            if released:
+                async with state.changed:
+                    state.changed.notify_all()
+            horizon = time.monotonic() - 10 * max(self.ledger_resync_interval, 1)
+            for key in [k for k, at in state.touched.items() if at < horizon]:
+                del state.touched[key]
+
     async def _release(self) -> None:
         state = self._state()
         if state.loaded and self._server_key in state.ledger.charges:
@@ -263,16 +354,26 @@ class GPUKubeSpawner(KubeSpawner):
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
                 raise SpawnRefused(f"Kubernetes refused the server: {_api_message(e)}") from None
             raise
+        except (aiohttp.ClientError, OSError) as e:
+            await self._release()
+            raise _unreachable(e) from None
         except BaseException:
-            # refused, pod creation failed (API unreachable), timed out or cancelled:
-            # nothing may stay charged
+            # refused, pod creation failed, timed out or cancelled: nothing may stay charged
             await self._release()
             raise
         finally:
             self._gpu_starting = False
+            state = self._state()
+            state.starting.discard(self._server_key)
+            state.touched[self._server_key] = time.monotonic()
         return result
 
     async def stop(self, now: bool = False) -> None:
+        if self._gpu_refused_before_kubernetes:
+            # skip KubeSpawner's DELETE of a pod that was never created: in a storm of
+            # refused spawns those calls are most of the hub's and the API's work
+            self._gpu_refused_before_kubernetes = False
+            return
         try:
             await super().stop(now=now)
         finally:
@@ -283,11 +384,10 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()
-        pod_shape = getattr(self, "gpu_shape", None)
-        if pod_shape is None:
+        if self.gpu_shape is None:
             return pod
         manifest = self.api.api_client.sanitize_for_serialization(pod)
-        apply_to_pod(manifest, pod_shape)
+        apply_to_pod(manifest, self.gpu_shape)
         return _to_v1_pod(self.api.api_client, manifest)
 
     async def progress(self):
@@ -296,11 +396,26 @@ class GPUKubeSpawner(KubeSpawner):
             yield {"progress": 1, "message": self._gpu_wait_message}
             await asyncio.sleep(1)
         async for event in super().progress():
-            yield event
+            yield self._explained(event)
+
+    def _explained(self, event: dict[str, Any]) -> dict[str, Any]:
+        """A scheduler's FailedScheduling event, said in plain language."""
+        raw = event.get("raw_event") or {}
+        if raw.get("reason") != "FailedScheduling" or self.gpu_selection is None:
+            return event
+        resources = tuple(self.gpu_shape.extended_resources) if self.gpu_shape else ()
+        text = explain_unschedulable(raw.get("message") or "", self.gpu_selection.flavor, resources)
+        return {**event, "message": text} if text else event
 
 
-def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any]:
-    """One KubeSpawner profile_list entry: resources and the group's live remaining quota."""
+def profile_entry(
+    policy: Policy,
+    ledger: Ledger,
+    offer: Offer,
+    capacity: Mapping[str, FlavorCapacity] | None = None,
+) -> dict[str, Any]:
+    """One KubeSpawner profile_list entry: resources, the group's live remaining quota,
+    and the free cluster capacity of its flavor (``capacity`` None: unknown)."""
     group, profile = offer.group, offer.profile
     lines = [profile.description] if profile.description else []
     resources = f"{_cores(profile.cpu)} CPU, {profile.memory / 2**30:g} GiB RAM"
@@ -315,6 +430,8 @@ def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any
             f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
             "GPUs free"
         )
+    if profile.gpu:
+        lines.append(_capacity_line(capacity, profile.gpu.flavor))
     entry: dict[str, Any] = {
         "display_name": f"{group.display_name}: {profile.display_name}",
         "slug": offer.slug,
@@ -324,11 +441,7 @@ def profile_entry(policy: Policy, ledger: Ledger, offer: Offer) -> dict[str, Any
     }
     if offer.options:
         entry["profile_options"] = {
-            name: {
-                "display_name": option.display_name,
-                "choices": {key: {"display_name": key} for key, _ in option.choices},
-            }
-            for name, option in offer.options.items()
+            name: _profile_option(option) for name, option in offer.options.items()
         }
     return entry
 
@@ -341,6 +454,47 @@ _MERGED_TRAITS = (
     "node_selector",
     "tolerations",
 )
+
+
+def _profile_option(option: Option) -> dict[str, Any]:
+    """A KubeSpawner ``profile_options`` entry; the values stay the policy's, server-side."""
+    entry: dict[str, Any] = {
+        "display_name": option.display_name,
+        "choices": {key: {"display_name": key} for key, _ in option.choices},
+    }
+    if option.unlisted_regex is not None:
+        entry["unlisted_choice"] = {
+            "enabled": True,
+            "display_name": option.unlisted_display_name,
+            "validation_regex": option.unlisted_regex,
+            # the image is set from the validated selection, not by an override
+            "kubespawner_override": {},
+        }
+    return entry
+
+
+def _capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) -> str:
+    known = capacity.get(flavor) if capacity is not None else None
+    if known is None or known.free is None:
+        return "cluster capacity unknown"
+    return f"cluster: {known.free} of {known.allocatable} {known.unit} free"
+
+
+def _unreachable(error: Exception) -> SpawnRefused:
+    return SpawnRefused(
+        f"the Kubernetes API server could not be reached ({type(error).__name__}); "
+        "nothing was started: try again in a minute, and tell an admin if it persists",
+        503,
+    )
+
+
+@contextlib.contextmanager
+def _kubernetes_reachable():
+    """An unreachable API server becomes one line for the user (503), not a traceback."""
+    try:
+        yield
+    except (aiohttp.ClientError, OSError) as e:
+        raise _unreachable(e) from None
 
 
 def _cores(millicores: int) -> str:

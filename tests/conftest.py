@@ -51,5 +51,13 @@ async def namespace(core):
     await core.delete_namespace(name)
 
 
+@pytest.fixture(scope="session")
+async def priority_class_objects(kube):
+    """The PriorityClasses and RuntimeClass the policies' pods name, created once."""
+    from hub_helpers import create_priority_classes
+
+    await create_priority_classes(kube)
+
+
 # headless Chromium fixtures (`browser`, `page`) for page tests
 pytest_plugins = ["browser"]

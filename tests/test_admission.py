@@ -7,7 +7,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Ledger, Usage
+from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger, Usage
 from jupyterhub_gpu.model import parse_policy
 from jupyterhub_gpu.selection import Request
 
@@ -153,3 +153,21 @@ def test_releasing_frees_exactly_what_was_charged():
     assert ledger.users == {}
     assert ledger.charges == {}
     assert ledger.release(POLICY, "ns/never") is None
+
+
+def test_resync_releases_vanished_pods_counts_unknown_ones_and_keeps_starting_spawns():
+    ledger = Ledger()
+    lab = POLICY.group("lab-a")
+    ledger.admit(POLICY, "ns/gone", "ann", lab, request("h200", 2))
+    ledger.admit(POLICY, "ns/starting", "bob", lab, request("h200", 1))
+    ledger.admit(POLICY, "ns/running", "cat", lab, request("h200", 1))
+    running = ledger.charges["ns/running"]
+    other_replica = Charge("ns/other", "dan", "lab-b", request("h200", 2), IN_QUOTA)
+    added, released = ledger.resync(POLICY, [running, other_replica], keep={"ns/starting"})
+    assert (added, released) == (["ns/other"], ["ns/gone"])
+    assert ledger.usage("lab-a").gpus == 2  # starting + running
+    assert ledger.usage("dept").gpus == 4  # the parent counts lab-b's pod too
+    assert ledger.user_usage("ann", "lab-a").is_zero()
+    # the same charges rebuilt from scratch give the same totals
+    rebuilt = Ledger.from_charges(POLICY, ledger.charges.values())
+    assert rebuilt.groups == ledger.groups

@@ -9,62 +9,18 @@ the offline tests use.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kubernetes_asyncio.client import ApiException
 
 import matrix
+from hub_helpers import api, fresh_namespace, pod_json, wait_no_pods
 from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.manifests import priority_classes
 from jupyterhub_gpu.model import PolicyError, parse_policy
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
-
-#: KAI installs these itself; here they stand in for its chart
-KAI_PRIORITY_CLASSES = [("build", 100), ("build-preemptible", 75)]
-
-
-@pytest.fixture(scope="session")
-async def priority_class_objects(kube):
-    from kubernetes_asyncio import client
-
-    scheduling = client.SchedulingV1Api(kube)
-    objects = priority_classes(parse_policy())
-    objects += [
-        {"metadata": {"name": n}, "value": v, "globalDefault": False}
-        for n, v in KAI_PRIORITY_CLASSES
-    ]
-    for body in objects:
-        try:
-            await scheduling.create_priority_class(body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-    # the GPU Operator's RuntimeClass, which pods of runtime_class_name flavors name
-    try:
-        await client.NodeV1Api(kube).create_runtime_class(
-            {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
-        )
-    except ApiException as e:
-        if e.status != 409:
-            raise
-
-
-async def fresh_namespace(core) -> str:
-    name = f"hub-{uuid.uuid4().hex[:8]}"
-    await core.create_namespace({"metadata": {"name": name}})
-
-    async def account():
-        items = (await core.list_namespaced_service_account(name)).items
-        return any(a.metadata.name == "default" for a in items)
-
-    await eventually(account, "the default service account")
-    return name
 
 
 @pytest.fixture(scope="module", params=matrix.SCHEDULERS)
@@ -84,22 +40,6 @@ async def scheduler_hub(request, local_cluster, core, priority_class_objects):
     yield scheduler, hub
     await asyncio.to_thread(hub.stop)
     await core.delete_namespace(namespace)
-
-
-async def api(hub: LocalHub, method: str, path: str, body=None):
-    return await asyncio.to_thread(hub.api, method, path, body)
-
-
-async def pod_json(core, namespace: str, name: str) -> dict:
-    response = await core.read_namespaced_pod(name, namespace, _preload_content=False)
-    return json.loads(await response.read())
-
-
-async def wait_no_pods(core, namespace: str) -> None:
-    async def empty():
-        return not (await core.list_namespaced_pod(namespace)).items
-
-    await eventually(empty, f"no pods left in {namespace}", within=60)
 
 
 @pytest.mark.parametrize("kind", list(matrix.FLAVORS))

@@ -182,6 +182,47 @@ def test_every_error_is_reported_not_just_the_first():
             {"groups": {"a": {"max_runtime": "forever"}}},
             "groups.a.max_runtime: expected a duration",
         ),
+        (
+            {
+                "flavors": {"g": {"kind": "gpu"}},
+                "profiles": {
+                    "p": {
+                        "gpu": {"flavor": "g"},
+                        "options": {
+                            "gpus": {
+                                "choices": [1, 2],
+                                "unlisted_choice": {"validation_regex": "."},
+                            }
+                        },
+                    }
+                },
+            },
+            "profiles.p.options.gpus.unlisted_choice: only the image option takes unlisted",
+        ),
+        (
+            {
+                "profiles": {
+                    "p": {
+                        "options": {
+                            "image": {
+                                "choices": ["a"],
+                                "unlisted_choice": {"validation_regex": "(unclosed"},
+                            }
+                        }
+                    }
+                }
+            },
+            "profiles.p.options.image.unlisted_choice.validation_regex: not a regular expression",
+        ),
+        (
+            {"namespace_per_group": True, "groups": {"Data_Science": {}, "data-science": {}}},
+            "groups.data-science: with namespace_per_group its namespace "
+            "'jupyterhub-gpu-data-science' is also Data_Science's",
+        ),
+        (
+            {"namespace_per_group": True, "namespace_prefix": "_"},
+            "namespace_prefix: '_' cannot start a namespace name",
+        ),
     ],
 )
 def test_impossible_policies_are_refused_with_the_key_path(policy, message):

@@ -7,6 +7,7 @@ what the reference clusters offer and give each kind of member; the CLI.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +104,7 @@ def test_options_are_bounded_by_user_caps():
         (
             ["research"],
             {"profile": "research--research", "image--unlisted-choice": "evil"},
-            "unknown option",
+            "has no 'image--unlisted-choice' option",
         ),
     ],
 )
@@ -251,3 +252,46 @@ def test_pod_refusal_exits_1_with_the_reason():
     )
     assert result.returncode == 1
     assert "refused: profile 'research--research' is not offered to you" in result.stderr
+
+
+IMAGE_POLICY = {
+    "profiles": {
+        "cpu": {
+            "cpu": 1,
+            "memory": "1Gi",
+            "image": "quay.io/jupyter/base-notebook:latest",
+            "options": {
+                "image": {
+                    "choices": {"Base": "quay.io/jupyter/base-notebook:latest"},
+                    "unlisted_choice": {"validation_regex": r"quay\.io/jupyter/[a-z-]+:[\w.-]+"},
+                }
+            },
+        }
+    },
+    "everyone": {"profiles": ["cpu"]},
+}
+
+
+async def test_an_unlisted_image_that_matches_is_what_the_pod_runs(tmp_path):
+    path = values_file(tmp_path, IMAGE_POLICY)
+    image = "quay.io/jupyter/scipy-notebook:2026-11-01"
+    pod = await render_pod([path], "ann", [], "everyone--cpu", {"image--unlisted-choice": image})
+    assert pod["spec"]["containers"][0]["image"] == image
+    (entry,) = offered_profiles([path], [])
+    unlisted = entry["profile_options"]["image"]["unlisted_choice"]
+    assert unlisted["enabled"] is True
+    assert (
+        unlisted["validation_regex"]
+        == IMAGE_POLICY["profiles"]["cpu"]["options"]["image"]["unlisted_choice"][
+            "validation_regex"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "image", ["docker.io/evil/miner:latest", "quay.io/jupyter/base-notebook:latest; rm -rf /"]
+)
+async def test_an_unlisted_image_that_does_not_match_is_refused(tmp_path, image):
+    path = values_file(tmp_path, IMAGE_POLICY)
+    with pytest.raises(SpawnRefused, match=f"image {re.escape(repr(image))} is not allowed here"):
+        await render_pod([path], "ann", [], "everyone--cpu", {"image--unlisted-choice": image})

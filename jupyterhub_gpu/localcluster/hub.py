@@ -22,8 +22,25 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..hubconfig import CONFIG_D_FILE
 from . import build
 from .cluster import LocalCluster, free_port
+
+#: Stands in for z2jh's ``z2jh.py`` helper (same ``get_config``), over the hub's values.
+Z2JH_HELPER = """
+import json, os
+
+_values = json.load(open(os.path.join(os.path.dirname(__file__), "values.json")))
+
+
+def get_config(key, default=None):
+    value = _values
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return default
+        value = value[part]
+    return value
+"""
 
 #: The proxy the hub runs, from npm, pinned.
 CHP_VERSION = "5.3.0"
@@ -74,6 +91,8 @@ class LocalHub:
     policy: dict | None = None
     #: stop users' servers when the hub stops (False: they outlive a restart)
     cleanup_servers: bool = True
+    #: the kubeconfig the hub uses (default: the cluster's admin kubeconfig)
+    kubeconfig: Path | None = None
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -133,11 +152,19 @@ class LocalHub:
     def _policy_config(self) -> str:
         if self.policy is None:
             return ""
-        # the same two steps z2jh takes for hub.config.JupyterHub and hub.config.GPUPolicy
+        # the same steps z2jh takes: hub.config.JupyterHub, hub.config.GPUPolicy, then
+        # the files of jupyterhub_config.d (where the hub image puts the policy check,
+        # which reads the chart values through z2jh's helper module)
+        values = {"hub": {"config": {"GPUPolicy": self.policy}}}
+        (self.directory / "values.json").write_text(json.dumps(values))
+        (self.directory / "z2jh.py").write_text(Z2JH_HELPER)
         return textwrap.dedent(
             f"""
+            import sys
+            sys.path.insert(0, {str(self.directory)!r})
             c.JupyterHub.update({{"spawner_class": "gpu-kubespawner"}})
             c.GPUPolicy.update({self.policy!r})
+            load_subconfig({str(CONFIG_D_FILE)!r})
             """
         )
 
@@ -152,7 +179,7 @@ class LocalHub:
         chp = ensure_chp()
         config = self.directory / "jupyterhub_config.py"
         config.write_text(self.config(chp))
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.state.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig or self.cluster.state.kubeconfig)}
         env.pop("JUPYTERHUB_API_TOKEN", None)
         self.log_path = self.directory / "jupyterhub.log"
         with open(self.log_path, "ab") as log:

@@ -1,0 +1,156 @@
+"""The 200-spawn storm (DESIGN §8): answer times and the hub's longest event-loop stall.
+
+A real hub with GPUKubeSpawner on the local cluster; group ``lab`` has room for
+10 GPUs. 200 distinct users POST a spawn at once (50 client threads, as the
+test does). Each answer is timed from the POST to its HTTP response: 403
+(refused with the numbers), 201 (started) or 202 (still pending when the hub's
+``slow_spawn_timeout`` answered). Side by side, in the same run and on the same
+hub, the same 200 users GET their user model with the same concurrency: the
+hub's own floor for 200 concurrent API requests.
+
+Inside the hub a timer ticks every 50 ms and logs every tick that came more
+than 100 ms late; the longest lateness during the storm is the longest
+event-loop stall.
+
+The hub runs with z2jh's default ``concurrentSpawnLimit`` (64): spawns beyond
+64 pending are answered 429 at once by JupyterHub itself. ``--concurrent-spawn-limit 0``
+lifts it, so every request goes through the policy (as the test does).
+
+Run: python benchmarks/spawn_storm.py [--concurrent-spawn-limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kubernetes_asyncio import client
+
+from jupyterhub_gpu.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.manifests import priority_classes
+from jupyterhub_gpu.model import parse_policy
+
+USERS = [f"u{i:03d}" for i in range(200)]
+POLICY = {
+    "flavors": {"h200": {"kind": "gpu"}},
+    "profiles": {"small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
+    "groups": {"lab": {"quota": {"gpus": 10}, "profiles": ["small"]}},
+}
+
+STALL_MONITOR = """
+import asyncio, json, time
+_stall_log = {path!r}
+_last = [time.monotonic()]
+def _tick():
+    now = time.monotonic()
+    late = now - _last[0] - 0.05
+    if late > 0.1:
+        with open(_stall_log, "a") as f:
+            f.write(json.dumps([time.time(), late]) + "\\n")
+    _last[0] = now
+    asyncio.get_running_loop().call_later(0.05, _tick)
+asyncio.get_running_loop().call_later(0.05, _tick)
+"""
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def storm(hub: LocalHub, method: str, path: str, body: dict | None):
+    def one(user: str):
+        started = time.monotonic()
+        try:
+            status, _ = hub.api(method, path.format(user=user), body)
+        except TimeoutError:
+            status = "no answer in 30 s"
+        return status, time.monotonic() - started
+
+    with ThreadPoolExecutor(50) as pool:
+        return list(pool.map(one, USERS))
+
+
+def stalls(log: Path, since: float, until: float) -> list[float]:
+    if not log.exists():
+        return []
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    return [late for at, late in rows if since <= at <= until]
+
+
+def report(name: str, results, stall: list[float]) -> None:
+    times = [t for _, t in results]
+    statuses = Counter(s for s, _ in results)
+    print(
+        f"| {name} | {dict(sorted(statuses.items(), key=str))} | {statistics.median(times):.2f} "
+        f"| {percentile(times, 0.95):.2f} | {max(times):.2f} "
+        f"| {sum(t > 5 for t in times)} | {max(stall, default=0):.2f} |"
+    )
+
+
+def main(concurrent_spawn_limit: int) -> None:
+    cluster = LocalCluster.create(name=f"storm-{uuid.uuid4().hex[:6]}")
+    hub = None
+    stall_log = Path(tempfile.mkdtemp()) / "stalls.jsonl"
+    try:
+
+        async def setup():
+            async with cluster.api() as api:
+                for body in priority_classes(parse_policy()):
+                    await client.SchedulingV1Api(api).create_priority_class(body)
+
+        asyncio.run(setup())
+        hub = LocalHub(
+            cluster,
+            users={u: ["lab"] for u in USERS},
+            policy=POLICY,
+            extra_config=(
+                f"c.JupyterHub.concurrent_spawn_limit = {concurrent_spawn_limit}\n"
+                "c.KubeSpawner.k8s_api_request_timeout = 30\n"
+                "c.KubeSpawner.http_timeout = 240\n"
+                "c.KubeSpawner.start_timeout = 300\n" + STALL_MONITOR.format(path=str(stall_log))
+            ),
+        ).start()
+        started = time.time()
+        gets = storm(hub, "GET", "/users/{user}", None)
+        between = time.time()
+        spawns = storm(hub, "POST", "/users/{user}/server", {"profile": "lab--small"})
+        ended = time.time()
+        print(
+            "200 distinct users, 50 client threads, one hub, group lab with room for 10 GPUs, "
+            f"concurrent_spawn_limit {concurrent_spawn_limit}"
+        )
+        print(
+            "| requests | statuses | median s | p95 s | max s | answers > 5 s "
+            "| longest loop stall s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        report("GET /users/:name (reference)", gets, stalls(stall_log, started, between))
+        report("POST /users/:name/server", spawns, stalls(stall_log, between, ended))
+        refused = [t for s, t in spawns if s == 403]
+        if refused:
+            print(
+                f"refusals (403): median {statistics.median(refused):.2f} s, "
+                f"max {max(refused):.2f} s"
+            )
+    finally:
+        if hub:
+            for user in USERS:
+                hub.api("DELETE", f"/users/{user}/server")
+            hub.stop()
+        cluster.down()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--concurrent-spawn-limit", type=int, default=64)
+    main(parser.parse_args().concurrent_spawn_limit)

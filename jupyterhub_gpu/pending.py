@@ -1,0 +1,83 @@
+"""Why a server's pod is Pending, in words a notebook user understands (DESIGN §4.4).
+
+The scheduler explains an unschedulable pod in one dense line per attempt::
+
+    0/9 nodes are available: 2 Insufficient nvidia.com/gpu, 7 node(s) didn't
+    match Pod's node affinity/selector. preemption: 0/9 nodes are available: ...
+
+``explain_unschedulable`` turns that into a sentence about the server's GPU
+flavor: whether the GPUs it needs are all in use (it will start when one frees
+up) or no node has them at all (an admin must act). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .model import Flavor
+
+_SUMMARY = re.compile(r"^\s*(\d+)/(\d+) nodes are available:\s*(.*)$", re.DOTALL)
+_COUNTED = re.compile(r"^(\d+)\s+(.*)$")
+_CORE = {"cpu": "CPU", "memory": "memory", "pods": "pod slots", "ephemeral-storage": "disk"}
+
+
+def _reasons(message: str) -> tuple[int, list[tuple[int, str]]] | None:
+    """(nodes in the cluster, [(node count, reason)]) from a FailedScheduling message."""
+    match = _SUMMARY.match(message.split(" preemption:")[0])
+    if not match:
+        return None
+    reasons = []
+    for part in match.group(3).rstrip(". ").split(", "):
+        counted = _COUNTED.match(part.strip())
+        if counted:
+            reasons.append((int(counted.group(1)), counted.group(2).strip().rstrip(".")))
+    return int(match.group(2)), reasons
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node{'s' if n != 1 else ''}"
+
+
+def explain_unschedulable(
+    message: str, flavor: Flavor | None, gpu_resources: tuple[str, ...] = ()
+) -> str | None:
+    """A plain-language reason for a FailedScheduling ``message``; None if it is not one.
+
+    ``gpu_resources`` are the extended resources the server's pod requests for
+    its flavor (e.g. ``nvidia.com/mig-1g.5gb``).
+    """
+    parsed = _reasons(message)
+    if parsed is None:
+        return None
+    total, reasons = parsed
+    what = flavor.display_name if flavor else "this server"
+    short_of_gpu = 0
+    short_of: list[str] = []
+    elsewhere = 0  # nodes without this kind of GPU, reserved, or cordoned
+    for count, reason in reasons:
+        if reason.startswith("Insufficient "):
+            resource = reason.removeprefix("Insufficient ").strip()
+            if resource in gpu_resources:
+                short_of_gpu += count
+            else:
+                short_of.append(f"{_CORE.get(resource, resource)} on {_nodes(count)}")
+        elif reason == "Too many pods":
+            short_of.append(f"pod slots on {_nodes(count)}")
+        else:
+            elsewhere += count
+    if short_of_gpu:
+        text = (
+            f"Waiting for a free {what}: all of them are in use "
+            f"({_nodes(short_of_gpu)} with {what} {'is' if short_of_gpu == 1 else 'are'} full)"
+        )
+    elif short_of:
+        text = f"Waiting for room in the cluster: not enough free {', '.join(short_of)}"
+    else:
+        return (
+            f"No node in the cluster can run {what} ({_nodes(total)} checked, none has it "
+            "available to notebooks). Ask an admin: the flavor's node selector or "
+            "tolerations match no node."
+        )
+    if short_of_gpu and short_of:
+        text += f"; also short of {', '.join(short_of)}"
+    return text + ". The server starts by itself as soon as there is room; stop it to give up."

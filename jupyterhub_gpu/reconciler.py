@@ -1,0 +1,401 @@
+"""Keep the cluster's objects in step with the policy (DESIGN §5): a thin async adapter.
+
+``manifests.desired_objects`` says what should exist; this module only compares
+and writes::
+
+    reconciler = Reconciler(api_client, hub_namespace="jhub")
+    report = await reconciler.reconcile(policy)
+    if report.errors: log(report.summary())
+
+One pass lists every kind it manages once (by the ownership labels), then:
+
+- applies (server-side apply, field manager ``jupyterhub-gpu``, ``force``: the
+  policy is the source of truth for the fields it sets) only objects that are
+  missing or drifted: a live object is unchanged when it carries the hash of the
+  desired object in ``APPLIED_HASH`` *and* every desired field still has its
+  value (quantities compared by value), so both a policy change and someone
+  editing our fields are caught;
+- deletes objects carrying both ownership labels that are no longer desired;
+- never raises for one object's API error: each is an entry in
+  ``ReconcileReport.errors`` with the kind, the name and the fix (a missing
+  scheduler CRD names the CRD and how to install it), and the other kinds go on.
+
+A pass that changes nothing makes no write (``report.writes == 0``). Callers
+(the hub service) run ``reconcile`` periodically, e.g. every 60 s and at once
+after a policy change, and back off (doubling up to a few minutes) while
+``report.errors`` is non-empty; an exception escaping ``reconcile`` means the API
+server itself is unreachable and is retried the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from .manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
+from .model import Policy
+from .quantities import QuantityError, parse_quantity
+
+FIELD_MANAGER = "jupyterhub-gpu"
+APPLIED_HASH = "gpu.jupyterhub.org/applied-hash"
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    #: what to do when the API server does not know the kind
+    fix: str = ""
+
+    @property
+    def base(self) -> str:
+        return (
+            f"/api/{self.api_version}"
+            if "/" not in self.api_version
+            else (f"/apis/{self.api_version}")
+        )
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        path = self.base
+        if self.namespaced and namespace:
+            path += f"/namespaces/{quote(namespace)}"
+        path += f"/{self.plural}"
+        if name:
+            path += f"/{quote(name)}"
+        return path
+
+
+_KAI_FIX = (
+    "install the KAI scheduler (its CRD queues.scheduling.run.ai comes with its Helm chart, "
+    "deployments/kai-scheduler/crds), or set GPUPolicy.scheduler.name to what the cluster runs"
+)
+_VOLCANO_FIX = (
+    "install Volcano (CRD queues.scheduling.volcano.sh, config/crd/volcano/bases), "
+    "or set GPUPolicy.scheduler.name to what the cluster runs"
+)
+_KUEUE_FIX = (
+    "install Kueue (CRDs *.kueue.x-k8s.io, config/components/crd/bases), "
+    "or set GPUPolicy.scheduler.name to what the cluster runs"
+)
+#: every kind the reconciler may own, in creation order (pruned in reverse)
+KINDS = (
+    Kind("v1", "Namespace", "namespaces", False),
+    Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
+    Kind("scheduling.run.ai/v2", "Queue", "queues", False, _KAI_FIX),
+    Kind("scheduling.volcano.sh/v1beta1", "Queue", "queues", False, _VOLCANO_FIX),
+    Kind("kueue.x-k8s.io/v1beta1", "ResourceFlavor", "resourceflavors", False, _KUEUE_FIX),
+    Kind("kueue.x-k8s.io/v1beta1", "Cohort", "cohorts", False, _KUEUE_FIX),
+    Kind("kueue.x-k8s.io/v1beta1", "ClusterQueue", "clusterqueues", False, _KUEUE_FIX),
+    Kind("v1", "ResourceQuota", "resourcequotas", True),
+    Kind("v1", "LimitRange", "limitranges", True),
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
+    Kind("kueue.x-k8s.io/v1beta1", "LocalQueue", "localqueues", True, _KUEUE_FIX),
+    Kind(
+        "resource.k8s.io/v1",
+        "ResourceClaimTemplate",
+        "resourceclaimtemplates",
+        True,
+        "the cluster needs Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes >= 1.34)",
+    ),
+)
+_BY_TYPE = {(k.api_version, k.kind): k for k in KINDS}
+
+
+@dataclass
+class ObjectError:
+    kind: str  # e.g. "scheduling.run.ai/v2 Queue"
+    name: str  # namespace/name or name
+    message: str  # what went wrong and the fix
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.message}"
+
+
+@dataclass
+class ReconcileReport:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    errors: list[ObjectError] = field(default_factory=list)
+    #: API writes this pass made (applies and deletes, failed ones included)
+    writes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        text = (
+            f"{len(self.created)} created, {len(self.updated)} updated, "
+            f"{len(self.pruned)} pruned, {self.unchanged} unchanged, {len(self.errors)} errors"
+        )
+        return "\n".join([text, *(f"  {e}" for e in self.errors)])
+
+
+def applied_hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_QUANTITY_LIKE = re.compile(r"^[+-]?[0-9.]+([eE][+-]?[0-9]+)?[A-Za-z]{0,2}$")
+
+
+def _same_scalar(want: Any, have: Any) -> bool:
+    if want == have:
+        return True
+    if isinstance(want, str) and isinstance(have, str) and _QUANTITY_LIKE.match(want):
+        try:  # the API server writes quantities in canonical form (2048Mi -> 2Gi)
+            return parse_quantity(want) == parse_quantity(have)
+        except QuantityError:
+            return False
+    if isinstance(want, int | float) and isinstance(have, int | float):
+        return Fraction(want) == Fraction(have)
+    return False
+
+
+def contains(live: Any, want: Any) -> bool:
+    """True when every field of ``want`` has its value in ``live`` (defaults may be added)."""
+    if isinstance(want, Mapping):
+        # the API server omits empty and false fields (Go's omitempty)
+        return isinstance(live, Mapping) and all(
+            contains(live[k], v) if k in live else v in (False, 0, "", None, {}, [])
+            for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(want)
+            and all(contains(a, b) for a, b in zip(live, want, strict=True))
+        )
+    return _same_scalar(want, live)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+
+def _kind_text(kind: Kind) -> str:
+    return f"{kind.api_version} {kind.kind}"
+
+
+class Reconciler:
+    """Applies ``desired_objects(policy, hub_namespace)`` and prunes what we own beyond it."""
+
+    def __init__(
+        self,
+        api_client: ApiClient,
+        hub_namespace: str,
+        *,
+        service_account: str = "hub",
+        concurrency: int = 16,
+    ) -> None:
+        self.api = api_client
+        self.hub_namespace = hub_namespace
+        self.service_account = service_account
+        self.selector = f"{OWNER_LABEL}={OWNER},{HUB_LABEL}={hub_namespace}"
+        self._limit = asyncio.Semaphore(concurrency)
+        #: API writes since this object was made (applies and deletes)
+        self.writes = 0
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        async with self._limit:
+            response = await self.api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                response_types_map={},
+            )
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+            if not 200 <= response.status <= 299:
+                error = ApiException(status=response.status, reason=response.reason)
+                error.body = body.decode(errors="replace")
+                raise error
+            return json.loads(body)
+
+    async def _list(self, kind: Kind) -> list[dict[str, Any]]:
+        data = await self._call("GET", kind.path(), [("labelSelector", self.selector)])
+        items = data.get("items") or []
+        for item in items:  # lists omit these; identity() needs them
+            item.setdefault("apiVersion", kind.api_version)
+            item.setdefault("kind", kind.kind)
+        return items
+
+    async def _apply(self, kind: Kind, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.writes += 1
+        await self._call(
+            "PATCH",
+            kind.path(meta.get("namespace"), meta["name"]),
+            # Strict: a field the API does not know is an error, never silently pruned
+            [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")],
+            obj,
+            "application/apply-patch+yaml",
+        )
+
+    async def _delete(self, kind: Kind, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.writes += 1
+        await self._call(
+            "DELETE",
+            kind.path(meta.get("namespace"), meta["name"]),
+            body={"propagationPolicy": "Background"},
+        )
+
+    @staticmethod
+    def _error_message(kind: Kind, error: ApiException) -> str:
+        if error.status == 404 and kind.fix:
+            return f"the API server does not know this kind: {kind.fix}"
+        try:
+            reason = json.loads(error.body).get("message") or error.reason
+        except (TypeError, ValueError):
+            reason = error.reason
+        return f"HTTP {error.status}: {reason}"
+
+    async def reconcile(self, policy: Policy) -> ReconcileReport:
+        """One pass: apply what is missing or drifted, prune what we own beyond the policy."""
+        return await self._reconcile(
+            desired_objects(policy, self.hub_namespace, self.service_account)
+        )
+
+    async def remove_all(self) -> ReconcileReport:
+        """Delete every object this hub owns (uninstalling the bundle, tests)."""
+        return await self._reconcile([])
+
+    async def _reconcile(self, objects: list[dict[str, Any]]) -> ReconcileReport:
+        report = ReconcileReport()
+        writes_before = self.writes
+        desired: dict[Kind, list[dict[str, Any]]] = {k: [] for k in KINDS}
+        for obj in objects:  # fresh from desired_objects: ours to annotate
+            kind = _BY_TYPE[(obj["apiVersion"], obj["kind"])]
+            annotations = obj["metadata"].setdefault("annotations", {})
+            annotations[APPLIED_HASH] = applied_hash(obj)
+            desired[kind].append(obj)
+
+        lists = await asyncio.gather(*(self._list(k) for k in KINDS), return_exceptions=True)
+        live: dict[Kind, dict[tuple, dict[str, Any]] | None] = {}
+        for kind, result in zip(KINDS, lists, strict=True):
+            if isinstance(result, ApiException):
+                live[kind] = None
+                # a kind we want but cannot list: report once per object, skip the kind;
+                # a kind we do not want and the server does not know owns nothing of ours
+                if desired[kind] or result.status != 404:
+                    message = self._error_message(kind, result)
+                    for obj in desired[kind] or [{"metadata": {"name": "*"}}]:
+                        report.errors.append(ObjectError(_kind_text(kind), _name(obj), message))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                live[kind] = {identity(o): o for o in result}
+
+        # compare first (no task per object: most passes write nothing), then write
+        # namespaces before what lives in them, cluster objects before namespaced ones
+        for kind in KINDS:
+            if live[kind] is None:
+                continue
+            writes = [
+                (obj, current)
+                for obj in desired[kind]
+                if self._needs_apply(kind, obj, current := live[kind].get(identity(obj)), report)
+            ]
+            await asyncio.gather(*(self._sync(kind, obj, cur, report) for obj, cur in writes))
+        for kind in reversed(KINDS):
+            if live[kind] is None:
+                continue
+            wanted = {identity(o) for o in desired[kind]}
+            stale = [o for key, o in live[kind].items() if key not in wanted]
+            await asyncio.gather(*(self._prune(kind, o, report) for o in stale))
+        report.writes = self.writes - writes_before
+        return report
+
+    @staticmethod
+    def _needs_apply(
+        kind: Kind, obj: dict[str, Any], current: Mapping[str, Any] | None, report: ReconcileReport
+    ) -> bool:
+        if current is None:
+            return True
+        meta = current["metadata"]
+        if meta.get("deletionTimestamp"):
+            report.errors.append(
+                ObjectError(
+                    _kind_text(kind),
+                    _name(obj),
+                    "is being deleted (pruned earlier or deleted by someone); "
+                    "it is created again on a pass after it is gone",
+                )
+            )
+            return False
+        same_hash = (meta.get("annotations") or {}).get(APPLIED_HASH) == (
+            obj["metadata"]["annotations"][APPLIED_HASH]
+        )
+        # our last apply is the policy's current one, and nobody else has written
+        # the object since (only we, or controllers through the status subresource)
+        if same_hash and all(
+            m.get("manager") == FIELD_MANAGER or m.get("subresource") == "status"
+            for m in meta.get("managedFields") or []
+        ):
+            report.unchanged += 1
+            return False
+        # someone else wrote too: unchanged only if every field we set still holds
+        if same_hash and contains(current, obj):
+            report.unchanged += 1
+            return False
+        return True
+
+    async def _sync(
+        self,
+        kind: Kind,
+        obj: dict[str, Any],
+        current: Mapping[str, Any] | None,
+        report: ReconcileReport,
+    ) -> None:
+        try:
+            await self._apply(kind, obj)
+        except ApiException as e:
+            report.errors.append(
+                ObjectError(_kind_text(kind), _name(obj), self._error_message(kind, e))
+            )
+            return
+        (report.created if current is None else report.updated).append(f"{kind.kind} {_name(obj)}")
+
+    async def _prune(self, kind: Kind, obj: Mapping[str, Any], report: ReconcileReport) -> None:
+        if obj["metadata"].get("deletionTimestamp"):
+            return  # already going
+        try:
+            await self._delete(kind, obj)
+        except ApiException as e:
+            if e.status == 404:  # gone meanwhile (e.g. with its namespace)
+                return
+            report.errors.append(
+                ObjectError(_kind_text(kind), _name(obj), self._error_message(kind, e))
+            )
+            return
+        report.pruned.append(f"{kind.kind} {_name(obj)}")

@@ -1,0 +1,105 @@
+"""Free capacity per flavor from a live watch of the real cluster's nodes and pods."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import pytest
+from kubernetes_asyncio import client
+
+from hub_helpers import fresh_namespace, wait_no_pods
+from jupyterhub_gpu.clusterview import ClusterView
+from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.model import parse_policy
+from kube_helpers import eventually, pod_manifest
+
+pytestmark = pytest.mark.k8s
+
+H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
+POLICY = {
+    "flavors": {
+        "h200": {"kind": "gpu", "display_name": "H200", "node_selector": H200},
+        "h200-shared": {"kind": "timeslice", "replicas": 4, "resource": "nvidia.com/gpu.shared"},
+        "mig-1g": {"kind": "mig", "profile": "1g.5gb", "strategy": "mixed"},
+    },
+    "profiles": {"h200": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
+    "groups": {"lab": {"quota": {"gpus": 4}, "profiles": ["h200"]}},
+}
+
+
+async def test_capacity_follows_pods_as_they_come_and_go(kube, core, namespace):
+    policy = parse_policy(**POLICY)
+    view = ClusterView(kube, logging.getLogger("test"), refresh=0).start()
+    try:
+        assert await view.wait_ready(30)
+        # the local cluster's node pools: 3 nodes x 4 H200, 16 shared replicas, 7 x 1g.5gb
+        before = view.capacity(policy)
+        assert (before["h200"].allocatable, before["h200"].nodes) == (12, 3)
+        assert before["h200-shared"].allocatable == 16
+        assert before["mig-1g"].allocatable == 7
+        busy = pod_manifest("busy", {"nvidia.com/gpu": "3"}, nodeSelector=H200)
+        await core.create_namespaced_pod(namespace, busy)
+
+        async def free_h200():
+            return view.capacity(policy)["h200"].free
+
+        await eventually(lambda: _equals(free_h200, before["h200"].free - 3), "3 H200 in use")
+        await core.delete_namespaced_pod("busy", namespace, grace_period_seconds=0)
+        await eventually(lambda: _equals(free_h200, before["h200"].free), "the H200s freed")
+    finally:
+        await view.stop()
+
+
+async def _equals(probe, expected) -> bool:
+    return await probe() == expected
+
+
+async def test_without_rbac_capacity_is_unknown_and_warned_once(
+    local_cluster, core, namespace, caplog
+):
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "hub"}})
+    token = await core.create_namespaced_service_account_token(
+        "hub", namespace, {"spec": {"expirationSeconds": 600}}
+    )
+    configuration = client.Configuration(host=local_cluster.state.server)
+    configuration.api_key = {"authorization": token.status.token}
+    configuration.api_key_prefix = {"authorization": "Bearer"}
+    configuration.ssl_ca_cert = str(local_cluster.state.kubeconfig.parent / "ca.crt")
+    async with client.ApiClient(configuration) as unprivileged:
+        view = ClusterView(unprivileged, logging.getLogger("test.rbac")).start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="test.rbac"):
+                assert not await view.wait_ready(3)
+                await asyncio.sleep(0.5)
+            assert view.capacity(parse_policy(**POLICY)) is None
+            assert view.problem == "no permission to read nodes"
+            warnings = [r.getMessage() for r in caplog.records if r.name == "test.rbac"]
+            assert len([w for w in warnings if "no permission to read nodes" in w]) == 1
+            assert "jupyterhub-gpu manifests" in warnings[0]
+        finally:
+            await view.stop()
+
+
+@pytest.mark.hub
+async def test_the_spawn_page_shows_free_capacity_of_each_gpu_profile(
+    local_cluster, core, priority_class_objects, page
+):
+    namespace = await fresh_namespace(core)
+    hub = LocalHub(local_cluster, namespace=namespace, users={"ann": ["lab"]}, policy=POLICY)
+    await asyncio.to_thread(hub.start)
+    try:
+        await page.goto(f"{hub.url}/hub/login")
+        await page.fill("#username_input", "ann")
+        await page.fill("#password_input", hub.password)
+        await page.click("#login_submit")
+        await page.goto(f"{hub.url}/hub/spawn")
+        text = await page.inner_text("form")
+        # other tests' pods may still hold some H200s: the total is the cluster's
+        assert re.search(r"cluster: \d+ of 12 GPUs free", text), text
+        assert "lab: 4 of 4 GPUs free" in text
+    finally:
+        await wait_no_pods(core, namespace)
+        await asyncio.to_thread(hub.stop)
+        await core.delete_namespace(namespace)

@@ -1,0 +1,398 @@
+"""Rendering the objects the policy implies (pure): per scheduler, per flavor kind, parents."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jupyterhub_gpu.admission import IN_QUOTA
+from jupyterhub_gpu.manifests import (
+    HUB_LABEL,
+    KAI_ROOT_QUEUE,
+    OWNER,
+    OWNER_LABEL,
+    desired_objects,
+    rbac_objects,
+)
+from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.selection import select
+from jupyterhub_gpu.shaping import QUEUE_LABELS, shape
+
+REPO = Path(__file__).resolve().parent.parent
+HUB = "jhub"
+
+FLAVORS = {
+    "a100": {"kind": "gpu"},
+    "mig-1g": {"kind": "mig", "profile": "1g.5gb"},
+    "mig-3g": {"kind": "mig", "profile": "3g.20gb"},
+    "shared": {"kind": "timeslice", "replicas": 4},
+    "claim": {
+        "kind": "dra",
+        "device_class": "gpu.nvidia.com",
+        "selectors": ["device.attributes['gpu.nvidia.com'].productName == 'A100'"],
+        "sharing": "TimeSlicing",
+    },
+}
+PROFILES = {
+    "cpu": {"cpu": 2, "memory": "2Gi"},
+    "gpu": {
+        "cpu": 8,
+        "memory": "32Gi",
+        "gpu": {"flavor": "a100"},
+        "options": {"gpus": {"choices": [1, 2]}, "flavor": {"choices": ["a100", "mig-1g"]}},
+    },
+    "small": {"cpu": 1, "memory": "4Gi", "gpu": {"flavor": "shared"}},
+    "dra": {"cpu": 4, "memory": "16Gi", "gpu": {"flavor": "claim", "count": 1}},
+    "dra2": {
+        "cpu": 4,
+        "memory": "16Gi",
+        "gpu": {"flavor": "claim", "count": 2},
+        "options": {"gpus": {"choices": [2, 4]}},
+    },
+}
+
+
+def policy(scheduler="default", per_group=True, **groups):
+    return parse_policy(
+        scheduler={"name": scheduler},
+        flavors=FLAVORS,
+        profiles=PROFILES,
+        everyone={"profiles": ["cpu"]},
+        groups=groups
+        or {
+            "org": {"quota": {"gpus": 10}, "limit": {"gpus": 12}, "profiles": ["gpu"]},
+            "lab": {
+                "parent": "org",
+                "quota": {"gpus": 4, "cpu": 32, "memory": "128Gi", "servers": 6},
+                "limit": {"gpus": 6, "cpu": 48},
+                "profiles": ["gpu", "cpu", "dra"],
+            },
+            "course": {
+                "parent": "org",
+                "quota": {"gpus": 2, "flavors": {"shared": 5}},
+                "profiles": ["small"],
+            },
+            "admins": {"unlimited": True, "profiles": ["gpu", "dra2"]},
+        },
+        namespace_per_group=per_group,
+        namespace_prefix="nb-",
+    )
+
+
+def find(objects, kind, name=None, namespace=None):
+    found = [
+        o
+        for o in objects
+        if o["kind"] == kind
+        and (name is None or o["metadata"]["name"] == name)
+        and (namespace is None or o["metadata"].get("namespace") == namespace)
+    ]
+    return found
+
+
+def one(objects, kind, name=None, namespace=None):
+    found = find(objects, kind, name, namespace)
+    assert len(found) == 1, (kind, name, namespace, found)
+    return found[0]
+
+
+def test_every_object_carries_the_ownership_and_hub_labels_and_is_unique():
+    for scheduler in ("default", "kai", "volcano", "kueue"):
+        objects = desired_objects(policy(scheduler), HUB)
+        identities = [
+            (o["apiVersion"], o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+            for o in objects
+        ]
+        assert len(identities) == len(set(identities))
+        for obj in objects:
+            labels = obj["metadata"]["labels"]
+            assert labels[OWNER_LABEL] == OWNER, obj
+            assert labels[HUB_LABEL] == HUB, obj
+
+
+def test_namespace_per_group_renders_a_namespace_quota_limits_isolation_and_binding_per_group():
+    objects = desired_objects(policy(), HUB)
+    names = {o["metadata"]["name"] for o in find(objects, "Namespace")}
+    assert names == {"nb-org", "nb-lab", "nb-course", "nb-admins", "nb-everyone"}
+    for ns in names:
+        one(objects, "LimitRange", namespace=ns)
+        one(objects, "RoleBinding", namespace=ns)
+        netpol = one(objects, "NetworkPolicy", namespace=ns)
+        sources = netpol["spec"]["ingress"][0]["from"]
+        # same namespace, and the hub's (hub and proxy reach the servers); nothing else
+        assert {"podSelector": {}} in sources
+        assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": HUB}}} in (
+            sources
+        )
+        assert len(sources) == 2
+    # an unlimited group has no caps at all
+    assert not find(objects, "ResourceQuota", namespace="nb-admins")
+
+
+def test_resource_quota_is_the_limit_in_whole_units_of_every_device_resource():
+    objects = desired_objects(policy(), HUB)
+    lab = one(objects, "ResourceQuota", namespace="nb-lab")["spec"]["hard"]
+    assert lab["requests.cpu"] == "48"  # the limit, not the quota: the burst ceiling
+    assert lab["requests.memory"] == "128Gi"  # no memory limit: the quota is the limit
+    assert lab["pods"] == "6"
+    assert lab["requests.nvidia.com/gpu"] == "6"  # 6 GPU-equivalents of whole GPUs
+    assert lab["requests.nvidia.com/mig-1g.5gb"] == "42"  # a 1g slice is 1/7
+    # lab's profiles never reach these: 0, so they are not unlimited in its namespace
+    assert lab["requests.nvidia.com/mig-3g.20gb"] == "0"
+    assert lab["requests.nvidia.com/gpu.shared"] == "0"
+    assert lab["gpu.nvidia.com.deviceclass.resource.k8s.io/devices"] == "6"
+
+    course = one(objects, "ResourceQuota", namespace="nb-course")["spec"]["hard"]
+    # 2 GPUs at 4 replicas would be 8 shares; the per-flavor cap says 5
+    assert course["requests.nvidia.com/gpu.shared"] == "5"
+    assert course["requests.nvidia.com/gpu"] == "0"
+    assert "requests.cpu" not in course
+    everyone = one(objects, "ResourceQuota", namespace="nb-everyone")["spec"]["hard"]
+    assert everyone["requests.nvidia.com/gpu"] == "0"
+
+
+def test_everyone_gets_objects_only_when_it_offers_a_profile():
+    p = parse_policy(
+        scheduler={"name": "kueue"},
+        flavors=FLAVORS,
+        profiles=PROFILES,
+        everyone={"profiles": []},
+        groups={"lab": {"quota": {"gpus": 2}, "profiles": ["gpu"]}},
+        namespace_per_group=True,
+    )
+    objects = desired_objects(p, HUB)
+    assert {o["metadata"]["name"] for o in find(objects, "Namespace")} == {"jupyterhub-gpu-lab"}
+    assert {o["metadata"]["name"] for o in find(objects, "ClusterQueue")} == {"lab"}
+
+
+def test_limit_range_defaults_requests_to_the_groups_smallest_profile_and_sets_no_limit():
+    objects = desired_objects(policy(), HUB)
+    limits = one(objects, "LimitRange", namespace="nb-lab")["spec"]["limits"]
+    assert limits == [{"type": "Container", "defaultRequest": {"cpu": "2", "memory": "2Gi"}}]
+
+
+def test_without_namespace_per_group_there_is_no_resource_quota_and_queues_are_in_the_hub_ns():
+    objects = desired_objects(policy("kueue", per_group=False), HUB)
+    assert not find(objects, "Namespace")
+    assert not find(objects, "ResourceQuota")
+    assert not find(objects, "LimitRange")
+    assert not find(objects, "NetworkPolicy")
+    assert {o["metadata"]["namespace"] for o in find(objects, "LocalQueue")} == {HUB}
+    selectors = {
+        o["spec"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for o in find(objects, "ClusterQueue")
+    }
+    assert selectors == {HUB}
+
+
+def test_default_scheduler_renders_priority_classes_and_no_queues():
+    objects = desired_objects(policy(), HUB)
+    classes = {o["metadata"]["name"]: o["value"] for o in find(objects, "PriorityClass")}
+    assert classes == {"jupyterhub-gpu-in-quota": 1000, "jupyterhub-gpu-over-quota": 100}
+    assert not find(objects, "Queue")
+    assert not find(objects, "ClusterQueue")
+
+
+def test_kai_queues_hang_under_one_root_with_the_parent_hierarchy_in_kai_units():
+    objects = desired_objects(policy("kai"), HUB)
+    assert not find(objects, "PriorityClass")  # KAI's own build / build-preemptible
+    queues = {o["metadata"]["name"]: o for o in find(objects, "Queue")}
+    for queue in queues.values():
+        assert queue["apiVersion"] == "scheduling.run.ai/v2"
+    assert "parentQueue" not in queues[KAI_ROOT_QUEUE]["spec"]
+    assert queues["org"]["spec"]["parentQueue"] == KAI_ROOT_QUEUE
+    assert queues["lab"]["spec"]["parentQueue"] == "org"
+    assert queues["course"]["spec"]["parentQueue"] == "org"
+    lab = queues["lab"]["spec"]["resources"]
+    assert lab["gpu"] == {"quota": 4, "limit": 6, "overQuotaWeight": 1}
+    assert lab["cpu"] == {"quota": 32000, "limit": 48000, "overQuotaWeight": 1}  # millicores
+    # megabytes (10^6 bytes): 128 GiB
+    assert lab["memory"]["quota"] == pytest.approx(128 * 2**30 / 10**6)
+    # no cap set: nothing guaranteed, no ceiling (-1); an unlimited group: -1 both
+    assert queues["course"]["spec"]["resources"]["cpu"]["limit"] == -1
+    assert queues["course"]["spec"]["resources"]["cpu"]["quota"] == 0
+    assert queues["admins"]["spec"]["resources"]["gpu"] == {
+        "quota": -1,
+        "limit": -1,
+        "overQuotaWeight": 1,
+    }
+
+
+def test_volcano_queues_have_deserved_quota_capability_limit_and_parent():
+    objects = desired_objects(policy("volcano"), HUB)
+    queues = {o["metadata"]["name"]: o["spec"] for o in find(objects, "Queue")}
+    assert set(queues) == {"org", "lab", "course", "admins", "everyone"}
+    assert queues["lab"]["parent"] == "org"
+    assert "parent" not in queues["org"]
+    assert queues["lab"]["deserved"]["nvidia.com/gpu"] == "4"
+    assert queues["lab"]["capability"]["nvidia.com/gpu"] == "6"
+    assert queues["lab"]["capability"]["cpu"] == "48"
+    assert "capability" not in queues["admins"]
+    assert find(objects, "PriorityClass")
+
+
+def test_kueue_cluster_queues_cohorts_and_local_queues_follow_parents():
+    objects = desired_objects(policy("kueue"), HUB)
+    for obj in objects:
+        if "kueue" in obj["apiVersion"]:
+            assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    one(objects, "ResourceFlavor")
+    assert one(objects, "Cohort", "org")["spec"] == {}  # a top-level parent
+    cqs = {o["metadata"]["name"]: o["spec"] for o in find(objects, "ClusterQueue")}
+    assert cqs["lab"]["cohort"] == "org"
+    assert cqs["course"]["cohort"] == "org"
+    assert cqs["org"]["cohort"] == "org"  # the parent's own servers share its pool
+    assert "cohort" not in cqs["admins"]
+
+    def quotas(name):
+        resources = cqs[name]["resourceGroups"][0]["flavors"][0]["resources"]
+        return {r["name"]: r for r in resources}
+
+    lab = quotas("lab")
+    assert lab["nvidia.com/gpu"] == {
+        "name": "nvidia.com/gpu",
+        "nominalQuota": "4",
+        "borrowingLimit": "2",
+    }
+    assert lab["cpu"]["nominalQuota"] == "32"
+    # the parent holds only what its quota leaves beyond its children's
+    # (10 whole GPUs - lab's 4; course's quota is in shared GPUs, another resource)
+    assert quotas("org")["nvidia.com/gpu"]["nominalQuota"] == "6"
+    assert quotas("org")["nvidia.com/gpu"]["borrowingLimit"] == "6"  # up to its limit 12
+    # outside a cohort nothing can be borrowed: no borrowing limit (Kueue refuses one)
+    for resource in quotas("admins").values():
+        assert "borrowingLimit" not in resource
+    covered = cqs["lab"]["resourceGroups"][0]["coveredResources"]
+    assert covered[:3] == ["cpu", "memory", "pods"]
+    assert [r["name"] for r in cqs["lab"]["resourceGroups"][0]["flavors"][0]["resources"]] == (
+        covered
+    )
+    local = one(objects, "LocalQueue", namespace="nb-lab")
+    assert local["metadata"]["name"] == "lab"
+    assert local["spec"] == {"clusterQueue": "lab"}
+    assert cqs["lab"]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "nb-lab"
+    }
+
+
+def test_nested_parents_make_nested_kueue_cohorts():
+    p = policy(
+        "kueue",
+        top={"quota": {"gpus": 8}},
+        mid={"parent": "top", "quota": {"gpus": 4}},
+        leaf={"parent": "mid", "quota": {"gpus": 2}, "profiles": ["gpu"]},
+    )
+    objects = desired_objects(p, HUB)
+    assert one(objects, "Cohort", "mid")["spec"] == {"parentName": "top"}
+    assert one(objects, "ClusterQueue", "leaf")["spec"]["cohort"] == "mid"
+
+
+def test_pods_queue_label_names_the_queue_object_even_for_names_objects_cannot_have():
+    p = parse_policy(
+        scheduler={"name": "kueue"},
+        flavors=FLAVORS,
+        profiles=PROFILES,
+        groups={"cps_HPCAccess": {"quota": {"gpus": 2}, "profiles": ["gpu"]}},
+        namespace_per_group=True,
+    )
+    objects = desired_objects(p, HUB)
+    local = one(objects, "LocalQueue", namespace="jupyterhub-gpu-cps-hpcaccess")
+    selection = select(p, ["cps_HPCAccess"], {"profile": "cps_HPCAccess--gpu"})
+    pod = shape(p, selection, IN_QUOTA, username="ada")
+    assert pod.labels[QUEUE_LABELS["kueue"]] == local["metadata"]["name"] == "cps-hpcaccess"
+    assert pod.namespace == local["metadata"]["namespace"]
+
+
+def test_dra_claim_templates_exist_for_every_count_offered_under_the_names_pods_reference():
+    p = policy()
+    objects = desired_objects(p, HUB)
+    templates = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o
+        for o in find(objects, "ResourceClaimTemplate")
+    }
+    flavor = p.flavors["claim"]
+    assert set(templates) == {
+        ("nb-lab", flavor.claim_template_name(1)),
+        ("nb-admins", flavor.claim_template_name(2)),
+        ("nb-admins", flavor.claim_template_name(4)),
+    }
+    template = templates[("nb-admins", flavor.claim_template_name(4))]
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    devices = template["spec"]["spec"]["devices"]
+    exactly = devices["requests"][0]["exactly"]
+    assert exactly["deviceClassName"] == "gpu.nvidia.com"
+    assert exactly["count"] == 4
+    assert exactly["selectors"] == [{"cel": {"expression": FLAVORS["claim"]["selectors"][0]}}]
+    assert devices["config"][0]["opaque"]["parameters"]["sharing"] == {"strategy": "TimeSlicing"}
+    # the spawner's pod references a template that is rendered in its namespace
+    pod = shape(
+        p, select(p, ["admins"], {"profile": "admins--dra2", "gpus": "4"}), IN_QUOTA, username="ada"
+    )
+    name = pod.resource_claims[0]["resourceClaimTemplateName"]
+    assert (pod.namespace, name) in templates
+
+
+def test_rbac_grants_what_the_reconciler_and_spawner_need_to_the_hub_service_account():
+    objects = rbac_objects("jhub", "hub")
+    role = one(objects, "ClusterRole", "jupyterhub-gpu")
+    granted = {
+        (g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
+    for needed in [
+        ("", "nodes"),
+        ("", "namespaces"),
+        ("", "resourcequotas"),
+        ("", "limitranges"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("scheduling.k8s.io", "priorityclasses"),
+        ("scheduling.run.ai", "queues"),
+        ("scheduling.volcano.sh", "queues"),
+        ("kueue.x-k8s.io", "clusterqueues"),
+        ("kueue.x-k8s.io", "localqueues"),
+        ("resource.k8s.io", "resourceclaimtemplates"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+    ]:
+        assert needed in granted, needed
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "jhub"}]
+    spawner = one(objects, "ClusterRole", "jupyterhub-gpu-spawner")
+    assert any("pods" in r["resources"] and "create" in r["verbs"] for r in spawner["rules"])
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "jupyterhub_gpu.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def test_manifests_command_prints_the_objects_and_rbac_as_a_yaml_stream():
+    out = run_cli("manifests", "helm-values/enterprise.yaml", "--hub-namespace", "hubns")
+    assert out.returncode == 0, out.stderr
+    assert "&id" not in out.stdout  # no YAML anchors: each object reads whole
+    docs = list(yaml.safe_load_all(out.stdout))
+    kinds = {d["kind"] for d in docs}
+    assert {"ClusterRole", "ClusterRoleBinding", "Namespace", "ResourceQuota", "ClusterQueue"} <= (
+        kinds
+    )
+    assert one(docs, "Namespace", "nb-ml-research")
+    assert one(docs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "hubns"
+
+
+def test_manifests_command_exits_1_with_the_policy_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"hub": {"config": {"GPUPolicy": {"groups": {"x": {"quota": {"gpus": "ten"}}}}}}}
+        )
+    )
+    out = run_cli("manifests", str(bad))
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert "hub.config.GPUPolicy.groups.x.quota.gpus: expected a number, got 'ten'" in out.stderr
