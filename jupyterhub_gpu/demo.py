@@ -30,8 +30,8 @@ from .localcluster.cluster import (
     state_root,
 )
 from .localcluster.hub import LocalHub
-from .manifests import priority_classes
 from .model import Policy
+from .reconciler import Reconciler
 from .values import load_values, policy_from_values
 
 #: The demo's policy: a z2jh values file (``jupyterhub-gpu check`` works on it).
@@ -46,6 +46,8 @@ DEMO_USERS: dict[str, list[str]] = {
     "nogroup": [],
 }
 DEMO_ADMINS = ("admin",)
+#: where the hub runs and spawns (the policy has no namespace per group)
+HUB_NAMESPACE = "default"
 #: what each login shows off, for the banner
 DEMO_ROLES = {
     "researcher": "research profiles: 1, 2 or 4 H200s, an A100 or a MIG slice",
@@ -67,51 +69,16 @@ def demo_policy(values: Path = DEMO_VALUES) -> tuple[dict[str, Any], Policy]:
 
 
 # ---- cluster objects ------------------------------------------------------------
-# STOPGAP until the hub service's reconciler (DESIGN §5) runs in the demo: the
-# objects the spawned pods name are created once here. Remove this section when
-# the service is added (see ``service_config``).
 
 
-def cluster_objects(policy: Policy) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, manifest) of the cluster-wide objects this policy's pods need."""
-    objects = [("PriorityClass", body) for body in priority_classes(policy)]
-    runtime_classes = sorted(
-        {f.runtime_class_name for f in policy.flavors.values() if f.runtime_class_name}
-    )
-    for name in runtime_classes:
-        # the GPU Operator creates these on a real cluster; the handler is its name
-        objects.append(
-            (
-                "RuntimeClass",
-                {
-                    "apiVersion": "node.k8s.io/v1",
-                    "kind": "RuntimeClass",
-                    "metadata": {"name": name},
-                    "handler": name,
-                },
-            )
-        )
-    return objects
-
-
-async def create_cluster_objects(cluster: LocalCluster, policy: Policy) -> list[str]:
-    from kubernetes_asyncio import client
-    from kubernetes_asyncio.client import ApiException
-
-    created = []
+async def reconcile_once(cluster: LocalCluster, policy: Policy) -> list[str]:
+    """Create the objects the policy implies (for this policy: the PriorityClasses its
+    pods name) with the service's reconciler, once; what it created."""
     async with cluster.api() as api:
-        create = {
-            "PriorityClass": client.SchedulingV1Api(api).create_priority_class,
-            "RuntimeClass": client.NodeV1Api(api).create_runtime_class,
-        }
-        for kind, body in cluster_objects(policy):
-            try:
-                await create[kind](body)
-            except ApiException as e:
-                if e.status != 409:  # already there (a reused cluster)
-                    raise
-            created.append(f"{kind} {body['metadata']['name']}")
-    return created
+        report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(policy)
+    if not report.ok:
+        raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
+    return report.created
 
 
 # ---- the hub service ------------------------------------------------------------
@@ -122,9 +89,10 @@ def service_config() -> str:
 
     HOOK: not built yet. When the service lands, return the config that adds it
     (``c.JupyterHub.services.append({...})`` and its role; LocalHub already
-    defines ``c.JupyterHub.services`` with its own admin service), drop the
-    STOPGAP cluster objects above (the reconciler creates them), and add its URL
-    to ``banner``.
+    defines ``c.JupyterHub.services`` with its own admin service), and add its
+    URL to ``banner``. The service then keeps the objects in step; the one
+    ``reconcile_once`` pass at start-up can stay (spawns need them before the
+    service's first pass) or go.
     """
     return ""
 
@@ -223,9 +191,11 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
         # a Ctrl-C while it starts: create() removes what it started, then re-raises
         cluster = LocalCluster.create(name="demo", bin_dir=bin_dir, progress=say)
         _mark(cluster, None)
-        say("creating " + ", ".join(asyncio.run(create_cluster_objects(cluster, policy))))
+        created = asyncio.run(reconcile_once(cluster, policy))
+        say(f"reconciled the policy's cluster objects: created {', '.join(created) or 'none'}")
         hub = LocalHub(
             cluster,
+            namespace=HUB_NAMESPACE,
             users=DEMO_USERS,
             admin_users=DEMO_ADMINS,
             port=port,

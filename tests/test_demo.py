@@ -9,6 +9,7 @@ listening sockets).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import socket
@@ -217,14 +218,25 @@ async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, de
     if user == "researcher":
         assert "Research: Research" in text
         assert "Research: 24 of 24 GPUs free" in text  # the burst limit, live
+        assert "cluster: 12 of 12 GPUs free" in text  # the local H200 nodes
         assert gpu_choices == ["1", "2", "4"]
     else:
         assert gpu_choices == []
     if user.startswith("student"):
         assert "Students: Student GPU" in text
         assert "1 x H200 (time-sliced, 1/4)" in text
-        # nobody has started a server yet
+        # nobody has started a server yet: the group's quota and the time-sliced node
         assert "Students: 0.25 of 0.25 GPUs free" in text
+        assert "cluster: 16 of 16 shared GPUs free" in text
+
+
+async def shown_after_reloads(page, text: str, within: float = 60) -> None:
+    """The spawn form shows ``text``, at once or after reloads (capacity is watched)."""
+    deadline = time.monotonic() + within
+    while text not in (form := await page.inner_text("#spawn_form")):
+        assert time.monotonic() < deadline, f"{text!r} not shown in {within}s:\n{form}"
+        await asyncio.sleep(1)
+        await page.reload()
 
 
 async def what_went_wrong(page, demo: Demo) -> str:
@@ -268,8 +280,9 @@ async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(brow
     assert any("jupyterhub-singleuser" in c for c in commands), commands
 
     async with logged_in(browser, demo, "student2") as page:
-        _, text = await offered(page)
-        assert "Students: 0 of 0.25 GPUs free" in text
+        # live: student1's server holds the quota and one of the 16 replicas
+        await shown_after_reloads(page, "Students: 0 of 0.25 GPUs free")
+        await shown_after_reloads(page, "cluster: 15 of 16 shared GPUs free")
         await page.check("#profile-item-students--student")
         await page.click("#spawn_form button[type=submit]")
         # the spawn page shows the one-line refusal (or spawn-pending does, when slow)
