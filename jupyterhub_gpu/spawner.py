@@ -32,7 +32,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Bool, Float, default
+from traitlets import Bool, Float, default, validate
 
 from .admission import Charge, Decision, Ledger
 from .capacity import FlavorCapacity
@@ -205,6 +205,13 @@ class GPUKubeSpawner(KubeSpawner):
     @default("profile_list")
     def _default_profile_list(self):
         return self._gpu_profile_list
+
+    @validate("profile_list")
+    def _empty_profile_list_means_the_policy(self, proposal):
+        # z2jh writes its default singleuser.profileList ([]) to c.KubeSpawner.profile_list,
+        # which would hide every profile; an admin's own non-empty list is kept as is
+        value = proposal["value"]
+        return self._gpu_profile_list if isinstance(value, list) and not value else value
 
     def _user_groups(self) -> list[str]:
         return [g.name for g in getattr(self.user, "groups", [])]

@@ -25,6 +25,11 @@ from jupyterhub_gpu.values import policy_from_config
 VALUES = Path(__file__).parents[1] / "helm-values"
 
 
+def example(name: str) -> list[str]:
+    """A reference cluster's values as deployed: the z2jh base file, then its own."""
+    return [str(VALUES / "base.yaml"), str(VALUES / f"{name}.yaml")]
+
+
 def values_file(tmp_path: Path, policy: dict) -> str:
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump({"hub": {"config": {"GPUPolicy": policy}}}))
@@ -62,7 +67,7 @@ def test_user_sees_one_entry_per_group_and_profile_and_nothing_else():
 
 
 def test_listed_profiles_leak_no_other_group():
-    entries = offered_profiles([str(VALUES / "university.yaml")], ["students"])
+    entries = offered_profiles(example("university"), ["students"])
     text = json.dumps(entries)
     assert "research" not in text.lower()
     assert "Test (admins)" not in text
@@ -139,7 +144,7 @@ def test_zero_quota_offers_no_gpu_profile_and_refuses_it():
 
 
 async def test_university_student_gets_a_locked_32g_kai_slice():
-    pod = await render_pod([str(VALUES / "university.yaml")], "sam", ["students"], None, {})
+    pod = await render_pod(example("university"), "sam", ["students"], None, {})
     container = pod["spec"]["containers"][0]
     assert pod["metadata"]["annotations"]["gpu-memory"] == "32000"
     assert pod["metadata"]["labels"]["kai.scheduler/queue"] == "students"
@@ -150,7 +155,7 @@ async def test_university_student_gets_a_locked_32g_kai_slice():
 
 async def test_university_researcher_picks_gpus_and_flavor():
     pod = await render_pod(
-        [str(VALUES / "university.yaml")],
+        example("university"),
         "rita",
         ["research"],
         "research--research",
@@ -161,7 +166,7 @@ async def test_university_researcher_picks_gpus_and_flavor():
     # per_user.gpus is 4: eight would be refused even though the option is offered to test
     with pytest.raises(SpawnRefused):
         await render_pod(
-            [str(VALUES / "university.yaml")],
+            example("university"),
             "rita",
             ["research"],
             "research--research",
@@ -171,7 +176,7 @@ async def test_university_researcher_picks_gpus_and_flavor():
 
 async def test_department_gpu_member_gets_runtime_class_and_chosen_image():
     pod = await render_pod(
-        [str(VALUES / "department.yaml")],
+        example("department"),
         "dana",
         ["cpsHPCAccess"],
         "cpsHPCAccess--gpu",
@@ -186,13 +191,13 @@ async def test_department_gpu_member_gets_runtime_class_and_chosen_image():
 
 
 def test_department_everyone_gets_only_the_cpu_profile():
-    entries = offered_profiles([str(VALUES / "department.yaml")], [])
+    entries = offered_profiles(example("department"), [])
     assert [e["slug"] for e in entries] == ["everyone--cpu"]
     assert "2 CPU, 2 GiB RAM" in entries[0]["description"]
 
 
 async def test_enterprise_pod_lands_in_team_namespace_with_required_labels():
-    pod = await render_pod([str(VALUES / "enterprise.yaml")], "eve", ["analytics"], None, {})
+    pod = await render_pod(example("enterprise"), "eve", ["analytics"], None, {})
     labels = pod["metadata"]["labels"]
     assert pod["metadata"]["namespace"] == "nb-analytics"
     assert labels["team"] == "analytics"
@@ -200,6 +205,74 @@ async def test_enterprise_pod_lands_in_team_namespace_with_required_labels():
     assert labels["job_type"] == "notebook"
     assert labels["kueue.x-k8s.io/queue-name"] == "analytics"
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "groups", "slugs"),
+    [
+        ("university", ["research"], ["research--research", "research--cpu", "everyone--cpu"]),
+        ("university", ["students"], ["students--student", "everyone--cpu"]),
+        (
+            "university",
+            ["test"],
+            ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+        ),
+        ("university", [], ["everyone--cpu"]),
+        (
+            "department",
+            ["cpsHPCAccess"],
+            ["cpsHPCAccess--gpu", "cpsHPCAccess--mig", "everyone--cpu"],
+        ),
+        (
+            "department",
+            ["jupyter_admin"],
+            ["jupyter_admin--gpu", "jupyter_admin--mig", "jupyter_admin--cpu", "everyone--cpu"],
+        ),
+        ("department", ["some-other-idp-group"], ["everyone--cpu"]),
+        (
+            "enterprise",
+            ["ml-research"],
+            ["ml-research--full", "ml-research--mig", "ml-research--light"],
+        ),
+        ("enterprise", ["analytics"], ["analytics--mig", "analytics--light"]),
+        ("enterprise", ["interns"], ["interns--light"]),
+        ("enterprise", ["platform"], []),
+        ("enterprise", [], []),
+    ],
+)
+def test_what_each_reference_group_is_offered(name, groups, slugs):
+    entries = offered_profiles(example(name), groups)
+    assert [e["slug"] for e in entries] == slugs
+
+
+@pytest.mark.parametrize(
+    ("name", "groups", "option", "choices"),
+    [
+        # per_user.gpus 4 bounds the research choices; the test queue is unlimited
+        ("university", ["research"], "gpus", ["1", "2", "4"]),
+        ("department", ["cpsHPCAccess"], "gpus", ["1", "2"]),
+        ("department", ["cpsHPCAccess"], "image", ["PyTorch", "TensorFlow"]),
+        # ml-research users may hold 8 GPUs each: every choice of the full profile fits
+        ("enterprise", ["ml-research"], "gpus", ["1", "2", "4", "8"]),
+    ],
+)
+def test_reference_options_are_bounded_by_group_and_user_caps(name, groups, option, choices):
+    (entry, *_) = offered_profiles(example(name), groups)
+    assert list(entry["profile_options"][option]["choices"]) == choices
+
+
+async def test_enterprise_interns_get_one_light_slice_for_four_hours():
+    pod = await render_pod(example("enterprise"), "ivy", ["interns"], None, {})
+    assert pod["metadata"]["namespace"] == "nb-interns"
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "interns"
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+
+
+async def test_department_member_without_gpu_group_cannot_forge_a_gpu_spawn():
+    with pytest.raises(SpawnRefused, match="profile 'cpsHPCAccess--gpu' is not offered"):
+        await render_pod(
+            example("department"), "olga", ["some-other-idp-group"], "cpsHPCAccess--gpu", {}
+        )
 
 
 # ---- the command line --------------------------------------------------------------
@@ -214,9 +287,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("name", ["university", "department", "enterprise"])
-def test_check_passes_on_every_example(name):
-    result = cli("check", str(VALUES / f"{name}.yaml"))
+@pytest.mark.parametrize(
+    "files",
+    [["base"], ["university"], ["department"], ["enterprise"]]
+    + [["base", n] for n in ("university", "department", "enterprise")],
+    ids="+".join,
+)
+def test_check_passes_on_every_values_file(files):
+    result = cli("check", *(str(VALUES / f"{n}.yaml") for n in files))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("policy OK")
 
