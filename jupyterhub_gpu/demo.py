@@ -4,8 +4,9 @@ Builds (or reuses) the local cluster, creates the cluster objects the policy's
 pods need, starts a real JupyterHub with configurable-http-proxy and
 ``GPUKubeSpawner`` configured from ``demo_values.yaml`` through the same
 ``hub.config`` path z2jh uses, with demo users in each group who log in with a
-shared password. Prints the URL and the logins; Ctrl-C (or SIGTERM) stops the
-hub, its servers and the cluster, and removes their folders.
+shared password. Prints the URL and the logins; Ctrl-C (or SIGTERM, or closing
+the terminal) stops the hub, its servers and the cluster, and removes their
+folders; what a demo killed outright left, the next demo removes.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ def banner(hub: LocalHub, cluster: LocalCluster) -> str:
 
 
 # ---- what a killed demo leaves behind ----------------------------------------------
-# Ctrl-C cleans up; kill -9 or a closed terminal cannot. The cluster and hub run in
-# sessions of their own and outlive the demo, so each demo notes in its cluster's
-# state folder who it is and where its hub lives, and the next demo removes what
-# a demo that is no longer running left.
+# Ctrl-C, SIGTERM and a closed terminal (SIGHUP) clean up; kill -9 cannot. The
+# cluster and hub run in sessions of their own and outlive the demo, so each demo
+# notes in its cluster's state folder who it is and where its hub lives, and the
+# next demo removes what a demo that is no longer running left.
 
 MARKER = "demo.json"
 
@@ -132,7 +133,7 @@ def _mark(cluster: LocalCluster, hub: LocalHub | None) -> None:
     (cluster.state.path / MARKER).write_text(json.dumps(marker))
 
 
-def _stop_leftover_hub(directory: Path) -> None:
+def stop_leftover_hub(directory: Path) -> None:
     # the hub and its proxy each lead a session of their own: stop both groups
     for pid_file in ("jupyterhub.pid", "jupyterhub-proxy.pid"):
         try:
@@ -157,7 +158,7 @@ def clean_leftovers(say) -> None:
             continue  # a demo that is still running (on another port)
         say(f"stopping what an earlier demo (pid {pid}) left running")
         if marker.get("hub_directory"):
-            _stop_leftover_hub(Path(marker["hub_directory"]))
+            stop_leftover_hub(Path(marker["hub_directory"]))
         LocalCluster(ClusterState.load(directory)).down()
 
 
@@ -183,8 +184,9 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
     policy_values, policy = demo_policy()
     clean_leftovers(say)  # before the port check: a leftover hub may hold the port
     _check_port_free(port)
-    # SIGTERM stops the demo as cleanly as Ctrl-C does
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM and a closed terminal (SIGHUP) stop the demo as cleanly as Ctrl-C does
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     cluster: LocalCluster | None = None
     hub: LocalHub | None = None
     try:
@@ -218,7 +220,7 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
         return 0
     finally:
         # a second Ctrl-C must not cut the clean-up short and leave processes behind
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         say("stopping the hub, its servers and the cluster")
         with contextlib.ExitStack() as cleanup:

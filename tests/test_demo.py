@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES, _stop_leftover_hub
+from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES, stop_leftover_hub
 from jupyterhub_gpu.localcluster import sockets
 from jupyterhub_gpu.localcluster.build import ensure_binaries
 from jupyterhub_gpu.localcluster.cluster import ClusterState, LocalCluster, free_port
@@ -104,7 +104,7 @@ class Demo:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         if self.hub_dir and self.hub_dir.exists():
-            _stop_leftover_hub(self.hub_dir)
+            stop_leftover_hub(self.hub_dir)
         if self.cluster_dir and (self.cluster_dir / "state.json").exists():
             LocalCluster(ClusterState.load(self.cluster_dir)).down()
 
@@ -123,6 +123,20 @@ def demo(built):
         yield running.wait_until_up()
     finally:
         running.make_sure_it_is_gone()
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+def test_progress_then_the_url_and_the_logins(demo):
+    banner_at = next(i for i, line in enumerate(demo.lines) if "is running at" in line)
+    before, after = "\n".join(demo.lines[:banner_at]), "\n".join(demo.lines[banner_at:])
+    # progress while it starts: the cluster, its objects, the hub
+    for step in ("starting etcd", "registering 9 simulated nodes", "PriorityClass", "JupyterHub"):
+        assert step in before, before
+    assert f"password for all: {PASSWORD}" in after
+    for user in DEMO_USERS:
+        assert re.search(rf"^\s+{user}\s", after, re.MULTILINE), after
+    assert "Press Ctrl-C to stop everything." in after
 
 
 @asynccontextmanager
