@@ -89,9 +89,9 @@ class Demo:
         self.hub_dir = Path(self.wait_for(r"hub log: (\S+)", timeout=5).group(1)).parent
         return self
 
-    def interrupt(self, timeout: float = 180) -> int:
-        """Ctrl-C, as in a terminal; the exit status."""
-        self.process.send_signal(signal.SIGINT)
+    def interrupt(self, timeout: float = 180, sig: int = signal.SIGINT) -> int:
+        """Ctrl-C, as in a terminal (or another signal); the exit status."""
+        self.process.send_signal(sig)
         returncode = self.process.wait(timeout)
         self._reader.join(10)
         return returncode
@@ -394,7 +394,11 @@ def test_the_next_demo_removes_what_a_killed_demo_left_running(built):
             assert still_running(processes) == []
             assert not killed.cluster_dir.exists()
             assert not killed.hub_dir.exists()
-            assert following.interrupt() == 0, following.output
+            # and a closed terminal (SIGHUP) cleans up like Ctrl-C
+            assert following.interrupt(sig=signal.SIGHUP) == 0, following.output
+            assert "stopped; nothing is left running" in following.output
+            assert not following.cluster_dir.exists()
+            assert not following.hub_dir.exists()
         finally:
             following.make_sure_it_is_gone()
     finally:
