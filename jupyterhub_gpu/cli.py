@@ -143,9 +143,12 @@ def cmd_manifests(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo import DemoError, run_demo
 
-    return run_demo(bin_dir=args.bin_dir, port=args.port)
+    try:
+        return run_demo(bin_dir=args.bin_dir, port=args.port)
+    except DemoError as e:
+        raise UserError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,6 +59,10 @@ class SpawnRefused(web.HTTPError):
     def __init__(self, message: str, status: int = 403) -> None:
         super().__init__(status, "%s", message)
         self.message = message
+        # JupyterHub shows this on the spawn-pending page of a failed spawn
+        # (format_exception(only_jupyterhub=True)); without it that page says
+        # only "Spawn failed"
+        self.jupyterhub_message = message
 
     def __str__(self) -> str:
         return self.message

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,10 +35,13 @@ from typing import Any
 
 import yaml
 
-from . import build, nodepools, pki
+from . import build, nodepools, pki, sockets
 
-#: Pod IPs (kwok's --cidr takes the gateway address), Service IPs: both loopback.
-POD_CIDR = "127.64.0.1/16"
+#: Pod IPs come from one /18 of this range per cluster: two clusters running at
+#: once (a test session and the demo) must never give out the same pod IP, or one
+#: hub would reach the other cluster's notebook server on it.
+POD_RANGE = ipaddress.ip_network("127.64.0.0/10")
+POD_PREFIX = 18
 SERVICE_CIDR = "127.128.0.0/16"
 DEFAULT_NODE_POOLS = Path(__file__).with_name("nodepools.yaml")
 #: The controllers quota replenishment, namespace deletion, garbage collection,
@@ -71,6 +76,36 @@ def state_root() -> Path:
     return build.cache_dir() / "clusters"
 
 
+def choose_pod_cidr(in_use: set[str], rng: random.Random | None = None) -> str:
+    """A /18 of POD_RANGE holding none of ``in_use`` (IPs or CIDRs), as kwok's --cidr.
+
+    Random among the free blocks, so clusters started at the same moment (before
+    either has a pod listening) still almost never share one.
+    """
+    taken = [ipaddress.ip_network(a, strict=False) for a in in_use]
+    free = [
+        block
+        for block in POD_RANGE.subnets(new_prefix=POD_PREFIX)
+        if not any(block.overlaps(t) for t in taken)
+    ]
+    if not free:
+        raise ClusterError(f"every /{POD_PREFIX} of {POD_RANGE} is in use by other local clusters")
+    block = (rng or random).choice(free)
+    return f"{block.network_address + 1}/{POD_PREFIX}"  # kwok takes the gateway address
+
+
+def pod_addresses_in_use() -> set[str]:
+    """Pod ranges of the clusters in the state folder, and every listening loopback IP."""
+    in_use = sockets.listening_hosts()
+    root = state_root()
+    for state_file in root.glob("*/state.json") if root.is_dir() else []:
+        # a folder being written or removed right now, or saved before pod_cidr
+        # existed (those used 127.64.0.1/16; their pods show up as listening)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            in_use.add(json.loads(state_file.read_text())["pod_cidr"])
+    return {a for a in in_use if ipaddress.ip_address(a.split("/")[0]) in POD_RANGE}
+
+
 @dataclass
 class ClusterState:
     """What ``up`` started, persisted so other commands can find and stop it."""
@@ -80,6 +115,8 @@ class ClusterState:
     ports: dict[str, int]
     pids: dict[str, int] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    #: kwok's --cidr (states saved before it was chosen per cluster used this one)
+    pod_cidr: str = "127.64.0.1/16"
 
     @property
     def path(self) -> Path:
@@ -169,7 +206,11 @@ class LocalCluster:
             for k in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
         }
         state = ClusterState(
-            name=name, directory=str(directory), ports=ports, versions=build.versions()
+            name=name,
+            directory=str(directory),
+            ports=ports,
+            versions=build.versions(),
+            pod_cidr=choose_pod_cidr(pod_addresses_in_use()),
         )
         cluster = cls(state)
         try:
@@ -288,7 +329,7 @@ class LocalCluster:
                 str(bins / "kwok"),
                 f"--kubeconfig={kubeconfigs['kwok']}",
                 "--manage-nodes-with-annotation-selector=" + "=".join(nodepools.KWOK_ANNOTATION),
-                f"--cidr={POD_CIDR}",
+                f"--cidr={self.state.pod_cidr}",
                 "--node-ip=127.0.0.1",
                 "--node-lease-duration-seconds=40",
                 # without an explicit address kwok serves on 0.0.0.0

@@ -85,6 +85,20 @@ def listening_addresses(pids: list[int]) -> dict[int, list[str]]:
     return result
 
 
+def listening_hosts() -> set[str]:
+    """Every IPv4 address some process on this machine listens on."""
+    hosts = set()
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return hosts
+    for line in lines:
+        fields = line.split()
+        if fields[3] == _LISTEN:
+            hosts.add(_decode(fields[1], socket.AF_INET).rsplit(":", 1)[0])
+    return hosts
+
+
 def is_loopback(address: str) -> bool:
     host = address.rsplit(":", 1)[0]
     return ipaddress.ip_address(host).is_loopback

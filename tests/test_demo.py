@@ -1,0 +1,405 @@
+"""`jupyterhub-gpu demo` as a newcomer runs it: start it, open the URL, log in as
+each demo user in headless Chromium, spawn, hit the quota, press Ctrl-C.
+
+The demo runs as a subprocess exactly as the README's command starts it; the
+only things the test takes from it are what it prints (the URL, the kubeconfig
+and hub log paths) and what a user could see in /proc (its processes and their
+listening sockets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES, stop_leftover_hub
+from jupyterhub_gpu.localcluster import sockets
+from jupyterhub_gpu.localcluster.build import ensure_binaries
+from jupyterhub_gpu.localcluster.cluster import ClusterState, LocalCluster, free_port
+from jupyterhub_gpu.localcluster.hub import ensure_chp
+from jupyterhub_gpu.localcluster.kubeconfig import load_configuration
+
+PASSWORD = "jupyterhub-gpu"
+#: a loaded two-core machine: JupyterLab's first start and page load can be slow
+SPAWN_TIMEOUT_MS = 240_000
+PAGE_TIMEOUT_MS = 60_000
+REFUSAL = "Students has 0.25 of 0.25 GPUs in use; this server needs 0.25"
+
+
+class Demo:
+    """The demo subprocess and the lines it printed (stdout and stderr, in order)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.lines: list[str] = []
+        # read from what it prints, once it is up
+        self.url = ""
+        self.kubeconfig = self.cluster_dir = self.hub_dir = None
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub_gpu.cli", "demo", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if match := re.search(pattern, line):
+                    return match
+            if self.process.poll() is not None:
+                self._reader.join(5)
+                raise AssertionError(
+                    f"the demo exited ({self.process.returncode}) before printing "
+                    f"{pattern!r}:\n{self.output}"
+                )
+            time.sleep(0.2)
+        raise AssertionError(f"the demo printed no {pattern!r} in {timeout}s:\n{self.output}")
+
+    def wait_until_up(self, timeout: float = 240) -> Demo:
+        """Wait for the banner; note the URL and the folders it names."""
+        url = self.wait_for(r"is running at (http://\S+)/hub/login", timeout).group(1)
+        assert url == f"http://127.0.0.1:{self.port}"
+        self.url = url
+        self.kubeconfig = Path(self.wait_for(r"export KUBECONFIG=(\S+)", timeout=5).group(1))
+        self.cluster_dir = self.kubeconfig.parent.parent
+        self.hub_dir = Path(self.wait_for(r"hub log: (\S+)", timeout=5).group(1)).parent
+        return self
+
+    def interrupt(self, timeout: float = 180, sig: int = signal.SIGINT) -> int:
+        """Ctrl-C, as in a terminal (or another signal); the exit status."""
+        self.process.send_signal(sig)
+        returncode = self.process.wait(timeout)
+        self._reader.join(10)
+        return returncode
+
+    def make_sure_it_is_gone(self) -> None:
+        """After a failed test: nothing of this demo may stay running for the next one."""
+        if self.process.poll() is None:
+            try:
+                self.interrupt()
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self.hub_dir and self.hub_dir.exists():
+            stop_leftover_hub(self.hub_dir)
+        if self.cluster_dir and (self.cluster_dir / "state.json").exists():
+            LocalCluster(ClusterState.load(self.cluster_dir)).down()
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Build (or find) what the demo needs first, so its start-up timeout is about starting."""
+    ensure_binaries()
+    ensure_chp()
+
+
+@pytest.fixture(scope="module")
+def demo(built):
+    running = Demo(free_port())
+    try:
+        yield running.wait_until_up()
+    finally:
+        running.make_sure_it_is_gone()
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+def test_progress_then_the_url_and_the_logins(demo):
+    banner_at = next(i for i, line in enumerate(demo.lines) if "is running at" in line)
+    before, after = "\n".join(demo.lines[:banner_at]), "\n".join(demo.lines[banner_at:])
+    # progress while it starts: the cluster, its objects, the hub
+    for step in ("starting etcd", "registering 9 simulated nodes", "PriorityClass", "JupyterHub"):
+        assert step in before, before
+    assert f"password for all: {PASSWORD}" in after
+    for user in DEMO_USERS:
+        assert re.search(rf"^\s+{user}\s", after, re.MULTILINE), after
+    assert "Press Ctrl-C to stop everything." in after
+
+
+@asynccontextmanager
+async def logged_in(browser, demo: Demo, user: str):
+    """A fresh browser context logged in as ``user`` through the hub's login page."""
+    context = await browser.new_context()
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = await context.new_page()
+    try:
+        await page.goto(f"{demo.url}/hub/login?next=%2Fhub%2Fspawn")
+        await page.fill("#username_input", user)
+        await page.fill("#password_input", PASSWORD)
+        await page.click("#login_submit")
+        await page.wait_for_url(f"{demo.url}/hub/spawn**")
+        yield page
+    finally:
+        await context.close()
+
+
+async def offered(page) -> tuple[list[str], str]:
+    """The profile slugs on the spawn form, in order, and the form's visible text."""
+    slugs = await page.eval_on_selector_all(
+        "#spawn_form input[name=profile]", "inputs => inputs.map(i => i.value)"
+    )
+    return slugs, await page.inner_text("#spawn_form")
+
+
+GROUP_NAMES = {"research": "Research", "students": "Students", "test": "Test (admins)"}
+EXPECTED = {
+    "researcher": ["research--research", "research--cpu", "everyone--cpu"],
+    # one GPU profile, the students'; plus the CPU profile everyone gets
+    "student1": ["students--student", "everyone--cpu"],
+    "student2": ["students--student", "everyone--cpu"],
+    "admin": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+    "nogroup": ["everyone--cpu"],
+}
+
+
+def test_every_demo_user_has_expected_profiles():
+    # the table below is the demo's own user list: a user added there needs a row here
+    assert set(EXPECTED) == set(DEMO_USERS)
+
+
+def test_the_demo_policy_passes_check():
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterhub_gpu.cli", "check", str(DEMO_VALUES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    # the local cluster runs plain kube-scheduler: a KAI policy could not place pods there
+    assert "scheduler default" in result.stdout
+
+
+def test_a_port_in_use_is_a_clear_error_before_anything_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "jupyterhub_gpu.cli", "demo", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert "pass another with --port" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "starting etcd" not in result.stderr  # refused before the cluster starts
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+@pytest.mark.parametrize("user", list(EXPECTED))
+async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, demo, user):
+    async with logged_in(browser, demo, user) as page:
+        slugs, text = await offered(page)
+        gpu_choices = await page.eval_on_selector_all(
+            "select[name='profile-option-research--research--gpus'] option",
+            "options => options.map(o => o.value)",
+        )
+    assert slugs == EXPECTED[user]
+    own = DEMO_USERS[user]
+    # labelled by group ("<group>: <profile>"); no other group's name leaks
+    for group, name in GROUP_NAMES.items():
+        if group in own:
+            assert f"{name}: " in text
+        else:
+            assert f"{name}:" not in text, f"{user} sees {name}'s profiles:\n{text}"
+    assert "Everyone: CPU only" in text
+    if user == "researcher":
+        assert "Research: Research" in text
+        assert "Research: 24 of 24 GPUs free" in text  # the burst limit, live
+        assert "cluster: 12 of 12 GPUs free" in text  # the local H200 nodes
+        assert gpu_choices == ["1", "2", "4"]
+    else:
+        assert gpu_choices == []
+    if user.startswith("student"):
+        assert "Students: Student GPU" in text
+        assert "1 x H200 (time-sliced, 1/4)" in text
+        # nobody has started a server yet: the group's quota and the time-sliced node
+        assert "Students: 0.25 of 0.25 GPUs free" in text
+        assert "cluster: 16 of 16 shared GPUs free" in text
+
+
+async def shown_after_reloads(page, text: str, within: float = 60) -> None:
+    """The spawn form shows ``text``, at once or after reloads (capacity is watched)."""
+    deadline = time.monotonic() + within
+    while text not in (form := await page.inner_text("#spawn_form")):
+        assert time.monotonic() < deadline, f"{text!r} not shown in {within}s:\n{form}"
+        await asyncio.sleep(1)
+        await page.reload()
+
+
+async def what_went_wrong(page, demo: Demo) -> str:
+    """The page, the pods and the hub's log, for a spawn that did not get there."""
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api:
+        pods = await client.CoreV1Api(api).list_namespaced_pod("default")
+    log = (demo.hub_dir / "jupyterhub.log").read_text(errors="replace")[-6000:]
+    return (
+        f"the page is {page.url}:\n{await page.inner_text('body')}\n\n"
+        f"pods: {[(p.metadata.name, p.status.phase, p.status.pod_ip) for p in pods.items]}\n\n"
+        f"the hub log ends:\n{log}"
+    )
+
+
+async def user_pods(demo: Demo) -> list[str]:
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api:
+        pods = await client.CoreV1Api(api).list_namespaced_pod("default")
+    return sorted(p.metadata.name for p in pods.items)
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(browser, demo):
+    async with logged_in(browser, demo, "student1") as page:
+        await page.check("#profile-item-students--student")
+        await page.click("#spawn_form button[type=submit]")
+        # through spawn-pending to the single-user server, behind the hub's proxy
+        try:
+            await page.wait_for_url(f"{demo.url}/user/student1/lab**", timeout=SPAWN_TIMEOUT_MS)
+            await page.wait_for_selector("#jp-main-dock-panel", timeout=SPAWN_TIMEOUT_MS)
+        except PlaywrightTimeout:
+            raise AssertionError(await what_went_wrong(page, demo)) from None
+        assert "JupyterLab" in await page.title()
+    assert await user_pods(demo) == ["jupyter-student1"]
+    # the server is a real process the demo's cluster started: jupyterhub-singleuser
+    commands = [cmdline(pid) for pid in processes_under(demo.process.pid)]
+    assert any("jupyterhub-singleuser" in c for c in commands), commands
+
+    async with logged_in(browser, demo, "student2") as page:
+        # live: student1's server holds the quota and one of the 16 replicas
+        await shown_after_reloads(page, "Students: 0 of 0.25 GPUs free")
+        await shown_after_reloads(page, "cluster: 15 of 16 shared GPUs free")
+        await page.check("#profile-item-students--student")
+        await page.click("#spawn_form button[type=submit]")
+        # the spawn page shows the one-line refusal (or spawn-pending does, when slow)
+        await page.get_by_text(REFUSAL).wait_for(timeout=SPAWN_TIMEOUT_MS)
+        assert "/user/student2" not in page.url
+        # coming back later, the pending page still says why the last attempt failed
+        await page.goto(f"{demo.url}/hub/spawn-pending/student2")
+        await page.get_by_text(REFUSAL).wait_for()
+    assert await user_pods(demo) == ["jupyter-student1"]  # no pod was created
+
+
+# ---- what runs: processes and their listening sockets, from /proc ----------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: split after its closing parenthesis
+    return text.rsplit(")", 1)[1].split()
+
+
+def processes_under(root: int) -> dict[int, str]:
+    """Every process below ``root`` (in sessions of their own too): pid -> start time."""
+    found = {}
+    for pid in sockets.descendants([root]) - {root}:
+        if fields := _stat(pid):
+            found[pid] = fields[19]  # starttime tells a reused pid apart
+    return found
+
+
+def still_running(processes: dict[int, str]) -> list[str]:
+    running = []
+    for pid, started in processes.items():
+        fields = _stat(pid)
+        if fields and fields[19] == started and fields[0] != "Z":
+            running.append(f"{pid}: {cmdline(pid)}")
+    return running
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def accepts(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.settimeout(1)
+        return s.connect_ex((host, int(port))) == 0
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+def test_ctrl_c_stops_everything_and_leaves_nothing_behind(demo):
+    processes = processes_under(demo.process.pid)
+    addresses = [
+        a for found in sockets.listening_addresses([demo.process.pid]).values() for a in found
+    ]
+    # what is about to be stopped is really there, and loopback only
+    assert f"127.0.0.1:{demo.port}" in addresses, addresses
+    assert [a for a in addresses if not sockets.is_loopback(a)] == []
+    assert demo.cluster_dir.is_dir()
+    assert demo.hub_dir.is_dir()
+
+    assert demo.interrupt() == 0, demo.output
+    assert "stopped; nothing is left running" in demo.output
+    assert "Traceback" not in demo.output
+    assert still_running(processes) == []
+    assert [a for a in addresses if accepts(a)] == []
+    assert not demo.cluster_dir.exists()
+    assert not demo.hub_dir.exists()
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+def test_the_next_demo_removes_what_a_killed_demo_left_running(built):
+    killed = Demo(free_port())
+    try:
+        killed.wait_until_up()
+        processes = processes_under(killed.process.pid)
+        killed.process.kill()  # kill -9, or a closed terminal: no chance to clean up
+        killed.process.wait(30)
+        # the cluster and the hub run in sessions of their own: they outlive it
+        assert still_running(processes)
+        assert killed.cluster_dir.is_dir()
+
+        following = Demo(free_port())
+        try:
+            following.wait_until_up()
+            assert f"earlier demo (pid {killed.process.pid})" in following.output
+            assert still_running(processes) == []
+            assert not killed.cluster_dir.exists()
+            assert not killed.hub_dir.exists()
+            # and a closed terminal (SIGHUP) cleans up like Ctrl-C
+            assert following.interrupt(sig=signal.SIGHUP) == 0, following.output
+            assert "stopped; nothing is left running" in following.output
+            assert not following.cluster_dir.exists()
+            assert not following.hub_dir.exists()
+        finally:
+            following.make_sure_it_is_gone()
+    finally:
+        killed.make_sure_it_is_gone()
