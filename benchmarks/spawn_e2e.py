@@ -11,12 +11,15 @@ Run: python benchmarks/spawn_e2e.py [--rounds N]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 import uuid
 
+from jupyterhub_gpu.demo import reconcile_once
 from jupyterhub_gpu.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.model import parse_policy
 
 POLICY = {
     "flavors": {"h200": {"kind": "gpu"}},
@@ -46,19 +49,8 @@ def main(rounds: int) -> None:
     cluster = LocalCluster.create(name=f"bench-{uuid.uuid4().hex[:6]}")
     hubs = []
     try:
-        import asyncio
-
-        from kubernetes_asyncio import client
-
-        from jupyterhub_gpu.manifests import priority_classes
-        from jupyterhub_gpu.model import parse_policy
-
-        async def setup():
-            async with cluster.api() as api:
-                for body in priority_classes(parse_policy()):
-                    await client.SchedulingV1Api(api).create_priority_class(body)
-
-        asyncio.run(setup())
+        # the PriorityClasses the policy's pods name, as the service's reconciler makes them
+        asyncio.run(reconcile_once(cluster, parse_policy(**POLICY)))
         stock = LocalHub(cluster, users={"ann": ["lab"]}).start()
         gpu = LocalHub(cluster, users={"ann": ["lab"]}, policy=POLICY).start()
         hubs = [stock, gpu]

@@ -40,11 +40,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kubernetes_asyncio import client
-
+from jupyterhub_gpu.demo import reconcile_once
 from jupyterhub_gpu.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.manifests import priority_classes
 from jupyterhub_gpu.model import parse_policy
 
 USERS = [f"u{i:03d}" for i in range(200)]
@@ -110,13 +108,8 @@ def main(concurrent_spawn_limit: int, slow_spawn_timeout: float, notebooks: bool
     hub = None
     stall_log = Path(tempfile.mkdtemp()) / "stalls.jsonl"
     try:
-
-        async def setup():
-            async with cluster.api() as api:
-                for body in priority_classes(parse_policy()):
-                    await client.SchedulingV1Api(api).create_priority_class(body)
-
-        asyncio.run(setup())
+        # the PriorityClasses the policy's pods name, as the service's reconciler makes them
+        asyncio.run(reconcile_once(cluster, parse_policy(**POLICY)))
         hub = LocalHub(
             cluster,
             users={u: ["lab"] for u in USERS},
