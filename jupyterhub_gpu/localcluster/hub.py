@@ -74,6 +74,8 @@ class LocalHub:
     policy: dict | None = None
     #: stop users' servers when the hub stops (False: they outlive a restart)
     cleanup_servers: bool = True
+    #: run jupyterhub-gpu-service hub-managed at /services/gpu/, as a z2jh admin would
+    gpu_service: bool = False
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -81,6 +83,7 @@ class LocalHub:
         self.hub_port = free_port()
         self.proxy_api_port = free_port()
         self.api_token = os.urandom(16).hex()
+        self.service_port = free_port()
         self.process: subprocess.Popen | None = None
 
     @property
@@ -127,7 +130,50 @@ class LocalHub:
             """
             )
             + self._policy_config()
+            + self._service_config()
             + textwrap.dedent(self.extra_config)
+        )
+
+    @property
+    def service_url(self) -> str:
+        """The service's public URL, through the proxy."""
+        return f"{self.url}/services/gpu/"
+
+    def _service_config(self) -> str:
+        if not self.gpu_service:
+            return ""
+        # what docs/service.md tells a z2jh admin to write under hub.services and
+        # hub.loadRoles; the command is the module rather than the console script,
+        # so a source checkout on PYTHONPATH (kept by the hub for services) runs it
+        command = [
+            sys.executable,
+            "-m",
+            "jupyterhub_gpu.service",
+            "--config",
+            str(self.directory / "jupyterhub_config.py"),
+        ]
+        service = {
+            "name": "gpu",
+            "url": f"http://127.0.0.1:{self.service_port}",
+            "command": command,
+            "oauth_no_confirm": True,
+            # a managed service gets only the hub's PATH/PYTHONPATH/LANG: in a pod
+            # the service account suffices; here the local cluster's kubeconfig
+            "environment": {"KUBECONFIG": str(self.cluster.state.kubeconfig)},
+        }
+        roles = [
+            {
+                "name": "jupyterhub-gpu-service",
+                "scopes": ["list:users", "read:servers", "delete:servers"],
+                "services": ["gpu"],
+            },
+            {"name": "user", "scopes": ["self", "access:services!service=gpu"]},
+        ]
+        return textwrap.dedent(
+            f"""
+            c.JupyterHub.services.append({service!r})
+            c.JupyterHub.load_roles.extend({roles!r})
+            """
         )
 
     def _policy_config(self) -> str:
