@@ -183,6 +183,8 @@ class Reflector:
                     else:
                         self._set(key, obj)
                     self.on_change(self)
+                    if task is not None:
+                        task.status.last_result = f"{len(self.items or {})} {self.what}"
             finally:
                 response.release()
             if task is not None:

@@ -45,12 +45,10 @@ def _duration(seconds: int | None) -> str:
 
 
 def bar(title: str, amount: dict[str, Any], unit: str) -> str:
-    """One labelled bar: used against limit, with a mark at the quota."""
+    """One labelled bar: used against limit, with a mark at the quota; no cap, no bar."""
     used, quota, limit = amount["used"], amount["quota"], amount["limit"]
     scale = limit if limit else quota if quota else None
     text = f"{amount['text']} {unit}".strip()
-    if not scale:
-        text += " (no limit)"
     parts = [
         f'<div class="row"><div class="label"><span>{escape(title)}</span>'
         f"<span>{escape(text)}</span></div>"
@@ -74,10 +72,12 @@ def group_card(group: dict[str, Any]) -> str:
     parts = [f'<div class="card" data-group="{escape(group["name"])}"><h3>{title}</h3>']
     if group["unlimited"]:
         parts.append('<div class="muted">unlimited</div>')
+    elif group["gpus"]["limit"] is None:
+        parts.append('<div class="muted">no GPU limit</div>')
     parts.append(bar("GPUs", group["gpus"], "GPUs"))
     for flavor in group["flavors"]:
-        parts.append(bar(flavor["display_name"], flavor, "devices"))
-    parts.append(bar("CPU", group["cpu"], "CPUs"))
+        parts.append(bar(flavor["display_name"], flavor, "in use"))
+    parts.append(bar("CPU", group["cpu"], "CPU"))
     parts.append(bar("Memory", group["memory"], ""))
     parts.append(bar("Servers", group["servers"], "servers"))
     if group["gpus"]["quota"] is not None and group["gpus"]["limit"] != group["gpus"]["quota"]:
@@ -159,15 +159,22 @@ def servers_section(servers: list[dict[str, Any]], admin: bool) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _time(iso: str | None) -> str:
+    return f"{iso[:19].replace('T', ' ')} UTC" if iso else ""
+
+
 def tasks_section(tasks: list[dict[str, Any]]) -> str:
     rows = []
     for t in tasks:
         state = "ok" if t["ok"] else "failing" if t["consecutive_failures"] else "starting"
+        if t["consecutive_failures"]:
+            state += f" ({t['consecutive_failures']} in a row, retrying with backoff)"
         css = "" if t["ok"] else "err"
+        error = f"{_time(t['last_error_at'])}: {t['last_error']}" if t["last_error"] else ""
         rows.append(
-            f'<tr><td>{escape(t["name"])}</td><td class="{css}">{state}</td>'
-            f"<td>{escape(t['last_success'] or 'never')}</td>"
-            f'<td class="err">{escape(t["last_error"] or "")}</td>'
+            f'<tr><td>{escape(t["name"])}</td><td class="{css}">{escape(state)}</td>'
+            f"<td>{escape(_time(t['last_success']) or 'never')}</td>"
+            f'<td class="err">{escape(error)}</td>'
             f"<td>{escape(t['last_result'] or '')}</td></tr>"
         )
     return (
@@ -179,8 +186,7 @@ def tasks_section(tasks: list[dict[str, Any]]) -> str:
 def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
     badge = '<span class="badge">admin: all groups</span>' if view["admin"] else ""
     notices = "".join(
-        f'<div class="notice">{escape(n["at"][:19].replace("T", " "))} UTC: '
-        f"{escape(n['text'])}</div>"
+        f'<div class="notice">{escape(_time(n["at"]))}: {escape(n["text"])}</div>'
         for n in view["notices"][-20:][::-1]
     )
     body = [

@@ -213,7 +213,6 @@ def usage_view(policy: Policy, snapshot: Snapshot, viewer: Viewer, now: datetime
     """The whole view for one viewer: groups, capacity, servers, notices, service health."""
     admin = is_policy_admin(policy, viewer)
     groups = visible_groups(policy, viewer)
-    names = {g.name for g in groups}
     lines = waiting_lines(snapshot.servers)
     positions = {(s.user, s.name): i + 1 for line in lines.values() for i, s in enumerate(line)}
     servers = [
@@ -244,5 +243,4 @@ def usage_view(policy: Policy, snapshot: Snapshot, viewer: Viewer, now: datetime
         "notices": notices,
         # what the service's own loops last did: admins only (errors name namespaces)
         "tasks": list(snapshot.tasks) if admin else [],
-        "groups_hidden": not admin and len(names) < len(policy.groups) + 1,
     }
