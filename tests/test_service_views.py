@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger
 from jupyterhub_gpu.capacity import flavor_capacity
@@ -16,7 +18,12 @@ from jupyterhub_gpu.selection import Request
 from jupyterhub_gpu.service import rules
 from jupyterhub_gpu.service.hubapi import servers_from_users
 from jupyterhub_gpu.service.page import render_page
-from jupyterhub_gpu.service.tasks import BackgroundTask, backoff_delay, describe_error
+from jupyterhub_gpu.service.tasks import (
+    BackgroundTask,
+    TaskStatus,
+    backoff_delay,
+    describe_error,
+)
 from jupyterhub_gpu.service.views import Notice, Server, Snapshot, Viewer, usage_view
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -83,7 +90,11 @@ def snapshot() -> Snapshot:
         ],
         capacity=None,
         notices=[Notice(NOW, "Stopped bob's server in beta", group="beta", user="bob")],
-        tasks=[{"name": "watch nodes", "last_error": "HTTP 403 nodes in namespace x"}],
+        tasks=[
+            TaskStatus(
+                "watch nodes", 2.0, runs=3, failures=3, last_error="HTTP 403 nodes in namespace x"
+            ).to_json()
+        ],
         over_limit={"beta": "Beta Lab uses 3 GPUs, over its limit of 2"},
     )
 
@@ -290,3 +301,107 @@ async def test_a_task_that_keeps_failing_never_stops_the_loop(failures):
     await task.stop()
     assert task.status.failures >= failures
     assert task.status.last_error == "KeyError: 'missing'"
+
+
+def test_admins_page_through_many_servers():
+    snap = snapshot()
+    snap.servers = [server(f"u{i:04d}", "alpha", 1) for i in range(450)]
+    admin = Viewer("root", admin=True)
+    first = usage_view(POLICY, snap, admin, NOW)
+    assert (len(first["servers"]), first["servers_total"]) == (200, 450)
+    last = usage_view(POLICY, snap, admin, NOW, servers_offset=400)
+    assert last["servers"][0]["user"] == "u0400"
+    assert len(last["servers"]) == 50
+    html = render_page(first)
+    assert "and 250 more" in html
+    # the admin sees the failing watch, with its error and that it is retried
+    assert "failing (3 in a row, retrying with backoff)" in html
+    assert "HTTP 403 nodes in namespace x" in html
+
+
+def pod_json(name: str, user: str, group: str, gpus: int, *, phase: str = "Running") -> dict:
+    from jupyterhub_gpu.shaping import CHARGE_ANNOTATION, GROUP_LABEL
+
+    request = Request(gpus=Fraction(gpus), cpu=1000, memory=2**30, devices=(("h200", gpus),))
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {GROUP_LABEL: group},
+            "annotations": {
+                CHARGE_ANNOTATION: json.dumps({"user": user, "request": request.to_json()}),
+                "hub.jupyter.org/username": user,
+            },
+        },
+        "spec": {
+            "nodeName": "n0",
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 7),  # which pod
+            st.sampled_from(["alpha", "beta", "gone"]),
+            st.integers(1, 3),
+            st.sampled_from(["Running", "Pending", "Succeeded", "deleted"]),
+        ),
+        max_size=40,
+    )
+)
+def test_watch_events_keep_ledger_and_capacity_equal_to_a_fresh_list(events):
+    """Event-by-event updates end where a restarted service's full list starts."""
+    from jupyterhub_gpu.service.kube import Reflector, slim_pod
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    live = ServiceState(POLICY)
+    pods = Reflector(
+        "server pods",
+        None,
+        transform=server_pod,
+        on_change=lambda r: live.server_pods_listed(r.items),
+        on_event=live.server_pod_event,
+    )
+    bound = Reflector(
+        "bound pods",
+        None,
+        transform=slim_pod,
+        on_change=lambda r: live.bound_pods_listed(r.items),
+        on_event=live.bound_pod_event,
+    )
+    node = {
+        "metadata": {"name": "n0", "labels": {}},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": "64"}},
+    }
+    live.nodes_changed({"n0": node})
+    current: dict[str, dict] = {}
+    for reflector in (pods, bound):
+        reflector.items = {}
+        reflector.on_change(reflector)
+    for index, group, gpus, phase in events:
+        key = f"ns/p{index}"
+        obj = (
+            None
+            if phase == "deleted"
+            else pod_json(f"p{index}", f"u{index}", group, gpus, phase=phase)
+        )
+        if obj is None:
+            current.pop(key, None)
+        else:
+            current[key] = obj
+        for reflector in (pods, bound):
+            reflector._set(key, obj)
+            reflector.on_change(reflector)
+
+    fresh = ServiceState(POLICY)
+    fresh.server_pods_listed({k: server_pod(p) for k, p in current.items()})
+    fresh.bound_pods_listed({k: slim_pod(p) for k, p in current.items()})
+    fresh.nodes_changed({"n0": node})
+    for group in ("alpha", "beta", "gone", "everyone"):
+        assert live.ledger.usage(group) == fresh.ledger.usage(group)
+    assert live.capacity == fresh.capacity

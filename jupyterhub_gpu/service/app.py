@@ -156,15 +156,25 @@ class GPUService(Application):
         self.tasks: dict[str, BackgroundTask] = {}
         self.registry, self.stopped_counter = metrics.registry(lambda: self.view(ALL_SEEING))
         self._over_limit_since: dict[str, datetime] = {}
+        self._group_cache: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
 
     # ---- views ---------------------------------------------------------------------
 
     def task_statuses(self) -> list[dict[str, Any]]:
         return [t.status.to_json() for t in self.tasks.values()]
 
-    def view(self, viewer: Viewer) -> dict[str, Any]:
+    def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
         snapshot = self.state.snapshot(self.task_statuses())
-        return usage_view(self.policy, snapshot, viewer, datetime.now(UTC))
+        if self._group_cache[0] != self.state.version:
+            self._group_cache = (self.state.version, {})
+        return usage_view(
+            self.policy,
+            snapshot,
+            viewer,
+            datetime.now(UTC),
+            group_cache=self._group_cache[1],
+            **paging,
+        )
 
     # ---- background tasks ----------------------------------------------------------
 
@@ -178,53 +188,56 @@ class GPUService(Application):
             task.start()
         return task
 
-    async def _setup_kubernetes(self) -> None:
-        self.kube = await api_client()
-        core = client.CoreV1Api(self.kube)
+    def make_reflectors(self, core: client.CoreV1Api | None) -> list[Reflector]:
+        """The three watches, wired to the state (``core`` None: fed by hand, as in tests)."""
         state = self.state
 
-        # server pods: namespaced in the hub's namespace (the chart's Role allows it),
-        # cluster-wide with a namespace per group
-        selectors = {"label_selector": GROUP_LABEL}
+        def call(name: str) -> Callable[..., Any] | None:
+            return getattr(core, name) if core is not None else None
+
         if self.policy.namespace_per_group:
-            list_servers: Callable[..., Any] = core.list_pod_for_all_namespaces
+            # servers live in a namespace per group: one cluster-wide watch
+            list_servers = call("list_pod_for_all_namespaces")
         else:
 
             def list_servers(**kw: Any) -> Any:
+                assert core is not None
                 return core.list_namespaced_pod(self.namespace, **kw)
 
-        watches = (
-            ("server pods", list_servers, server_pod, "server_pods", state.pods_changed, selectors),
-            ("nodes", core.list_node, slim_node, "nodes", state.capacity_changed, {}),
-            (
-                "bound pods",
-                core.list_pod_for_all_namespaces,
-                slim_pod,
-                "cluster_pods",
-                state.capacity_changed,
-                # capacity needs what is bound to nodes and not finished, in any namespace
-                {"field_selector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"},
-            ),
-        )
-        for what, list_call, transform, attribute, changed, extra in watches:
-            reflector = Reflector(
-                what,
-                list_call,
-                transform=transform,
-                on_change=self._syncer(state, attribute, changed),
+        return [
+            Reflector(
+                "server pods",
+                list_servers,
+                transform=server_pod,
+                on_change=lambda r: state.server_pods_listed(r.items),
+                on_event=state.server_pod_event,
                 watch_timeout=self.watch_timeout,
-                **extra,
-            )
-            task_name = f"watch {what}"
-            self.add_periodic(task_name, self._watcher(reflector, task_name), 2.0, forever=True)
+                label_selector=GROUP_LABEL,
+            ),
+            Reflector(
+                "nodes",
+                call("list_node"),
+                transform=slim_node,
+                on_change=lambda r: state.nodes_changed(r.items),
+                watch_timeout=self.watch_timeout,
+            ),
+            Reflector(
+                "bound pods",
+                call("list_pod_for_all_namespaces"),
+                transform=slim_pod,
+                on_change=lambda r: state.bound_pods_listed(r.items),
+                on_event=state.bound_pod_event,
+                watch_timeout=self.watch_timeout,
+                # capacity needs what is bound to a node and not finished, in any namespace
+                field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            ),
+        ]
 
-    @staticmethod
-    def _syncer(state: ServiceState, attribute: str, changed: Callable[[], None]):
-        def on_change_of(reflector: Reflector) -> None:
-            setattr(state, attribute, reflector.items)
-            changed()
-
-        return on_change_of
+    async def _setup_kubernetes(self) -> None:
+        self.kube = await api_client()
+        for reflector in self.make_reflectors(client.CoreV1Api(self.kube)):
+            name = f"watch {reflector.what}"
+            self.add_periodic(name, self._watcher(reflector, name), 2.0, forever=True)
 
     def _watcher(self, reflector: Reflector, task_name: str) -> Callable[[], Any]:
         async def job() -> str:
@@ -247,7 +260,7 @@ class GPUService(Application):
         now = datetime.now(UTC)
         errors: list[str] = []
         stopped = 0
-        for server, limit in rules.overdue(self.policy, state.joined_servers, now):
+        for server, limit in rules.overdue(self.policy, state.servers, now):
             runtime = int((now - server.started).total_seconds()) if server.started else 0
             try:
                 await self.hub.stop_server(server.user, server.name)
@@ -275,7 +288,7 @@ class GPUService(Application):
         for group in list(self._over_limit_since):
             if group not in over:
                 del self._over_limit_since[group]
-        state.over_limit = over
+        state.set_over_limit(over)
         if self.stop_over_limit_after is not None:
             stopped += await self._stop_over_limit(now, errors)
         if errors:

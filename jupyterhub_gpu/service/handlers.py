@@ -43,6 +43,12 @@ def log_request(handler: web.RequestHandler) -> None:
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    async def prepare(self) -> None:
+        # identify the requester without blocking the event loop: HubAuth's sync
+        # path (get_current_user) would wait for the hub on a cache miss; after
+        # this, it finds the answer on the handler
+        await self.hub_auth.get_user(self, sync=False)
+
     @property
     def service(self) -> Any:
         return self.settings["service"]
@@ -85,7 +91,14 @@ class PageHandler(BaseHandler):
 class UsageHandler(APIHandler):
     def get(self) -> None:
         self.require_user()
-        self.write_json(self.service.view(self.viewer()))
+        paging = {}
+        for name in ("servers_offset", "servers_limit"):
+            value = self.get_argument(name, None)
+            if value is not None:
+                if not value.isdigit():
+                    raise web.HTTPError(400, f"{name} must be a whole number, got {value!r}")
+                paging[name] = int(value)
+        self.write_json(self.service.view(self.viewer(), **paging))
 
 
 class CapacityHandler(APIHandler):

@@ -118,6 +118,7 @@ class Reflector:
         *,
         transform: Callable[[Mapping[str, Any]], Any] = lambda o: o,
         on_change: Callable[[Reflector], None] = lambda reflector: None,
+        on_event: Callable[[str, Any, Any], None] | None = None,
         watch_timeout: int = 300,
         **selectors: str,
     ) -> None:
@@ -125,6 +126,9 @@ class Reflector:
         self.list_call = list_call
         self.transform = transform
         self.on_change = on_change
+        #: called with (key, old, new) for each watch event (new None: gone), so
+        #: derived state can be updated by the difference instead of rebuilt
+        self.on_event = on_event
         self.watch_timeout = watch_timeout
         self.selectors = selectors
         self.items: dict[str, Any] | None = None
@@ -132,21 +136,28 @@ class Reflector:
     async def _json(self, **kwargs: Any) -> Any:
         return await self.list_call(**self.selectors, _preload_content=False, **kwargs)
 
-    def _set(self, key: str, obj: Mapping[str, Any]) -> None:
+    def _set(self, key: str, obj: Mapping[str, Any] | None) -> None:
+        """Apply one object (None: deleted) to ``items``."""
         assert self.items is not None
-        value = self.transform(obj)
+        old = self.items.get(key)
+        value = None if obj is None else self.transform(obj)
         if value is None:
             self.items.pop(key, None)
         else:
             self.items[key] = value
+        if self.on_event is not None:
+            self.on_event(key, old, value)
 
     async def relist(self) -> str:
         response = await self._json(_request_timeout=60)
         data = json.loads(await response.read())
         items: dict[str, Any] = {}
-        self.items = items
         for obj in data.get("items") or []:
-            self._set(object_key(obj), obj)
+            value = self.transform(obj)
+            if value is not None:
+                items[object_key(obj)] = value
+        # a new dict: on_change sees a complete list at once
+        self.items = items
         self.on_change(self)
         return data["metadata"]["resourceVersion"]
 
@@ -176,12 +187,7 @@ class Reflector:
                     version = (obj.get("metadata") or {}).get("resourceVersion", version)
                     if kind == "BOOKMARK":
                         continue
-                    key = object_key(obj)
-                    if kind == "DELETED":
-                        assert self.items is not None
-                        self.items.pop(key, None)
-                    else:
-                        self._set(key, obj)
+                    self._set(object_key(obj), None if kind == "DELETED" else obj)
                     self.on_change(self)
                     if task is not None:
                         task.status.last_result = f"{len(self.items or {})} {self.what}"

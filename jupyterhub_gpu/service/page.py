@@ -200,6 +200,12 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         "<h2>" + ("All servers" if view["admin"] else "My servers") + "</h2>",
         servers_section(view["servers"], view["admin"]),
     ]
+    hidden = view["servers_total"] - len(view["servers"])
+    if hidden > 0:
+        body.append(
+            f'<p class="muted">and {hidden} more: api/usage?servers_offset='
+            f"{len(view['servers'])} lists them</p>"
+        )
     if view["admin"] and view["tasks"]:
         body += ["<h2>Service health</h2>", tasks_section(view["tasks"])]
     return (

@@ -84,6 +84,13 @@ class Snapshot:
     notices: Sequence[Notice] = ()
     tasks: Sequence[Mapping[str, Any]] = ()
     over_limit: Mapping[str, str] = field(default_factory=dict)  # group -> reason
+    #: precomputed by the state (None: computed here from ``servers``)
+    waiting: Mapping[str, Sequence[Server]] | None = None
+    by_user: Mapping[str, Sequence[Server]] | None = None
+
+
+#: servers listed per view unless asked for more (an admin of 5,000 servers pages)
+SERVERS_PAGE = 200
 
 
 def is_policy_admin(policy: Policy, viewer: Viewer) -> bool:
@@ -209,17 +216,58 @@ def server_view(
     }
 
 
-def usage_view(policy: Policy, snapshot: Snapshot, viewer: Viewer, now: datetime) -> dict[str, Any]:
-    """The whole view for one viewer: groups, capacity, servers, notices, service health."""
+def _group_view(
+    policy: Policy,
+    snapshot: Snapshot,
+    group: Group,
+    lines: Mapping[str, Sequence[Server]],
+    cache: dict[str, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    if cache is not None and group.name in cache:
+        return cache[group.name]
+    view = group_view(
+        policy,
+        group,
+        snapshot.ledger.usage(group.name),
+        len(lines.get(group.name, ())),
+        snapshot.over_limit.get(group.name),
+    )
+    if cache is not None:
+        cache[group.name] = view
+    return view
+
+
+def usage_view(
+    policy: Policy,
+    snapshot: Snapshot,
+    viewer: Viewer,
+    now: datetime,
+    *,
+    servers_offset: int = 0,
+    servers_limit: int = SERVERS_PAGE,
+    group_cache: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The whole view for one viewer: groups, capacity, servers, notices, service health.
+
+    Servers are listed ``servers_limit`` at a time from ``servers_offset``
+    (``servers_total`` says how many the viewer may see). ``group_cache``
+    memoises group views (the same for every viewer) for as long as the
+    caller knows the snapshot unchanged.
+    """
     admin = is_policy_admin(policy, viewer)
     groups = visible_groups(policy, viewer)
-    lines = waiting_lines(snapshot.servers)
+    lines = snapshot.waiting
+    if lines is None:
+        lines = waiting_lines(snapshot.servers)
     positions = {(s.user, s.name): i + 1 for line in lines.values() for i, s in enumerate(line)}
-    servers = [
-        server_view(policy, s, now, positions.get((s.user, s.name)))
-        for s in snapshot.servers
-        if admin or s.user == viewer.name
-    ]
+    if admin:
+        visible: Sequence[Server] = snapshot.servers
+    elif snapshot.by_user is not None:
+        visible = snapshot.by_user.get(viewer.name, ())
+    else:
+        visible = [s for s in snapshot.servers if s.user == viewer.name]
+    page = visible[servers_offset : servers_offset + max(servers_limit, 0)]
+    servers = [server_view(policy, s, now, positions.get((s.user, s.name))) for s in page]
     notices = [
         {"at": n.at.isoformat(), "text": n.text, "group": n.group, "user": n.user}
         for n in snapshot.notices
@@ -228,18 +276,11 @@ def usage_view(policy: Policy, snapshot: Snapshot, viewer: Viewer, now: datetime
     return {
         "user": viewer.name,
         "admin": admin,
-        "groups": [
-            group_view(
-                policy,
-                g,
-                snapshot.ledger.usage(g.name),
-                len(lines.get(g.name, ())),
-                snapshot.over_limit.get(g.name),
-            )
-            for g in groups
-        ],
+        "groups": [_group_view(policy, snapshot, g, lines, group_cache) for g in groups],
         "capacity": capacity_view(snapshot.capacity, policy),
         "servers": servers,
+        "servers_total": len(visible),
+        "servers_offset": servers_offset,
         "notices": notices,
         # what the service's own loops last did: admins only (errors name namespaces)
         "tasks": list(snapshot.tasks) if admin else [],
