@@ -76,6 +76,8 @@ class LocalHub:
     cleanup_servers: bool = True
     #: run jupyterhub-gpu-service hub-managed at /services/gpu/, as a z2jh admin would
     gpu_service: bool = False
+    #: the service's own kubeconfig (e.g. a service account's); default: the cluster admin's
+    service_kubeconfig: Path | None = None
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -159,7 +161,9 @@ class LocalHub:
             "oauth_no_confirm": True,
             # a managed service gets only the hub's PATH/PYTHONPATH/LANG: in a pod
             # the service account suffices; here the local cluster's kubeconfig
-            "environment": {"KUBECONFIG": str(self.cluster.state.kubeconfig)},
+            "environment": {
+                "KUBECONFIG": str(self.service_kubeconfig or self.cluster.state.kubeconfig)
+            },
         }
         roles = [
             {

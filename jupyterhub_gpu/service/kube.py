@@ -104,8 +104,18 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{metadata['name']}" if namespace else metadata["name"]
 
 
-class WatchExpired(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): list again."""
+class KubeAPIError(Exception):
+    """The API server answered a list or watch with an error status."""
+
+    def __init__(self, what: str, status: int, message: str) -> None:
+        self.status = status
+        hint = ""
+        if status == 403:
+            hint = (
+                " (grant the service's service account list/watch on it: "
+                "`jupyterhub-gpu manifests` renders the RBAC, docs/service.md lists it)"
+            )
+        super().__init__(f"listing {what}: {message}{hint}")
 
 
 class Reflector:
@@ -134,7 +144,17 @@ class Reflector:
         self.items: dict[str, Any] | None = None
 
     async def _json(self, **kwargs: Any) -> Any:
-        return await self.list_call(**self.selectors, _preload_content=False, **kwargs)
+        """The raw response; an error status raises (the client only checks preloaded ones)."""
+        response = await self.list_call(**self.selectors, _preload_content=False, **kwargs)
+        if not 200 <= response.status <= 299:
+            body = await response.read()
+            response.release()
+            try:
+                message = json.loads(body).get("message") or body.decode(errors="replace")
+            except ValueError:
+                message = body.decode(errors="replace")[:300]
+            raise KubeAPIError(self.what, response.status, message)
+        return response
 
     def _set(self, key: str, obj: Mapping[str, Any] | None) -> None:
         """Apply one object (None: deleted) to ``items``."""
