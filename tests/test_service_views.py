@@ -405,3 +405,11 @@ def test_watch_events_keep_ledger_and_capacity_equal_to_a_fresh_list(events):
     for group in ("alpha", "beta", "gone", "everyone"):
         assert live.ledger.usage(group) == fresh.ledger.usage(group)
     assert live.capacity == fresh.capacity
+
+
+def test_listen_address_follows_the_service_url():
+    from jupyterhub_gpu.service.app import listen_address
+
+    assert listen_address("127.0.0.1") == "127.0.0.1"
+    assert listen_address("localhost") == "127.0.0.1"
+    assert listen_address("hub") == ""  # z2jh: http://hub:10101, reached from the proxy pod

@@ -10,6 +10,7 @@ configuration, the scopes and the RBAC.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -51,6 +52,17 @@ def default_config_file() -> str:
     if Path(Z2JH_CONFIG).exists():
         return Z2JH_CONFIG
     return "jupyterhub_config.py"
+
+
+def listen_address(host: str | None) -> str:
+    """Where to listen for a service URL's host (see ``GPUService.ip``)."""
+    if not host or host == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return ""  # a name others resolve to this pod: every interface
+    return host
 
 
 class GPUService(Application):
@@ -122,6 +134,16 @@ class GPUService(Application):
         ``JupyterHub.authenticate_prometheus``): give Prometheus the token of a
         service whose role has ``read:metrics``. ``False``: anyone who can
         reach the service may read the per-group numbers.
+        """,
+    ).tag(config=True)
+
+    ip = Unicode(
+        "",
+        help="""
+        The address to listen on. Default: the host of
+        ``$JUPYTERHUB_SERVICE_URL`` (the service's ``url``) when it is an IP
+        address or ``localhost``; otherwise (z2jh's ``http://hub:10101``, a
+        Kubernetes Service name the proxy pod connects to) all interfaces.
         """,
     ).tag(config=True)
 
@@ -358,7 +380,7 @@ class GPUService(Application):
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         server = HTTPServer(self.make_app(), xheaders=True)
-        server.listen(url.port or 80, url.hostname or "127.0.0.1")
+        server.listen(url.port or 80, self.ip or listen_address(url.hostname))
         self._running = True
         for task in self.tasks.values():
             task.start()
