@@ -413,3 +413,70 @@ def test_listen_address_follows_the_service_url():
     assert listen_address("127.0.0.1") == "127.0.0.1"
     assert listen_address("localhost") == "127.0.0.1"
     assert listen_address("hub") == ""  # z2jh: http://hub:10101, reached from the proxy pod
+
+
+HUB_CONFIG = """
+c = get_config()  # noqa
+c.JupyterHub.spawner_class = "gpu-kubespawner"
+c.KubeSpawner.namespace = "jhub"
+c.GPUPolicy.update({policy!r})
+c.GPUService.rules_interval = 7
+"""
+
+
+def service_from_config(tmp_path, policy: dict):
+    from jupyterhub_gpu.service.app import GPUService
+
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(HUB_CONFIG.format(policy=policy))
+    service = GPUService()
+    service.initialize(["--config", str(config)])
+    return service
+
+
+def test_the_service_reads_the_hubs_policy_and_its_own_settings_from_the_hub_config(tmp_path):
+    values = {
+        "flavors": {"h200": {"kind": "gpu"}},
+        "profiles": {"p": {"gpu": {"flavor": "h200"}}},
+        "groups": {"alpha": {"quota": {"gpus": 3}, "profiles": ["p"]}},
+    }
+    service = service_from_config(tmp_path, values)
+    assert service.policy == parse_policy(**values)
+    assert service.rules_interval == 7
+    assert service.namespace == "jhub"  # c.KubeSpawner.namespace, as the hub spawns
+
+
+def test_a_broken_policy_stops_the_service_with_every_error(tmp_path):
+    with pytest.raises(SystemExit, match=r"groups\.alpha\.quota\.gpus: expected a number"):
+        service_from_config(
+            tmp_path,
+            {"groups": {"alpha": {"quota": {"gpus": "ten"}}}},
+        )
+    from jupyterhub_gpu.service.app import GPUService
+
+    with pytest.raises(SystemExit, match="does not exist; pass --config PATH"):
+        GPUService().initialize(["--config", str(tmp_path / "missing.py")])
+
+
+def test_view_json_is_the_view_with_group_parts_encoded_once(tmp_path):
+    service = service_from_config(
+        tmp_path,
+        {
+            "flavors": {"h200": {"kind": "gpu"}},
+            "profiles": {"p": {"gpu": {"flavor": "h200"}}},
+            "groups": {f"g{i}": {"quota": {"gpus": 3}, "profiles": ["p"]} for i in range(5)},
+        },
+    )
+    pods, _, _ = service.make_reflectors(None)
+    pods.items = {}
+    pods.on_change(pods)
+    pods._set("ns/p1", pod_json("p1", "ann", "g1", 2))
+    pods.on_change(pods)
+    admin = Viewer("root", admin=True)
+    first = json.loads(service.view_json(admin))
+    assert first == json.loads(json.dumps(service.view(admin)))
+    assert first["groups"][1]["gpus"]["used"] == 2
+    # a change after the first encoding is seen by the next request
+    pods._set("ns/p1", None)
+    pods.on_change(pods)
+    assert json.loads(service.view_json(admin))["groups"][1]["gpus"]["used"] == 0

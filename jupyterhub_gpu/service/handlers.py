@@ -98,7 +98,9 @@ class UsageHandler(APIHandler):
                 if not value.isdigit():
                     raise web.HTTPError(400, f"{name} must be a whole number, got {value!r}")
                 paging[name] = int(value)
-        self.write_json(self.service.view(self.viewer(), **paging))
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(self.service.view_json(self.viewer(), **paging))
 
 
 class CapacityHandler(APIHandler):
