@@ -179,8 +179,9 @@ class GPUService(Application):
         self.tasks: dict[str, BackgroundTask] = {}
         self.registry, self.stopped_counter = metrics.registry(lambda: self.view(ALL_SEEING))
         self._over_limit_since: dict[str, datetime] = {}
-        self._group_cache: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
-        self._group_json: dict[str, str] = {}
+        # group name -> (what the view is made of, view); -> (view, its JSON)
+        self._group_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._group_json: dict[str, tuple[dict[str, Any], str]] = {}
 
     # ---- views ---------------------------------------------------------------------
 
@@ -189,33 +190,30 @@ class GPUService(Application):
 
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
         snapshot = self.state.snapshot(self.task_statuses())
-        if self._group_cache[0] != self.state.version:
-            self._group_cache = (self.state.version, {})
-            self._group_json = {}
         return usage_view(
             self.policy,
             snapshot,
             viewer,
             datetime.now(UTC),
-            group_cache=self._group_cache[1],
+            group_cache=self._group_cache,
             **paging,
         )
 
     def view_json(self, viewer: Viewer, **paging: int) -> str:
-        """``view`` as JSON, each group's part encoded once per state change.
+        """``view`` as JSON, each group's part encoded once per change of that group.
 
         An admin's view of 500 groups is mostly group views, the same for every
-        viewer until something changes; encoding them once takes most of the
+        viewer until the group changes; encoding each once takes most of the
         cost out of repeated requests.
         """
         view = self.view(viewer, **paging)
         groups = view.pop("groups")
         parts = []
         for group in groups:
-            encoded = self._group_json.get(group["name"])
-            if encoded is None:
-                encoded = self._group_json[group["name"]] = json.dumps(group)
-            parts.append(encoded)
+            cached = self._group_json.get(group["name"])
+            if cached is None or cached[0] is not group:
+                cached = self._group_json[group["name"]] = (group, json.dumps(group))
+            parts.append(cached[1])
         rest = json.dumps(view)
         return f'{rest[:-1]}, "groups": [{",".join(parts)}]}}'
 

@@ -93,8 +93,6 @@ class ServiceState:
         self._capacity: dict[str, FlavorCapacity] | None = None
         self._by_user: dict[str, list[Server]] = {}
         self._pending: list[Server] = []
-        #: bumped on every change that can alter a group's view
-        self.version = 0
 
     # ---- server pods -----------------------------------------------------------------
 
@@ -106,7 +104,6 @@ class ServiceState:
         """
         if items is self.server_pods and self._ledger is not None:
             return
-        self.version += 1
         self.server_pods = items
         self._ledger = Ledger.from_charges(
             self.policy, [p.charge for p in items.values() if p.charge]
@@ -115,7 +112,6 @@ class ServiceState:
 
     def server_pod_event(self, key: str, old: ServerPod | None, new: ServerPod | None) -> None:
         """One watch event: the difference is applied to the ledger and the index."""
-        self.version += 1
         if self._ledger is not None:
             if old is not None and old.charge is not None:
                 self._ledger.release(self.policy, key)
@@ -161,7 +157,6 @@ class ServiceState:
     # ---- the hub's servers -----------------------------------------------------------
 
     def set_servers(self, servers: list[Server]) -> None:
-        self.version += 1
         self.servers = servers
         by_user: dict[str, list[Server]] = {}
         for server in servers:
@@ -196,7 +191,6 @@ class ServiceState:
 
     def set_over_limit(self, over_limit: dict[str, str]) -> None:
         if over_limit != self.over_limit:
-            self.version += 1
             self.over_limit = over_limit
 
     def notice(self, notice: Notice) -> None:

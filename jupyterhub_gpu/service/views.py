@@ -221,19 +221,28 @@ def _group_view(
     snapshot: Snapshot,
     group: Group,
     lines: Mapping[str, Sequence[Server]],
-    cache: dict[str, dict[str, Any]] | None,
+    cache: dict[str, tuple[Any, dict[str, Any]]] | None,
 ) -> dict[str, Any]:
-    if cache is not None and group.name in cache:
-        return cache[group.name]
-    view = group_view(
-        policy,
-        group,
-        snapshot.ledger.usage(group.name),
-        len(lines.get(group.name, ())),
-        snapshot.over_limit.get(group.name),
+    usage = snapshot.ledger.usage(group.name)
+    waiting = len(lines.get(group.name, ()))
+    over_limit = snapshot.over_limit.get(group.name)
+    # everything the view is made of: an unchanged group reuses its view object
+    key = (
+        usage.gpus,
+        usage.cpu,
+        usage.memory,
+        usage.servers,
+        tuple(sorted(usage.flavors.items())),
+        waiting,
+        over_limit,
     )
     if cache is not None:
-        cache[group.name] = view
+        cached = cache.get(group.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+    view = group_view(policy, group, usage, waiting, over_limit)
+    if cache is not None:
+        cache[group.name] = (key, view)
     return view
 
 
@@ -245,14 +254,14 @@ def usage_view(
     *,
     servers_offset: int = 0,
     servers_limit: int = SERVERS_PAGE,
-    group_cache: dict[str, dict[str, Any]] | None = None,
+    group_cache: dict[str, tuple[Any, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The whole view for one viewer: groups, capacity, servers, notices, service health.
 
     Servers are listed ``servers_limit`` at a time from ``servers_offset``
     (``servers_total`` says how many the viewer may see). ``group_cache``
-    memoises group views (the same for every viewer) for as long as the
-    caller knows the snapshot unchanged.
+    (kept by the caller across calls) memoises each group's view, the same for
+    every viewer, until what it is made of changes.
     """
     admin = is_policy_admin(policy, viewer)
     groups = visible_groups(policy, viewer)
