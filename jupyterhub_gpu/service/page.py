@@ -79,7 +79,14 @@ def group_card(group: dict[str, Any]) -> str:
         parts.append(bar(flavor["display_name"], flavor, "in use"))
     parts.append(bar("CPU", group["cpu"], "CPU"))
     parts.append(bar("Memory", group["memory"], ""))
-    parts.append(bar("Servers", group["servers"], "servers"))
+    servers = group["servers"]
+    parts.append(
+        bar(
+            "Servers",
+            servers,
+            "server" if servers["used"] == 1 and not servers["limit"] else "servers",
+        )
+    )
     if group["gpus"]["quota"] is not None and group["gpus"]["limit"] != group["gpus"]["quota"]:
         parts.append(
             f'<div class="muted">quota {group["gpus"]["quota"]} GPUs guaranteed; '
