@@ -238,14 +238,20 @@ async def test_server_past_max_runtime_is_stopped_others_untouched(service_hub, 
     for user in ("ann", "bob"):
         _, model = await asyncio.to_thread(service_hub.api, "GET", f"/users/{user}")
         assert model["servers"][""]["ready"], f"{user}'s server was touched"
-    admin_view, _ = await usage(service_hub, await user_token(service_hub, "root"))
-    notices = [n["text"] for n in admin_view["notices"]]
-    assert any("Stopped carl's server in brief" in n and "max_runtime" in n for n in notices)
+    root = await user_token(service_hub, "root")
+
+    async def announced():
+        view, _ = await usage(service_hub, root)
+        return [n["text"] for n in view["notices"] if n["user"] == "carl"]
+
+    (notice,) = await eventually(announced, "the notice about carl's server")
+    assert notice.startswith("Stopping carl's server in brief: it ran 0m 2")
+    assert notice.endswith("past the group's max_runtime of 25s")
     # ann sees no notice about carl
     _, raw = await usage(service_hub, await user_token(service_hub, "ann"))
     assert "carl" not in raw
     log = service_hub.log_path.read_text(errors="replace")
-    assert "Stopped carl's server in brief" in log
+    assert "Stopping carl's server in brief" in log
 
 
 def service_pids(hub: LocalHub) -> list[int]:
@@ -273,7 +279,14 @@ def port_open(port: int) -> bool:
 
 async def test_service_down_keeps_quota_enforced_and_restart_catches_up(service_hub):
     root = await user_token(service_hub, "root")
-    before, _ = await usage(service_hub, root)
+
+    async def settled():
+        # the service polls the hub every second: wait until it no longer lists a
+        # server an earlier test stopped
+        view, _ = await usage(service_hub, root)
+        return {s["user"] for s in view["servers"]} == {"ann", "bob"} and view
+
+    before = await eventually(settled, "the service's server list to settle")
     (pid,) = service_pids(service_hub)
     os.kill(pid, signal.SIGKILL)
 

@@ -102,7 +102,7 @@ async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
     await eventually(amy_stopped, "amy's server to be stopped", within=60, interval=1)
     assert await running(hub, "ann")
     view, _ = await usage(hub, root)
-    assert any(n["text"].startswith("Stopped amy's server in alpha") for n in view["notices"])
+    assert any(n["text"].startswith("Stopping amy's server in alpha") for n in view["notices"])
 
     async def fits():
         view, _ = await usage(hub, root)

@@ -480,3 +480,15 @@ def test_view_json_is_the_view_with_group_parts_encoded_once(tmp_path):
     pods._set("ns/p1", None)
     pods.on_change(pods)
     assert json.loads(service.view_json(admin))["groups"][1]["gpus"]["used"] == 0
+
+
+def test_durations_read_as_max_runtime_is_written():
+    from jupyterhub_gpu.service.app import format_duration
+
+    assert [format_duration(s) for s in (25, 60, 5400, 8 * 3600, 0)] == [
+        "25s",
+        "1m",
+        "1h30m",
+        "8h",
+        "0s",
+    ]

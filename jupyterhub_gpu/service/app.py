@@ -55,6 +55,14 @@ def default_config_file() -> str:
     return "jupyterhub_config.py"
 
 
+def format_duration(seconds: int) -> str:
+    """8h, 1h30m, 25s: how max_runtime is written."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
+
+
 def listen_address(host: str | None) -> str:
     """Where to listen for a service URL's host (see ``GPUService.ip``)."""
     if not host or host == "localhost":
@@ -179,6 +187,11 @@ class GPUService(Application):
         self.tasks: dict[str, BackgroundTask] = {}
         self.registry, self.stopped_counter = metrics.registry(lambda: self.view(ALL_SEEING))
         self._over_limit_since: dict[str, datetime] = {}
+        # servers whose max_runtime stop was announced (user, name, started)
+        self._announced: set[tuple[str, str, datetime | None]] = set()
+        self._announced_pods: set[str] = set()
+        # at most this many stop requests to the hub at once
+        self._stops = asyncio.Semaphore(10)
         # group name -> (what the view is made of, view); -> (view, its JSON)
         self._group_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._group_json: dict[str, tuple[dict[str, Any], str]] = {}
@@ -301,26 +314,31 @@ class GPUService(Application):
         now = datetime.now(UTC)
         errors: list[str] = []
         stopped = 0
-        for server, limit in rules.overdue(self.policy, state.servers, now):
-            runtime = int((now - server.started).total_seconds()) if server.started else 0
-            try:
-                await self.hub.stop_server(server.user, server.name)
-            except HubAPIError as e:
-                if e.status != 404:  # already gone: nothing to do
-                    errors.append(str(e))
+        overdue = rules.overdue(self.policy, state.servers, now)
+        # say it once per server, when asking the hub to stop it: the hub may
+        # finish the stop after this call returns, or after a retry
+        current = {(s.user, s.name, s.started) for s, _ in overdue}
+        self._announced &= current
+        for server, limit in overdue:
+            if (server.user, server.name, server.started) in self._announced:
                 continue
-            stopped += 1
-            self.stopped_counter.labels("max_runtime").inc()
+            self._announced.add((server.user, server.name, server.started))
+            runtime = int((now - server.started).total_seconds()) if server.started else 0
             state.notice(
                 Notice(
                     at=now,
-                    text=f"Stopped {server.label}'s server in {server.group}: it ran "
-                    f"{runtime // 60}m {runtime % 60}s, past the group's max_runtime of "
-                    f"{limit}s",
+                    text=f"Stopping {server.label}'s server in {server.group}: it ran "
+                    f"{runtime // 60}m {runtime % 60:02d}s, past the group's max_runtime of "
+                    f"{format_duration(limit)}",
                     group=server.group,
                     user=server.user,
                 )
             )
+        results = await asyncio.gather(
+            *(self._stop(s.user, s.name, "max_runtime") for s, _ in overdue)
+        )
+        errors += [r for r in results if r]
+        stopped += sum(1 for r in results if r is None)
         over = rules.over_limit(self.policy, state.ledger)
         for group, reason in over.items():
             if group not in self._over_limit_since:
@@ -336,6 +354,18 @@ class GPUService(Application):
             raise RuntimeError(f"{len(errors)} stop(s) failed; first: {errors[0]}")
         return f"{stopped} stopped, {len(over)} group(s) over limit"
 
+    async def _stop(self, user: str, name: str, reason: str) -> str | None:
+        """Ask the hub to stop a server; the error in words, or None when done."""
+        async with self._stops:
+            try:
+                await self.hub.stop_server(user, name)
+            except HubAPIError as e:
+                if e.status == 404:  # already gone: nothing to do
+                    return None
+                return str(e)
+        self.stopped_counter.labels(reason).inc()
+        return None
+
     async def _stop_over_limit(self, now: datetime, errors: list[str]) -> int:
         state = self.state
         stopped = 0
@@ -347,24 +377,24 @@ class GPUService(Application):
                 pod = (state.server_pods or {}).get(charge.key)
                 if pod is None or pod.user is None:
                     continue
-                try:
-                    await self.hub.stop_server(pod.user, pod.servername)
-                except HubAPIError as e:
-                    if e.status != 404:
-                        errors.append(str(e))
-                    continue
-                stopped += 1
-                self.stopped_counter.labels("over_limit").inc()
-                state.notice(
-                    Notice(
-                        at=now,
-                        text=f"Stopped {pod.user}'s server in {group} "
-                        f"({format_gpus(charge.request.gpus)} GPUs): the group stayed over "
-                        f"its limit for {int(self.stop_over_limit_after or 0)}s",
-                        group=group,
-                        user=pod.user,
+                if charge.key not in self._announced_pods:
+                    self._announced_pods.add(charge.key)
+                    grace = format_duration(int(self.stop_over_limit_after or 0))
+                    state.notice(
+                        Notice(
+                            at=now,
+                            text=f"Stopping {pod.user}'s server in {group} "
+                            f"({format_gpus(charge.request.gpus)} GPUs): the group stayed over "
+                            f"its limit for {grace}",
+                            group=group,
+                            user=pod.user,
+                        )
                     )
-                )
+                error = await self._stop(pod.user, pod.servername, "over_limit")
+                if error:
+                    errors.append(error)
+                else:
+                    stopped += 1
         return stopped
 
     # ---- the web app ---------------------------------------------------------------
