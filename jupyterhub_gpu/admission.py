@@ -106,6 +106,12 @@ class Ledger:
             ledger._record(policy, charge)
         return ledger
 
+    def record(self, policy: Policy, charge: Charge) -> None:
+        """Count a charge that already exists (a pod seen by a watch), without a decision."""
+        if charge.key in self.charges:
+            self.release(policy, charge.key)
+        self._record(policy, charge)
+
     def usage(self, group: str) -> Usage:
         return self.groups.get(group) or Usage()
 

@@ -195,13 +195,26 @@ def allocated_per_node(
     return per_node
 
 
+def counted_resources(policy: Policy) -> set[str]:
+    """Every node resource the policy's flavors are counted in."""
+    return {r for f in policy.flavors.values() if (r := counted_resource(f))}
+
+
 def flavor_capacity(
-    policy: Policy, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+    policy: Policy,
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    *,
+    allocated: Mapping[str, Mapping[str, Fraction]] | None = None,
 ) -> dict[str, FlavorCapacity]:
-    """Capacity of every flavor of ``policy``, keyed by flavor name (see the module doc)."""
+    """Capacity of every flavor of ``policy``, keyed by flavor name (see the module doc).
+
+    ``allocated`` (node -> resource -> amount, as ``allocated_per_node`` gives)
+    replaces ``pods`` for a caller that keeps it up to date event by event.
+    """
     nodes = list(nodes)
-    resources = {r for f in policy.flavors.values() if (r := counted_resource(f))}
-    allocated = allocated_per_node(pods, resources)
+    if allocated is None:
+        allocated = allocated_per_node(pods, counted_resources(policy))
     result = {}
     for name, flavor in policy.flavors.items():
         resource = counted_resource(flavor)

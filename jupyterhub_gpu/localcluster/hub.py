@@ -93,6 +93,10 @@ class LocalHub:
     cleanup_servers: bool = True
     #: the kubeconfig the hub uses (default: the cluster's admin kubeconfig)
     kubeconfig: Path | None = None
+    #: run jupyterhub-gpu-service hub-managed at /services/gpu/, as a z2jh admin would
+    gpu_service: bool = False
+    #: the service's own kubeconfig (e.g. a service account's); default: the cluster admin's
+    service_kubeconfig: Path | None = None
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -100,6 +104,7 @@ class LocalHub:
         self.hub_port = free_port()
         self.proxy_api_port = free_port()
         self.api_token = os.urandom(16).hex()
+        self.service_port = free_port()
         self.process: subprocess.Popen | None = None
 
     @property
@@ -146,7 +151,52 @@ class LocalHub:
             """
             )
             + self._policy_config()
+            + self._service_config()
             + textwrap.dedent(self.extra_config)
+        )
+
+    @property
+    def service_url(self) -> str:
+        """The service's public URL, through the proxy."""
+        return f"{self.url}/services/gpu/"
+
+    def _service_config(self) -> str:
+        if not self.gpu_service:
+            return ""
+        # what docs/service.md tells a z2jh admin to write under hub.services and
+        # hub.loadRoles; the command is the module rather than the console script,
+        # so a source checkout on PYTHONPATH (kept by the hub for services) runs it
+        command = [
+            sys.executable,
+            "-m",
+            "jupyterhub_gpu.service",
+            "--config",
+            str(self.directory / "jupyterhub_config.py"),
+        ]
+        service = {
+            "name": "gpu",
+            "url": f"http://127.0.0.1:{self.service_port}",
+            "command": command,
+            "oauth_no_confirm": True,
+            # a managed service gets only the hub's PATH/PYTHONPATH/LANG: in a pod
+            # the service account suffices; here the local cluster's kubeconfig
+            "environment": {
+                "KUBECONFIG": str(self.service_kubeconfig or self.cluster.state.kubeconfig)
+            },
+        }
+        roles = [
+            {
+                "name": "jupyterhub-gpu-service",
+                "scopes": ["list:users", "read:servers", "delete:servers"],
+                "services": ["gpu"],
+            },
+            {"name": "user", "scopes": ["self", "access:services!service=gpu"]},
+        ]
+        return textwrap.dedent(
+            f"""
+            c.JupyterHub.services.append({service!r})
+            c.JupyterHub.load_roles.extend({roles!r})
+            """
         )
 
     def _policy_config(self) -> str:

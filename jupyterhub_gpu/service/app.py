@@ -1,0 +1,463 @@
+"""``jupyterhub-gpu-service``: the hub-managed service at ``/services/gpu/``.
+
+It reads the hub's own config file (so ``hub.config.GPUPolicy`` is one policy
+for hub and service), watches Kubernetes (server pods for usage; nodes and
+bound pods for capacity), polls the hub's REST API for servers, applies the
+runtime rules, and serves the views. See docs/service.md for the z2jh
+configuration, the scopes and the RBAC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth
+from jupyterhub.utils import url_path_join
+from kubernetes_asyncio import client
+from tornado import web
+from tornado.httpserver import HTTPServer
+from traitlets import Bool, Float, Int, Unicode, default
+from traitlets.config import Application
+
+from ..model import PolicyError
+from ..policy import GPUPolicy
+from ..quantities import format_gpus
+from ..shaping import GROUP_LABEL
+from . import handlers, metrics, rules
+from .hubapi import HubAPI, HubAPIError
+from .kube import Reflector, api_client, in_cluster_namespace, slim_node, slim_pod
+from .state import ServiceState, server_pod
+from .tasks import BackgroundTask
+from .views import Notice, Viewer, usage_view
+
+#: where z2jh mounts the hub's config in the hub container
+Z2JH_CONFIG = "/usr/local/etc/jupyterhub/jupyterhub_config.py"
+#: everything the hub (and so this service) is told about by an admin
+ALL_SEEING = Viewer(name="", admin=True)
+
+
+def default_config_file() -> str:
+    """``$JUPYTERHUB_GPU_CONFIG``, else z2jh's hub config, else ./jupyterhub_config.py."""
+    if os.environ.get("JUPYTERHUB_GPU_CONFIG"):
+        return os.environ["JUPYTERHUB_GPU_CONFIG"]
+    if Path(Z2JH_CONFIG).exists():
+        return Z2JH_CONFIG
+    return "jupyterhub_config.py"
+
+
+def format_duration(seconds: int) -> str:
+    """8h, 1h30m, 25s: how max_runtime is written."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
+
+
+def listen_address(host: str | None) -> str:
+    """Where to listen for a service URL's host (see ``GPUService.ip``)."""
+    if not host or host == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return ""  # a name others resolve to this pod: every interface
+    return host
+
+
+class GPUService(Application):
+    name = "jupyterhub-gpu-service"
+    description = "The jupyterhub-gpu hub service: usage views, runtime rules, capacity."
+
+    aliases = {"config": "GPUService.config_file", "log-level": "Application.log_level"}
+
+    config_file = Unicode(
+        help="""
+        The hub's config file, read for ``GPUPolicy`` (the same policy as the
+        hub's) and ``GPUService`` settings. Default: ``$JUPYTERHUB_GPU_CONFIG``,
+        else z2jh's ``/usr/local/etc/jupyterhub/jupyterhub_config.py``, else
+        ``jupyterhub_config.py`` in the working directory.
+        """,
+    ).tag(config=True)
+
+    @default("config_file")
+    def _default_config_file(self) -> str:
+        return default_config_file()
+
+    namespace = Unicode(
+        "",
+        help="""
+        The namespace the hub spawns servers in. Default: ``$POD_NAMESPACE``,
+        else the service account's namespace (in the hub pod), else
+        ``c.KubeSpawner.namespace`` from the hub's config, else ``default``.
+        """,
+    ).tag(config=True)
+
+    hub_poll_interval = Float(5.0, help="Seconds between reads of the hub's server list.").tag(
+        config=True
+    )
+
+    rules_interval = Float(
+        30.0,
+        help="""
+        Seconds between runs of the runtime rules (``max_runtime`` stops and the
+        over-limit report). A server is stopped at most this long after its
+        ``max_runtime``.
+        """,
+    ).tag(config=True)
+
+    max_backoff = Float(
+        300.0,
+        help="""
+        Longest wait, in seconds, between retries of a failing task (API
+        errors, conflicts, missing permissions); retries start at the task's
+        interval and double.
+        """,
+    ).tag(config=True)
+
+    stop_over_limit_after = Float(
+        None,
+        allow_none=True,
+        help="""
+        Stop servers of a group that stays over its limit (e.g. after the
+        policy lowered it) for this many seconds, youngest first, until the
+        group fits. ``None`` (the default): only report them on the page, in
+        the log and in metrics.
+        """,
+    ).tag(config=True)
+
+    metrics_require_auth = Bool(
+        True,
+        help="""
+        Require a hub token with the ``read:metrics`` scope for ``metrics``
+        (the scope the hub's own /hub/metrics uses with
+        ``JupyterHub.authenticate_prometheus``): give Prometheus the token of a
+        service whose role has ``read:metrics``. ``False``: anyone who can
+        reach the service may read the per-group numbers.
+        """,
+    ).tag(config=True)
+
+    ip = Unicode(
+        "",
+        help="""
+        The address to listen on. Default: the host of
+        ``$JUPYTERHUB_SERVICE_URL`` (the service's ``url``) when it is an IP
+        address or ``localhost``; otherwise (z2jh's ``http://hub:10101``, a
+        Kubernetes Service name the proxy pod connects to) all interfaces.
+        """,
+    ).tag(config=True)
+
+    watch_timeout = Int(300, help="Seconds a Kubernetes watch runs before it is renewed.").tag(
+        config=True
+    )
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        path = Path(self.config_file)
+        if not path.exists():
+            raise SystemExit(
+                f"jupyterhub-gpu-service: the hub's config file {path} does not exist; "
+                "pass --config PATH (the hub's jupyterhub_config.py)"
+            )
+        if not os.environ.get("POD_NAMESPACE") and in_cluster_namespace():
+            # z2jh's config reads it for c.KubeSpawner.namespace; a managed
+            # service does not inherit the hub's environment
+            os.environ["POD_NAMESPACE"] = in_cluster_namespace() or ""
+        self.load_config_file(path.name, path=str(path.parent.resolve()))
+        try:
+            self.policy = GPUPolicy(config=self.config).model
+        except PolicyError as e:
+            raise SystemExit(f"jupyterhub-gpu-service: the GPU policy is invalid:\n{e}") from None
+        if not self.namespace:
+            self.namespace = (
+                os.environ.get("POD_NAMESPACE")
+                or self.config.get("KubeSpawner", {}).get("namespace")
+                or "default"
+            )
+        self.state = ServiceState(self.policy)
+        self.tasks: dict[str, BackgroundTask] = {}
+        self.registry, self.stopped_counter = metrics.registry(lambda: self.view(ALL_SEEING))
+        self._over_limit_since: dict[str, datetime] = {}
+        # servers whose max_runtime stop was announced (user, name, started)
+        self._announced: set[tuple[str, str, datetime | None]] = set()
+        self._announced_pods: set[str] = set()
+        # at most this many stop requests to the hub at once
+        self._stops = asyncio.Semaphore(10)
+        # group name -> (what the view is made of, view); -> (view, its JSON)
+        self._group_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._group_json: dict[str, tuple[dict[str, Any], str]] = {}
+
+    # ---- views ---------------------------------------------------------------------
+
+    def task_statuses(self) -> list[dict[str, Any]]:
+        return [t.status.to_json() for t in self.tasks.values()]
+
+    def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
+        snapshot = self.state.snapshot(self.task_statuses())
+        return usage_view(
+            self.policy,
+            snapshot,
+            viewer,
+            datetime.now(UTC),
+            group_cache=self._group_cache,
+            **paging,
+        )
+
+    def view_json(self, viewer: Viewer, **paging: int) -> str:
+        """``view`` as JSON, each group's part encoded once per change of that group.
+
+        An admin's view of 500 groups is mostly group views, the same for every
+        viewer until the group changes; encoding each once takes most of the
+        cost out of repeated requests.
+        """
+        view = self.view(viewer, **paging)
+        groups = view.pop("groups")
+        parts = []
+        for group in groups:
+            cached = self._group_json.get(group["name"])
+            if cached is None or cached[0] is not group:
+                cached = self._group_json[group["name"]] = (group, json.dumps(group))
+            parts.append(cached[1])
+        rest = json.dumps(view)
+        return f'{rest[:-1]}, "groups": [{",".join(parts)}]}}'
+
+    # ---- background tasks ----------------------------------------------------------
+
+    def add_periodic(
+        self, name: str, job: Callable[[], Any], interval: float, *, forever: bool = False
+    ) -> BackgroundTask:
+        """Run ``job`` every ``interval`` s with backoff; its status shows on the page."""
+        task = BackgroundTask(name, job, interval, self.max_backoff, forever=forever)
+        self.tasks[name] = task
+        if getattr(self, "_running", False):
+            task.start()
+        return task
+
+    def make_reflectors(self, core: client.CoreV1Api | None) -> list[Reflector]:
+        """The three watches, wired to the state (``core`` None: fed by hand, as in tests)."""
+        state = self.state
+
+        def call(name: str) -> Callable[..., Any] | None:
+            return getattr(core, name) if core is not None else None
+
+        if self.policy.namespace_per_group:
+            # servers live in a namespace per group: one cluster-wide watch
+            list_servers = call("list_pod_for_all_namespaces")
+        else:
+
+            def list_servers(**kw: Any) -> Any:
+                assert core is not None
+                return core.list_namespaced_pod(self.namespace, **kw)
+
+        return [
+            Reflector(
+                "server pods",
+                list_servers,
+                transform=server_pod,
+                on_change=lambda r: state.server_pods_listed(r.items),
+                on_event=state.server_pod_event,
+                watch_timeout=self.watch_timeout,
+                label_selector=GROUP_LABEL,
+            ),
+            Reflector(
+                "nodes",
+                call("list_node"),
+                transform=slim_node,
+                on_change=lambda r: state.nodes_changed(r.items),
+                watch_timeout=self.watch_timeout,
+            ),
+            Reflector(
+                "bound pods",
+                call("list_pod_for_all_namespaces"),
+                transform=slim_pod,
+                on_change=lambda r: state.bound_pods_listed(r.items),
+                on_event=state.bound_pod_event,
+                watch_timeout=self.watch_timeout,
+                # capacity needs what is bound to a node and not finished, in any namespace
+                field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            ),
+        ]
+
+    async def _setup_kubernetes(self) -> None:
+        self.kube = await api_client()
+        for reflector in self.make_reflectors(client.CoreV1Api(self.kube)):
+            name = f"watch {reflector.what}"
+            self.add_periodic(name, self._watcher(reflector, name), 2.0, forever=True)
+
+    def _watcher(self, reflector: Reflector, task_name: str) -> Callable[[], Any]:
+        async def job() -> str:
+            return await reflector.run(self.tasks[task_name])
+
+        return job
+
+    async def poll_hub(self) -> str:
+        servers = await self.hub.servers()
+        self.state.set_servers(servers)
+        return f"{len(servers)} servers"
+
+    async def apply_rules(self) -> str:
+        """Stop servers past ``max_runtime``; report (optionally stop) groups over limit."""
+        state = self.state
+        if state.servers is None:
+            raise RuntimeError("no server list from the hub yet (see the hub-servers task)")
+        if state.server_pods is None:
+            raise RuntimeError("server pods not listed yet (see the watch server pods task)")
+        now = datetime.now(UTC)
+        errors: list[str] = []
+        stopped = 0
+        overdue = rules.overdue(self.policy, state.servers, now)
+        # say it once per server, when asking the hub to stop it: the hub may
+        # finish the stop after this call returns, or after a retry
+        current = {(s.user, s.name, s.started) for s, _ in overdue}
+        self._announced &= current
+        for server, limit in overdue:
+            if (server.user, server.name, server.started) in self._announced:
+                continue
+            self._announced.add((server.user, server.name, server.started))
+            runtime = int((now - server.started).total_seconds()) if server.started else 0
+            state.notice(
+                Notice(
+                    at=now,
+                    text=f"Stopping {server.label}'s server in {server.group}: it ran "
+                    f"{runtime // 60}m {runtime % 60:02d}s, past the group's max_runtime of "
+                    f"{format_duration(limit)}",
+                    group=server.group,
+                    user=server.user,
+                )
+            )
+        results = await asyncio.gather(
+            *(self._stop(s.user, s.name, "max_runtime") for s, _ in overdue)
+        )
+        errors += [r for r in results if r]
+        stopped += sum(1 for r in results if r is None)
+        over = rules.over_limit(self.policy, state.ledger)
+        for group, reason in over.items():
+            if group not in self._over_limit_since:
+                self._over_limit_since[group] = now
+                state.notice(Notice(at=now, text=f"Over limit: {reason}", group=group))
+        for group in list(self._over_limit_since):
+            if group not in over:
+                del self._over_limit_since[group]
+        state.set_over_limit(over)
+        if self.stop_over_limit_after is not None:
+            stopped += await self._stop_over_limit(now, errors)
+        if errors:
+            raise RuntimeError(f"{len(errors)} stop(s) failed; first: {errors[0]}")
+        return f"{stopped} stopped, {len(over)} group(s) over limit"
+
+    async def _stop(self, user: str, name: str, reason: str) -> str | None:
+        """Ask the hub to stop a server; the error in words, or None when done."""
+        async with self._stops:
+            try:
+                await self.hub.stop_server(user, name)
+            except HubAPIError as e:
+                if e.status == 404:  # already gone: nothing to do
+                    return None
+                return str(e)
+        self.stopped_counter.labels(reason).inc()
+        return None
+
+    async def _stop_over_limit(self, now: datetime, errors: list[str]) -> int:
+        state = self.state
+        stopped = 0
+        created = {k: p.created for k, p in (state.server_pods or {}).items() if p.created}
+        for group, since in self._over_limit_since.items():
+            if (now - since).total_seconds() < (self.stop_over_limit_after or 0):
+                continue
+            for charge in rules.to_stop_for_limit(self.policy, state.ledger, group, created):
+                pod = (state.server_pods or {}).get(charge.key)
+                if pod is None or pod.user is None:
+                    continue
+                if charge.key not in self._announced_pods:
+                    self._announced_pods.add(charge.key)
+                    grace = format_duration(int(self.stop_over_limit_after or 0))
+                    state.notice(
+                        Notice(
+                            at=now,
+                            text=f"Stopping {pod.user}'s server in {group} "
+                            f"({format_gpus(charge.request.gpus)} GPUs): the group stayed over "
+                            f"its limit for {grace}",
+                            group=group,
+                            user=pod.user,
+                        )
+                    )
+                error = await self._stop(pod.user, pod.servername, "over_limit")
+                if error:
+                    errors.append(error)
+                else:
+                    stopped += 1
+        return stopped
+
+    # ---- the web app ---------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu/")
+        self.hub_auth = HubOAuth.instance(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+        routes = [
+            (prefix, handlers.PageHandler),
+            (url_path_join(prefix, "api/usage"), handlers.UsageHandler),
+            (url_path_join(prefix, "api/capacity"), handlers.CapacityHandler),
+            (url_path_join(prefix, "metrics"), handlers.MetricsHandler),
+            (url_path_join(prefix, "oauth_callback"), handlers.OAuthCallbackHandler),
+            (prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}),
+        ]
+        return web.Application(
+            routes,
+            service=self,
+            hub_auth=self.hub_auth,
+            # cookies only carry the OAuth session; a restart just re-runs OAuth
+            cookie_secret=os.urandom(32),
+            log_function=handlers.log_request,
+        )
+
+    async def start_async(self) -> None:
+        self.hub = HubAPI(
+            os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
+            os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+        )
+        await self._setup_kubernetes()
+        self.add_periodic("hub servers", self.poll_hub, self.hub_poll_interval)
+        self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
+        url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        server = HTTPServer(self.make_app(), xheaders=True)
+        server.listen(url.port or 80, self.ip or listen_address(url.hostname))
+        self._running = True
+        for task in self.tasks.values():
+            task.start()
+        self.log.info(
+            "jupyterhub-gpu-service on %s, policy from %s, namespace %s, %d groups",
+            url.geturl(),
+            self.config_file,
+            self.namespace,
+            len(self.policy.groups),
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        server.stop()
+        for task in self.tasks.values():
+            await task.stop()
+        await self.kube.close()
+
+    def start(self) -> None:
+        asyncio.run(self.start_async())
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)s %(asctime)s %(name)s] %(message)s"
+    )
+    app = GPUService.instance()
+    app.initialize(argv)
+    app.start()

@@ -1,0 +1,114 @@
+"""The hub's REST API as the service uses it: list servers, stop one.
+
+The service's token (``JUPYTERHUB_API_TOKEN``, given by the hub) needs the
+scopes ``list:users`` and ``read:servers`` to list, ``delete:servers`` to stop.
+Errors raise ``HubAPIError`` naming the call, the status and the hub's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from .views import Server
+
+PAGE = 200
+
+
+class HubAPIError(Exception):
+    def __init__(self, call: str, status: int, message: str) -> None:
+        self.status = status
+        self.call = call
+        hint = ""
+        if status == 403:
+            hint = (
+                " (the service's role needs list:users, read:servers and delete:servers;"
+                " see docs/service.md)"
+            )
+        super().__init__(f"{call}: HTTP {status}: {message}{hint}")
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def servers_from_users(users: list[Mapping[str, Any]]) -> list[Server]:
+    """The hub's user models (with ``servers``) as ``Server`` records (pure)."""
+    result = []
+    for user in users:
+        for name, model in (user.get("servers") or {}).items():
+            profile = ((model.get("user_options") or {}).get("profile")) or None
+            group, _, profile_name = (profile or "").partition("--")
+            result.append(
+                Server(
+                    user=user["name"],
+                    name=name,
+                    group=group or None if profile_name else None,
+                    profile=profile_name or None,
+                    started=_parse_time(model.get("started")),
+                    ready=bool(model.get("ready")),
+                    pending=model.get("pending"),
+                )
+            )
+    return result
+
+
+class HubAPI:
+    def __init__(self, api_url: str, token: str, timeout: float = 30) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.http = AsyncHTTPClient()
+
+    async def call(self, method: str, path: str, body: Any = None, **headers: str) -> Any:
+        request = HTTPRequest(
+            self.api_url + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}", **headers},
+            body=None if body is None else json.dumps(body),
+            allow_nonstandard_methods=True,
+            request_timeout=self.timeout,
+        )
+        try:
+            response = await self.http.fetch(request)
+        except HTTPClientError as e:
+            message = ""
+            if e.response is not None and e.response.body:
+                try:
+                    message = json.loads(e.response.body).get("message", "")
+                except ValueError:
+                    message = e.response.body.decode(errors="replace")[:200]
+            raise HubAPIError(f"{method} {path}", e.code, message or str(e)) from None
+        return json.loads(response.body) if response.body else None
+
+    async def active_users(self) -> list[dict[str, Any]]:
+        """Every user with a server (running, starting or stopping), page by page."""
+        users: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = await self.call(
+                "GET",
+                f"/users?state=active&offset={offset}&limit={PAGE}",
+                Accept="application/jupyterhub-pagination+json",
+            )
+            users.extend(page["items"])
+            following = (page.get("_pagination") or {}).get("next")
+            if not following:
+                return users
+            offset = following["offset"]
+
+    async def servers(self) -> list[Server]:
+        return servers_from_users(await self.active_users())
+
+    async def stop_server(self, user: str, name: str) -> None:
+        path = f"/users/{quote(user, safe='')}/server"
+        if name:
+            path = f"/users/{quote(user, safe='')}/servers/{quote(name, safe='')}"
+        await self.call("DELETE", path)

@@ -1,0 +1,93 @@
+"""Prometheus metrics, computed from the service's state at scrape time.
+
+A collector, not gauges set in a loop: a group removed from the policy
+disappears from the next scrape, and a scrape never shows numbers older than
+what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
+
+- ``group_gpus_allocated`` / ``_quota`` / ``_limit`` {group}: GPU-equivalents
+- ``group_flavor_allocated`` / ``_quota`` / ``_limit`` {group, flavor}: devices
+- ``group_servers`` {group}, ``group_waiting`` {group}
+- ``flavor_capacity_allocatable`` / ``_allocated`` / ``_free`` {flavor}: units
+- ``servers_stopped_total`` {reason}: stops made by the runtime rules
+- ``task_consecutive_failures`` {task}, ``task_last_success_timestamp_seconds`` {task}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "jupyterhub_gpu"
+
+
+class ServiceCollector(Collector):
+    def __init__(self, view: Callable[[], dict[str, Any]]) -> None:
+        """``view`` returns the admin's usage view (every group) at scrape time."""
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.view()
+        gauges = {
+            key: GaugeMetricFamily(f"{PREFIX}_{key}", help_text, labels=labels)
+            for key, help_text, labels in (
+                ("group_gpus_allocated", "GPU-equivalents charged to the group", ["group"]),
+                ("group_gpus_quota", "GPU-equivalents guaranteed to the group", ["group"]),
+                ("group_gpus_limit", "GPU-equivalents the group may burst to", ["group"]),
+                ("group_flavor_allocated", "devices of a flavor in use", ["group", "flavor"]),
+                ("group_flavor_quota", "devices of a flavor guaranteed", ["group", "flavor"]),
+                ("group_flavor_limit", "devices of a flavor at most", ["group", "flavor"]),
+                ("group_servers", "servers charged to the group", ["group"]),
+                ("group_waiting", "spawns waiting for room in the group", ["group"]),
+                ("flavor_capacity_allocatable", "flavor units the nodes offer", ["flavor"]),
+                ("flavor_capacity_allocated", "flavor units pods request", ["flavor"]),
+                ("flavor_capacity_free", "flavor units free", ["flavor"]),
+                ("task_consecutive_failures", "failures in a row of a service task", ["task"]),
+                (
+                    "task_last_success_timestamp_seconds",
+                    "when a service task last succeeded",
+                    ["task"],
+                ),
+            )
+        }
+        for group in view["groups"]:
+            name = group["name"]
+            for key in ("allocated", "quota", "limit"):
+                value = group["gpus"]["used" if key == "allocated" else key]
+                if value is not None:
+                    gauges[f"group_gpus_{key}"].add_metric([name], value)
+                for flavor in group["flavors"]:
+                    value = flavor["used" if key == "allocated" else key]
+                    if value is not None:
+                        gauges[f"group_flavor_{key}"].add_metric([name, flavor["flavor"]], value)
+            gauges["group_servers"].add_metric([name], group["servers"]["used"])
+            gauges["group_waiting"].add_metric([name], group["waiting"])
+        for flavor in view["capacity"]["flavors"]:
+            for key in ("allocatable", "allocated", "free"):
+                if flavor[key] is not None:
+                    gauges[f"flavor_capacity_{key}"].add_metric([flavor["flavor"]], flavor[key])
+        for task in view["tasks"]:
+            gauges["task_consecutive_failures"].add_metric(
+                [task["name"]], task["consecutive_failures"]
+            )
+            if task.get("last_success_epoch") is not None:
+                gauges["task_last_success_timestamp_seconds"].add_metric(
+                    [task["name"]], task["last_success_epoch"]
+                )
+        yield from gauges.values()
+
+
+def registry(view: Callable[[], dict[str, Any]]) -> tuple[CollectorRegistry, Counter]:
+    """A private registry (nothing process-global) and the stop counter."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ServiceCollector(view))
+    stopped = Counter(
+        f"{PREFIX}_servers_stopped",
+        "servers the runtime rules stopped",
+        ["reason"],
+        registry=reg,
+    )
+    return reg, stopped

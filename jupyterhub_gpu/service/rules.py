@@ -1,0 +1,93 @@
+"""Runtime rules (pure): which servers are past ``max_runtime``, which groups over limit.
+
+Both read only what Kubernetes and the hub report now, so a restarted service
+reaches the same answers with no state of its own. The one thing kept in
+memory is when a group was first seen over its limit (for the optional grace
+period before stopping): after a restart the grace period starts again, which
+only ever delays a stop, never hastens one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from ..admission import Charge, Ledger
+from ..model import Policy
+from ..quantities import format_bytes, format_cpu, format_gpus
+from .views import Server
+
+
+def overdue(policy: Policy, servers: Iterable[Server], now: datetime) -> list[tuple[Server, int]]:
+    """Servers running longer than their group's ``max_runtime``, with that limit in seconds.
+
+    A server still starting or already stopping is left alone: the first is not
+    running yet, the second is on its way out.
+    """
+    result = []
+    for server in servers:
+        if server.group is None or server.started is None or server.pending:
+            continue
+        if server.group == "everyone":
+            group = policy.everyone
+        elif server.group in policy.groups:
+            group = policy.groups[server.group]
+        else:
+            continue
+        if group.max_runtime is None:
+            continue
+        if (now - server.started).total_seconds() > group.max_runtime:
+            result.append((server, group.max_runtime))
+    return result
+
+
+def over_limit(policy: Policy, ledger: Ledger) -> dict[str, str]:
+    """Groups whose servers now exceed their limit (e.g. after a policy change), with why."""
+    result = {}
+    for group in [*policy.groups.values(), policy.everyone]:
+        if group.unlimited:
+            continue
+        reason = _over(group.display_name, ledger, group.name, group.limit)
+        if reason:
+            result[group.name] = reason
+    return result
+
+
+def _over(name: str, ledger: Ledger, group: str, limit) -> str | None:
+    used = ledger.usage(group)
+    checks = (
+        ("GPUs", used.gpus, limit.gpus, format_gpus),
+        ("CPUs", used.cpu, limit.cpu, format_cpu),
+        ("memory", used.memory, limit.memory, format_bytes),
+        ("servers", used.servers, limit.servers, str),
+    )
+    for unit, in_use, cap, fmt in checks:
+        if cap is not None and in_use > cap:
+            return f"{name} uses {fmt(in_use)} {unit}, over its limit of {fmt(cap)}"
+    for flavor, cap in limit.flavors.items():
+        if used.flavors.get(flavor, 0) > cap:
+            return f"{name} uses {used.flavors[flavor]} {flavor}, over its limit of {cap}"
+    return None
+
+
+def to_stop_for_limit(
+    policy: Policy,
+    ledger: Ledger,
+    group: str,
+    created: Mapping[str, datetime],
+) -> list[Charge]:
+    """The youngest servers of a group whose stopping brings it back within its limit."""
+    limit = policy.group(group).limit
+    charges = sorted(
+        (c for c in ledger.charges.values() if c.group == group),
+        key=lambda c: created.get(c.key, datetime.min),
+        reverse=True,
+    )
+    trial = Ledger.from_charges(policy, ledger.charges.values())
+    chosen = []
+    for charge in charges:
+        if _over(group, trial, group, limit) is None:
+            break
+        trial.release(policy, charge.key)
+        chosen.append(charge)
+    return chosen

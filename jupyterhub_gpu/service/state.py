@@ -1,0 +1,210 @@
+"""What the service knows, all of it rebuilt from Kubernetes and the hub API.
+
+``ServiceState`` holds the server pods (with their charges), the cluster's
+nodes and bound pods (for capacity) and the hub's servers, each as its watcher
+or poller last saw it. Derived values are kept so that a request costs only
+its own view, even at 5,000 servers with pods churning:
+
+- the ledger is rebuilt when a full list arrives and then updated by each
+  watch event's difference (release the old charge, record the new);
+- the devices requested per node are updated the same way, so capacity is a
+  pass over nodes, not over every pod;
+- the hub's servers are indexed by user, and the spawns still pending are
+  kept apart for the waiting lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from fractions import Fraction
+from typing import Any
+
+from ..admission import Charge, Ledger
+from ..capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
+from ..model import Policy
+from ..shaping import charge_from_pod
+from .views import Notice, Server, Snapshot, waiting_lines
+
+log = logging.getLogger("jupyterhub_gpu.service")
+
+USERNAME_ANNOTATION = "hub.jupyter.org/username"
+SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
+_FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ServerPod:
+    """A pod labelled as a server of ours: what it is charged, and whose server it is."""
+
+    key: str
+    charge: Charge | None  # None: terminating, finished, or unreadable
+    user: str | None
+    servername: str
+    created: datetime | None
+
+
+def server_pod(pod: Mapping[str, Any]) -> ServerPod:
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    try:
+        charge = charge_from_pod(pod)
+    except ValueError as e:
+        log.warning("%s; it is not counted", e)
+        charge = None
+    created = metadata.get("creationTimestamp")
+    return ServerPod(
+        key=key,
+        charge=charge,
+        user=annotations.get(USERNAME_ANNOTATION) or (charge.user if charge else None),
+        servername=annotations.get(SERVERNAME_ANNOTATION, ""),
+        created=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
+    )
+
+
+def _node_requests(pod: Mapping[str, Any] | None, resources: set[str]):
+    """(node, {resource: amount}) a bound, unfinished pod holds, or None."""
+    if not pod:
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in _FINISHED:
+        return None
+    requests = pod_requests(pod)
+    return node, {r: requests[r] for r in resources.intersection(requests)}
+
+
+class ServiceState:
+    def __init__(self, policy: Policy, notices: int = 200) -> None:
+        self.policy = policy
+        self.resources = counted_resources(policy)
+        self.server_pods: dict[str, ServerPod] | None = None
+        self.nodes: dict[str, Any] | None = None
+        self.cluster_pods: dict[str, Any] | None = None
+        self.servers: list[Server] | None = None
+        self.notices: deque[Notice] = deque(maxlen=notices)
+        self.over_limit: dict[str, str] = {}
+        self._ledger: Ledger | None = None
+        self._with_pods: Counter[tuple[str | None, str]] = Counter()
+        self._allocated: dict[str, dict[str, Fraction]] | None = None
+        self._capacity: dict[str, FlavorCapacity] | None = None
+        self._by_user: dict[str, list[Server]] = {}
+        self._pending: list[Server] = []
+
+    # ---- server pods -----------------------------------------------------------------
+
+    def server_pods_listed(self, items: dict[str, ServerPod]) -> None:
+        """A full list: everything derived from server pods is rebuilt.
+
+        Called after every change; only a new list (a new dict) is rebuilt,
+        events were applied one by one by ``server_pod_event``.
+        """
+        if items is self.server_pods and self._ledger is not None:
+            return
+        self.server_pods = items
+        self._ledger = Ledger.from_charges(
+            self.policy, [p.charge for p in items.values() if p.charge]
+        )
+        self._with_pods = Counter((p.user, p.servername) for p in items.values())
+
+    def server_pod_event(self, key: str, old: ServerPod | None, new: ServerPod | None) -> None:
+        """One watch event: the difference is applied to the ledger and the index."""
+        if self._ledger is not None:
+            if old is not None and old.charge is not None:
+                self._ledger.release(self.policy, key)
+            if new is not None and new.charge is not None:
+                self._ledger.record(self.policy, new.charge)
+        if old is not None:
+            self._with_pods[(old.user, old.servername)] -= 1
+            if self._with_pods[(old.user, old.servername)] <= 0:
+                del self._with_pods[(old.user, old.servername)]
+        if new is not None:
+            self._with_pods[(new.user, new.servername)] += 1
+
+    # ---- nodes and bound pods (capacity) ---------------------------------------------
+
+    def nodes_changed(self, items: dict[str, Any]) -> None:
+        self.nodes = items
+        self._capacity = None
+
+    def bound_pods_listed(self, items: dict[str, Any]) -> None:
+        if items is self.cluster_pods:
+            return  # the same list, changed by events already applied
+        self.cluster_pods = items
+        self._allocated = {}
+        for pod in items.values():
+            self._add_requests(pod, 1)
+        self._capacity = None
+
+    def bound_pod_event(self, key: str, old: Any, new: Any) -> None:
+        if self._allocated is not None:
+            self._add_requests(old, -1)
+            self._add_requests(new, 1)
+        self._capacity = None
+
+    def _add_requests(self, pod: Any, sign: int) -> None:
+        held = _node_requests(pod, self.resources)
+        if held is None or self._allocated is None:
+            return
+        node, requests = held
+        usage = self._allocated.setdefault(node, {})
+        for resource, amount in requests.items():
+            usage[resource] = usage.get(resource, Fraction(0)) + sign * amount
+
+    # ---- the hub's servers -----------------------------------------------------------
+
+    def set_servers(self, servers: list[Server]) -> None:
+        self.servers = servers
+        by_user: dict[str, list[Server]] = {}
+        for server in servers:
+            by_user.setdefault(server.user, []).append(server)
+        self._by_user = by_user
+        self._pending = [s for s in servers if s.pending == "spawn" and s.group]
+
+    # ---- derived ---------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self.server_pods_listed(self.server_pods or {})
+        assert self._ledger is not None
+        return self._ledger
+
+    @property
+    def capacity(self) -> dict[str, FlavorCapacity] | None:
+        if self.nodes is None or self.cluster_pods is None:
+            return None
+        if self._capacity is None:
+            self._capacity = flavor_capacity(
+                self.policy, self.nodes.values(), allocated=self._allocated or {}
+            )
+        return self._capacity
+
+    def waiting(self) -> dict[str, list[Server]]:
+        """Per group, spawns the hub reports pending that have no pod yet, oldest first."""
+        return waiting_lines(
+            replace(s, has_pod=(s.user, s.name) in self._with_pods) for s in self._pending
+        )
+
+    def set_over_limit(self, over_limit: dict[str, str]) -> None:
+        if over_limit != self.over_limit:
+            self.over_limit = over_limit
+
+    def notice(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        log.warning("%s", notice.text)
+
+    def snapshot(self, tasks: Sequence[Mapping[str, Any]]) -> Snapshot:
+        return Snapshot(
+            ledger=self.ledger,
+            servers=self.servers or [],
+            capacity=self.capacity,
+            notices=list(self.notices),
+            tasks=tasks,
+            over_limit=self.over_limit,
+            waiting=self.waiting(),
+            by_user=self._by_user,
+        )

@@ -1,0 +1,296 @@
+"""What one viewer may see: the usage, capacity and servers view models (pure).
+
+Tenant isolation lives here, in one place, tested without I/O:
+
+- a hub admin, or a member of a policy group with ``admin: true``, sees every
+  group and every server;
+- anyone else sees only the policy groups they belong to plus ``everyone``
+  (every user is in it; its numbers are totals, with no names), and only
+  their own servers and the notices about them.
+
+A group's parent is not shown to a member of a child group: it aggregates
+sibling groups the member does not belong to.
+
+Cluster capacity per flavor is the same for everyone: it names flavors, never
+groups or users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from fractions import Fraction
+from typing import Any
+
+from ..admission import Ledger, Usage
+from ..capacity import FlavorCapacity
+from ..model import Group, Policy
+from ..quantities import format_bytes, format_cpu, format_gpus
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking, as the hub identified them (OAuth or token)."""
+
+    name: str
+    admin: bool = False
+    groups: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_hub_model(cls, model: Mapping[str, Any]) -> Viewer:
+        return cls(
+            name=str(model.get("name", "")),
+            admin=bool(model.get("admin")),
+            groups=frozenset(model.get("groups") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server as the hub reports it, joined to the group it is charged to."""
+
+    user: str
+    name: str  # "" for the default server
+    group: str | None  # from the profile slug "<group>--<profile>"; None: not ours
+    profile: str | None
+    started: datetime | None
+    ready: bool
+    pending: str | None  # "spawn", "stop", or None
+    has_pod: bool = True  # False: no pod yet (e.g. waiting in its group's line)
+
+    @property
+    def label(self) -> str:
+        return f"{self.user}/{self.name}" if self.name else self.user
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the service did or found, shown on the page and in the log."""
+
+    at: datetime
+    text: str
+    group: str | None = None
+    user: str | None = None
+
+
+@dataclass
+class Snapshot:
+    """Everything the views read, as the watchers and pollers last saw it."""
+
+    ledger: Ledger
+    servers: Sequence[Server]
+    capacity: Mapping[str, FlavorCapacity] | None  # None: unknown (no node access)
+    notices: Sequence[Notice] = ()
+    tasks: Sequence[Mapping[str, Any]] = ()
+    over_limit: Mapping[str, str] = field(default_factory=dict)  # group -> reason
+    #: precomputed by the state (None: computed here from ``servers``)
+    waiting: Mapping[str, Sequence[Server]] | None = None
+    by_user: Mapping[str, Sequence[Server]] | None = None
+
+
+#: servers listed per view unless asked for more (an admin of 5,000 servers pages)
+SERVERS_PAGE = 200
+
+
+def is_policy_admin(policy: Policy, viewer: Viewer) -> bool:
+    return viewer.admin or any(policy.groups[g].admin for g in viewer.groups if g in policy.groups)
+
+
+def visible_groups(policy: Policy, viewer: Viewer) -> list[Group]:
+    """The groups this viewer may see, in policy order, ``everyone`` last."""
+    if is_policy_admin(policy, viewer):
+        return [*policy.groups.values(), policy.everyone]
+    return [g for g in policy.groups.values() if g.name in viewer.groups] + [policy.everyone]
+
+
+def _amount(used: Any, quota: Any, limit: Any, fmt) -> dict[str, Any]:
+    def number(value: Any) -> float | int | None:
+        if value is None:
+            return None
+        if isinstance(value, Fraction):
+            return int(value) if value.denominator == 1 else round(float(value), 4)
+        return value
+
+    return {
+        "used": number(used),
+        "quota": number(quota),
+        "limit": number(limit),
+        "text": f"{fmt(used)} of {fmt(limit)}" if limit is not None else f"{fmt(used)}",
+    }
+
+
+def group_view(
+    policy: Policy, group: Group, usage: Usage, waiting: int, over_limit: str | None
+) -> dict[str, Any]:
+    quota, limit = group.quota, group.limit
+    flavors = []
+    for flavor in sorted(set(usage.flavors) | set(limit.flavors) | set(quota.flavors)):
+        flavors.append(
+            {
+                "flavor": flavor,
+                "display_name": policy.flavors[flavor].display_name
+                if flavor in policy.flavors
+                else flavor,
+                **_amount(
+                    usage.flavors.get(flavor, 0),
+                    quota.flavors.get(flavor),
+                    limit.flavors.get(flavor),
+                    str,
+                ),
+            }
+        )
+    return {
+        "name": group.name,
+        "display_name": group.display_name,
+        "unlimited": group.unlimited,
+        "max_runtime_seconds": group.max_runtime,
+        "gpus": _amount(usage.gpus, quota.gpus, limit.gpus, format_gpus),
+        "cpu": _amount(usage.cpu, quota.cpu, limit.cpu, format_cpu),
+        "memory": _amount(usage.memory, quota.memory, limit.memory, format_bytes),
+        "servers": _amount(usage.servers, quota.servers, limit.servers, str),
+        "flavors": flavors,
+        "waiting": waiting,
+        "over_limit": over_limit,
+    }
+
+
+def capacity_view(capacity: Mapping[str, FlavorCapacity] | None, policy: Policy) -> dict[str, Any]:
+    if capacity is None:
+        return {"known": False, "flavors": []}
+    flavors = []
+    for name, cap in capacity.items():
+        flavors.append(
+            {
+                "flavor": name,
+                "display_name": policy.flavors[name].display_name
+                if name in policy.flavors
+                else name,
+                "unit": cap.unit,
+                "allocatable": cap.allocatable,
+                "allocated": cap.allocated,
+                "free": cap.free,
+                "free_gpus": None if cap.free_gpus is None else round(float(cap.free_gpus), 4),
+                "nodes": cap.nodes,
+                "note": cap.note,
+            }
+        )
+    return {"known": True, "flavors": flavors}
+
+
+def waiting_lines(servers: Iterable[Server]) -> dict[str, list[Server]]:
+    """Per group, spawns without a pod yet, oldest first: the group's line as the hub runs it."""
+    lines: dict[str, list[Server]] = {}
+    for server in servers:
+        if server.group and server.pending == "spawn" and not server.has_pod:
+            lines.setdefault(server.group, []).append(server)
+    for line in lines.values():
+        line.sort(key=lambda s: (s.started or datetime.max, s.label))
+    return lines
+
+
+def server_view(
+    policy: Policy, server: Server, now: datetime, position: int | None
+) -> dict[str, Any]:
+    group = None
+    if server.group == "everyone":
+        group = policy.everyone
+    elif server.group in policy.groups:
+        group = policy.groups[server.group]
+    runtime = (now - server.started).total_seconds() if server.started else None
+    max_runtime = group.max_runtime if group else None
+    return {
+        "user": server.user,
+        "name": server.name,
+        "group": server.group,
+        "profile": server.profile,
+        "started": server.started.isoformat() if server.started else None,
+        "ready": server.ready,
+        "pending": server.pending,
+        "runtime_seconds": None if runtime is None else int(runtime),
+        "max_runtime_seconds": max_runtime,
+        "stops_in_seconds": None
+        if runtime is None or max_runtime is None
+        else max(int(max_runtime - runtime), 0),
+        "queue_position": position,
+    }
+
+
+def _group_view(
+    policy: Policy,
+    snapshot: Snapshot,
+    group: Group,
+    lines: Mapping[str, Sequence[Server]],
+    cache: dict[str, tuple[Any, dict[str, Any]]] | None,
+) -> dict[str, Any]:
+    usage = snapshot.ledger.usage(group.name)
+    waiting = len(lines.get(group.name, ()))
+    over_limit = snapshot.over_limit.get(group.name)
+    # everything the view is made of: an unchanged group reuses its view object
+    key = (
+        usage.gpus,
+        usage.cpu,
+        usage.memory,
+        usage.servers,
+        tuple(sorted(usage.flavors.items())),
+        waiting,
+        over_limit,
+    )
+    if cache is not None:
+        cached = cache.get(group.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+    view = group_view(policy, group, usage, waiting, over_limit)
+    if cache is not None:
+        cache[group.name] = (key, view)
+    return view
+
+
+def usage_view(
+    policy: Policy,
+    snapshot: Snapshot,
+    viewer: Viewer,
+    now: datetime,
+    *,
+    servers_offset: int = 0,
+    servers_limit: int = SERVERS_PAGE,
+    group_cache: dict[str, tuple[Any, dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """The whole view for one viewer: groups, capacity, servers, notices, service health.
+
+    Servers are listed ``servers_limit`` at a time from ``servers_offset``
+    (``servers_total`` says how many the viewer may see). ``group_cache``
+    (kept by the caller across calls) memoises each group's view, the same for
+    every viewer, until what it is made of changes.
+    """
+    admin = is_policy_admin(policy, viewer)
+    groups = visible_groups(policy, viewer)
+    lines = snapshot.waiting
+    if lines is None:
+        lines = waiting_lines(snapshot.servers)
+    positions = {(s.user, s.name): i + 1 for line in lines.values() for i, s in enumerate(line)}
+    if admin:
+        visible: Sequence[Server] = snapshot.servers
+    elif snapshot.by_user is not None:
+        visible = snapshot.by_user.get(viewer.name, ())
+    else:
+        visible = [s for s in snapshot.servers if s.user == viewer.name]
+    page = visible[servers_offset : servers_offset + max(servers_limit, 0)]
+    servers = [server_view(policy, s, now, positions.get((s.user, s.name))) for s in page]
+    notices = [
+        {"at": n.at.isoformat(), "text": n.text, "group": n.group, "user": n.user}
+        for n in snapshot.notices
+        if admin or n.user == viewer.name
+    ]
+    return {
+        "user": viewer.name,
+        "admin": admin,
+        "groups": [_group_view(policy, snapshot, g, lines, group_cache) for g in groups],
+        "capacity": capacity_view(snapshot.capacity, policy),
+        "servers": servers,
+        "servers_total": len(visible),
+        "servers_offset": servers_offset,
+        "notices": notices,
+        # what the service's own loops last did: admins only (errors name namespaces)
+        "tasks": list(snapshot.tasks) if admin else [],
+    }

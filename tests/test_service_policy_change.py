@@ -1,0 +1,111 @@
+"""After a policy change leaves a group over its limit: reported, and stopped only if asked.
+
+A real hub with the service, two servers in ``alpha`` (limit 2); the admin
+lowers the limit to 1 and restarts the hub (servers outlive it). By default
+the service only reports the group; with ``GPUService.stop_over_limit_after``
+it stops the youngest server after the grace period, and leaves the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+from test_gpu_hub import fresh_namespace, priority_class_objects, wait_no_pods  # noqa: F401
+from test_service_hub import start_server, usage, user_token, wait_for_service
+
+from jupyterhub_gpu.localcluster.hub import LocalHub
+from kube_helpers import eventually
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+POLICY = {
+    "flavors": {"h200": {"kind": "gpu"}},
+    "profiles": {"small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
+    "groups": {"alpha": {"display_name": "Alpha", "quota": {"gpus": 2}, "profiles": ["small"]}},
+}
+CONFIG = (
+    "c.GPUService.rules_interval = 1\n"
+    "c.GPUService.hub_poll_interval = 1\n"
+    "c.KubeSpawner.http_timeout = 120\n"
+    'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+    '"services": ["test-admin"]})\n'
+)
+
+
+@pytest.fixture
+async def hub(local_cluster, core, priority_class_objects):  # noqa: F811
+    namespace = await fresh_namespace(core)
+    hub = LocalHub(
+        local_cluster,
+        namespace=namespace,
+        users={"ann": ["alpha"], "amy": ["alpha"]},
+        admin_users=("root",),
+        policy=copy.deepcopy(POLICY),
+        gpu_service=True,
+        cleanup_servers=False,
+        extra_config=CONFIG,
+    )
+    await asyncio.to_thread(hub.start)
+    try:
+        await wait_for_service(hub)
+        yield hub
+    finally:
+        for user in ("ann", "amy"):
+            await asyncio.to_thread(hub.api, "DELETE", f"/users/{user}/server")
+        await wait_no_pods(core, namespace)
+        await asyncio.to_thread(hub.stop)
+        await core.delete_namespace(namespace)
+
+
+async def running(hub: LocalHub, user: str) -> bool:
+    _, model = await asyncio.to_thread(hub.api, "GET", f"/users/{user}")
+    return bool(model["servers"].get("", {}).get("ready"))
+
+
+async def restart_with(hub: LocalHub, quota: int, extra: str = "") -> str:
+    hub.policy["groups"]["alpha"]["quota"]["gpus"] = quota
+    hub.extra_config = CONFIG + extra
+    await asyncio.to_thread(hub.restart)
+    await wait_for_service(hub)
+    return await user_token(hub, "root")
+
+
+async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
+    await start_server(hub, "ann", "alpha--small")
+    await start_server(hub, "amy", "alpha--small")  # the younger one
+
+    # the admin lowers alpha to 1 GPU: report only (the default)
+    root = await restart_with(hub, 1)
+
+    async def reported():
+        view, _ = await usage(hub, root)
+        return view["groups"][0]["over_limit"]
+
+    reason = await eventually(reported, "alpha reported over its limit", within=30)
+    assert reason == "Alpha uses 2 GPUs, over its limit of 1"
+    view, _ = await usage(hub, root)
+    assert "Over limit: Alpha uses 2 GPUs, over its limit of 1" in [
+        n["text"] for n in view["notices"]
+    ]
+    await asyncio.sleep(5)  # several rule runs: nothing is stopped
+    assert await running(hub, "ann")
+    assert await running(hub, "amy")
+
+    # with a 2 s grace period the youngest server goes, until alpha fits
+    root = await restart_with(hub, 1, "c.GPUService.stop_over_limit_after = 2\n")
+
+    async def amy_stopped():
+        return not await running(hub, "amy")
+
+    await eventually(amy_stopped, "amy's server to be stopped", within=60, interval=1)
+    assert await running(hub, "ann")
+    view, _ = await usage(hub, root)
+    assert any(n["text"].startswith("Stopping amy's server in alpha") for n in view["notices"])
+
+    async def fits():
+        view, _ = await usage(hub, root)
+        return view["groups"][0]["over_limit"] is None
+
+    await eventually(fits, "alpha back within its limit", within=30)

@@ -1,0 +1,494 @@
+"""The service's pure parts: what a viewer may see, the page, the runtime rules, backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger
+from jupyterhub_gpu.capacity import flavor_capacity
+from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.selection import Request
+from jupyterhub_gpu.service import rules
+from jupyterhub_gpu.service.hubapi import servers_from_users
+from jupyterhub_gpu.service.page import render_page
+from jupyterhub_gpu.service.tasks import (
+    BackgroundTask,
+    TaskStatus,
+    backoff_delay,
+    describe_error,
+)
+from jupyterhub_gpu.service.views import Notice, Server, Snapshot, Viewer, usage_view
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+POLICY = parse_policy(
+    flavors={"h200": {"kind": "gpu"}},
+    profiles={"p": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}}, "cpu": {}},
+    everyone={"profiles": ["cpu"]},
+    groups={
+        "alpha": {
+            "display_name": "Alpha Lab",
+            "quota": {"gpus": 4},
+            "limit": {"gpus": 6},
+            "profiles": ["p"],
+        },
+        "beta": {
+            "display_name": "Beta Lab",
+            "quota": {"gpus": 2, "flavors": {"h200": 2}},
+            "max_runtime": "1h",
+            "profiles": ["p"],
+        },
+        "sysadmins": {"admin": True, "unlimited": True, "profiles": ["p"]},
+    },
+)
+
+
+def charge(key: str, user: str, group: str, gpus: int = 1, tier: str = IN_QUOTA) -> Charge:
+    return Charge(
+        key=f"ns/{key}",
+        user=user,
+        group=group,
+        request=Request(gpus=Fraction(gpus), cpu=1000, memory=2**30, devices=(("h200", gpus),)),
+        tier=tier,
+    )
+
+
+def server(user: str, group: str, minutes: int, **kw) -> Server:
+    return Server(
+        user=user,
+        name=kw.pop("name", ""),
+        group=group,
+        profile="p",
+        started=NOW - timedelta(minutes=minutes),
+        ready=kw.pop("ready", True),
+        pending=kw.pop("pending", None),
+        has_pod=kw.pop("has_pod", True),
+    )
+
+
+def snapshot() -> Snapshot:
+    ledger = Ledger.from_charges(
+        POLICY,
+        [
+            charge("ann", "ann", "alpha", 5, OVER_QUOTA),
+            charge("bob", "bob", "beta", 2),
+        ],
+    )
+    return Snapshot(
+        ledger=ledger,
+        servers=[
+            server("ann", "alpha", 10),
+            server("bob", "beta", 70),
+            server("cid", "beta", 1, pending="spawn", ready=False, has_pod=False),
+        ],
+        capacity=None,
+        notices=[Notice(NOW, "Stopped bob's server in beta", group="beta", user="bob")],
+        tasks=[
+            TaskStatus(
+                "watch nodes", 2.0, runs=3, failures=3, last_error="HTTP 403 nodes in namespace x"
+            ).to_json()
+        ],
+        over_limit={"beta": "Beta Lab uses 3 GPUs, over its limit of 2"},
+    )
+
+
+def test_a_member_sees_only_their_groups_own_servers_and_nothing_else():
+    view = usage_view(POLICY, snapshot(), Viewer("ann", groups=frozenset({"alpha"})), NOW)
+    raw = json.dumps(view)
+    assert [g["name"] for g in view["groups"]] == ["alpha", "everyone"]
+    assert [s["user"] for s in view["servers"]] == ["ann"]
+    for leaked in ("beta", "Beta", "bob", "cid", "403", "sysadmins"):
+        assert leaked not in raw
+    assert view["notices"] == []
+    assert view["tasks"] == []
+    alpha = view["groups"][0]
+    assert alpha["gpus"] == {"used": 5, "quota": 4, "limit": 6, "text": "5 of 6"}
+
+
+def test_groups_the_user_is_in_but_the_policy_lacks_are_ignored():
+    viewer = Viewer("eve", groups=frozenset({"not-in-policy"}))
+    view = usage_view(POLICY, snapshot(), viewer, NOW)
+    assert [g["name"] for g in view["groups"]] == ["everyone"]
+    assert view["servers"] == []
+
+
+def test_hub_admins_and_policy_admin_groups_see_everything():
+    for viewer in (Viewer("root", admin=True), Viewer("olga", groups=frozenset({"sysadmins"}))):
+        view = usage_view(POLICY, snapshot(), viewer, NOW)
+        assert [g["name"] for g in view["groups"]] == ["alpha", "beta", "sysadmins", "everyone"]
+        assert {s["user"] for s in view["servers"]} == {"ann", "bob", "cid"}
+        assert view["notices"][0]["text"] == "Stopped bob's server in beta"
+        assert view["tasks"]
+        assert view["admin"] is True
+
+
+def test_own_notices_runtime_and_queue_position():
+    view = usage_view(POLICY, snapshot(), Viewer("cid", groups=frozenset({"beta"})), NOW)
+    (mine,) = view["servers"]
+    assert mine["queue_position"] == 1
+    beta = view["groups"][0]
+    assert beta["waiting"] == 1
+    assert beta["over_limit"] == "Beta Lab uses 3 GPUs, over its limit of 2"
+    assert beta["flavors"] == [
+        {
+            "flavor": "h200",
+            "display_name": "h200",
+            "used": 2,
+            "quota": 2,
+            "limit": 2,
+            "text": "2 of 2",
+        }
+    ]
+    bob = usage_view(POLICY, snapshot(), Viewer("bob", groups=frozenset({"beta"})), NOW)
+    assert [n["text"] for n in bob["notices"]] == ["Stopped bob's server in beta"]
+    assert bob["servers"][0]["runtime_seconds"] == 70 * 60
+    assert bob["servers"][0]["stops_in_seconds"] == 0
+
+
+def test_page_renders_bars_and_escapes_names():
+    policy = parse_policy(
+        flavors={"h200": {"kind": "gpu"}},
+        profiles={"p": {"gpu": {"flavor": "h200"}}},
+        groups={
+            "lab": {
+                "display_name": "<script>x</script>",
+                "quota": {"gpus": 4},
+                "limit": {"gpus": 8},
+                "profiles": ["p"],
+            }
+        },
+    )
+    ledger = Ledger.from_charges(policy, [charge("a", "ann", "lab", 2)])
+    nodes = [
+        {
+            "metadata": {"name": "n0", "labels": {}},
+            "spec": {},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+        }
+    ]
+    snap = Snapshot(ledger=ledger, servers=[], capacity=flavor_capacity(policy, nodes, []))
+    html = render_page(usage_view(policy, snap, Viewer("ann", groups=frozenset({"lab"})), NOW))
+    assert "<script>x" not in html
+    assert "&lt;script&gt;x&lt;/script&gt;" in html
+    assert "2 of 8 GPUs" in html
+    assert 'style="width:25.0%"' in html  # 2 of 8
+    assert 'class="quota" style="left:50.0%"' in html  # quota 4 of limit 8
+    assert "0 of 8 GPUs in use" in html  # cluster capacity
+    assert "8 free on 1 node(s)" in html
+    assert "http" not in html.lower().replace('http-equiv="refresh"', "")  # no external assets
+
+
+def test_page_says_capacity_unknown_rather_than_zero():
+    view = usage_view(POLICY, snapshot(), Viewer("ann", groups=frozenset({"alpha"})), NOW)
+    assert "Cluster capacity unknown" in render_page(view)
+
+
+def test_overdue_servers_are_past_their_groups_max_runtime_only():
+    servers = [
+        server("bob", "beta", 61),
+        server("ann", "alpha", 600),  # no max_runtime in alpha
+        server("bea", "beta", 59),
+        server("cid", "beta", 120, pending="stop"),  # already stopping
+        server("dan", "gone", 600),  # group no longer in the policy
+    ]
+    assert [(s.user, limit) for s, limit in rules.overdue(POLICY, servers, NOW)] == [("bob", 3600)]
+
+
+def test_over_limit_after_a_policy_change_and_who_to_stop():
+    ledger = Ledger.from_charges(
+        POLICY,
+        [
+            charge("b1", "bob", "beta", 1),
+            charge("b2", "bea", "beta", 1),
+            charge("b3", "cid", "beta", 1),
+        ],
+    )
+    over = rules.over_limit(POLICY, ledger)
+    assert over == {"beta": "Beta Lab uses 3 GPUs, over its limit of 2"}
+    created = {f"ns/b{i}": NOW - timedelta(minutes=10 - i) for i in (1, 2, 3)}
+    victims = rules.to_stop_for_limit(POLICY, ledger, "beta", created)
+    assert [v.key for v in victims] == ["ns/b3"]  # the youngest, and only as many as needed
+    assert rules.over_limit(POLICY, Ledger()) == {}
+
+
+def test_hub_server_models_become_servers_charged_to_the_profile_group():
+    users = [
+        {
+            "name": "ann",
+            "servers": {
+                "": {
+                    "user_options": {"profile": "alpha--p"},
+                    "started": "2026-11-22T11:00:00Z",
+                    "ready": True,
+                    "pending": None,
+                },
+                "x": {"user_options": {}, "started": None, "ready": False, "pending": "spawn"},
+            },
+        }
+    ]
+    first, second = servers_from_users(users)
+    assert (first.group, first.profile, first.started) == (
+        "alpha",
+        "p",
+        datetime(2026, 11, 22, 11, tzinfo=UTC),
+    )
+    assert (second.group, second.name, second.pending) == (None, "x", "spawn")
+
+
+def test_backoff_doubles_to_its_cap():
+    assert backoff_delay(5, 0, 300) == 5
+    assert 8 <= backoff_delay(5, 1, 300) <= 12
+    assert 240 <= backoff_delay(5, 10, 300) <= 360
+
+
+def test_describe_error_names_status_and_fix():
+    class Forbidden(Exception):
+        status = 403
+        reason = "Forbidden"
+
+    text = describe_error(Forbidden('nodes is forbidden: cannot list resource "nodes"'))
+    assert text.startswith("HTTP 403 permission denied")
+    assert "nodes is forbidden" in text
+
+
+async def test_a_failing_task_reports_retries_and_recovers():
+    calls = []
+
+    async def job():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("hub unreachable")
+        return "fine"
+
+    task = BackgroundTask("flaky", job, interval=0.01, max_backoff=0.05)
+    task.start()
+    try:
+        for _ in range(200):
+            if task.status.last_success:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await task.stop()
+    status = task.status.to_json()
+    assert len(calls) >= 3
+    assert status["ok"] is True
+    assert status["last_error"] == "RuntimeError: hub unreachable"
+    assert status["last_result"] == "fine"
+    assert status["consecutive_failures"] == 0
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+async def test_a_task_that_keeps_failing_never_stops_the_loop(failures):
+    seen = []
+    enough = asyncio.Event()
+
+    def job():
+        seen.append(1)
+        if len(seen) > failures:
+            enough.set()
+        raise KeyError("missing")
+
+    task = BackgroundTask("broken", job, interval=0.005, max_backoff=0.01)
+    task.start()
+    await asyncio.wait_for(enough.wait(), 10)
+    await task.stop()
+    assert task.status.failures >= failures
+    assert task.status.last_error == "KeyError: 'missing'"
+
+
+def test_admins_page_through_many_servers():
+    snap = snapshot()
+    snap.servers = [server(f"u{i:04d}", "alpha", 1) for i in range(450)]
+    admin = Viewer("root", admin=True)
+    first = usage_view(POLICY, snap, admin, NOW)
+    assert (len(first["servers"]), first["servers_total"]) == (200, 450)
+    last = usage_view(POLICY, snap, admin, NOW, servers_offset=400)
+    assert last["servers"][0]["user"] == "u0400"
+    assert len(last["servers"]) == 50
+    html = render_page(first)
+    assert "and 250 more" in html
+    # the admin sees the failing watch, with its error and that it is retried
+    assert "failing (3 in a row, retrying with backoff)" in html
+    assert "HTTP 403 nodes in namespace x" in html
+
+
+def pod_json(name: str, user: str, group: str, gpus: int, *, phase: str = "Running") -> dict:
+    from jupyterhub_gpu.shaping import CHARGE_ANNOTATION, GROUP_LABEL
+
+    request = Request(gpus=Fraction(gpus), cpu=1000, memory=2**30, devices=(("h200", gpus),))
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {GROUP_LABEL: group},
+            "annotations": {
+                CHARGE_ANNOTATION: json.dumps({"user": user, "request": request.to_json()}),
+                "hub.jupyter.org/username": user,
+            },
+        },
+        "spec": {
+            "nodeName": "n0",
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 7),  # which pod
+            st.sampled_from(["alpha", "beta", "gone"]),
+            st.integers(1, 3),
+            st.sampled_from(["Running", "Pending", "Succeeded", "deleted"]),
+        ),
+        max_size=40,
+    )
+)
+def test_watch_events_keep_ledger_and_capacity_equal_to_a_fresh_list(events):
+    """Event-by-event updates end where a restarted service's full list starts."""
+    from jupyterhub_gpu.service.kube import Reflector, slim_pod
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    live = ServiceState(POLICY)
+    pods = Reflector(
+        "server pods",
+        None,
+        transform=server_pod,
+        on_change=lambda r: live.server_pods_listed(r.items),
+        on_event=live.server_pod_event,
+    )
+    bound = Reflector(
+        "bound pods",
+        None,
+        transform=slim_pod,
+        on_change=lambda r: live.bound_pods_listed(r.items),
+        on_event=live.bound_pod_event,
+    )
+    node = {
+        "metadata": {"name": "n0", "labels": {}},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": "64"}},
+    }
+    live.nodes_changed({"n0": node})
+    current: dict[str, dict] = {}
+    for reflector in (pods, bound):
+        reflector.items = {}
+        reflector.on_change(reflector)
+    for index, group, gpus, phase in events:
+        key = f"ns/p{index}"
+        obj = (
+            None
+            if phase == "deleted"
+            else pod_json(f"p{index}", f"u{index}", group, gpus, phase=phase)
+        )
+        if obj is None:
+            current.pop(key, None)
+        else:
+            current[key] = obj
+        for reflector in (pods, bound):
+            reflector._set(key, obj)
+            reflector.on_change(reflector)
+
+    fresh = ServiceState(POLICY)
+    fresh.server_pods_listed({k: server_pod(p) for k, p in current.items()})
+    fresh.bound_pods_listed({k: slim_pod(p) for k, p in current.items()})
+    fresh.nodes_changed({"n0": node})
+    for group in ("alpha", "beta", "gone", "everyone"):
+        assert live.ledger.usage(group) == fresh.ledger.usage(group)
+    assert live.capacity == fresh.capacity
+
+
+def test_listen_address_follows_the_service_url():
+    from jupyterhub_gpu.service.app import listen_address
+
+    assert listen_address("127.0.0.1") == "127.0.0.1"
+    assert listen_address("localhost") == "127.0.0.1"
+    assert listen_address("hub") == ""  # z2jh: http://hub:10101, reached from the proxy pod
+
+
+HUB_CONFIG = """
+c = get_config()  # noqa
+c.JupyterHub.spawner_class = "gpu-kubespawner"
+c.KubeSpawner.namespace = "jhub"
+c.GPUPolicy.update({policy!r})
+c.GPUService.rules_interval = 7
+"""
+
+
+def service_from_config(tmp_path, policy: dict):
+    from jupyterhub_gpu.service.app import GPUService
+
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(HUB_CONFIG.format(policy=policy))
+    service = GPUService()
+    service.initialize(["--config", str(config)])
+    return service
+
+
+def test_the_service_reads_the_hubs_policy_and_its_own_settings_from_the_hub_config(tmp_path):
+    values = {
+        "flavors": {"h200": {"kind": "gpu"}},
+        "profiles": {"p": {"gpu": {"flavor": "h200"}}},
+        "groups": {"alpha": {"quota": {"gpus": 3}, "profiles": ["p"]}},
+    }
+    service = service_from_config(tmp_path, values)
+    assert service.policy == parse_policy(**values)
+    assert service.rules_interval == 7
+    assert service.namespace == "jhub"  # c.KubeSpawner.namespace, as the hub spawns
+
+
+def test_a_broken_policy_stops_the_service_with_every_error(tmp_path):
+    with pytest.raises(SystemExit, match=r"groups\.alpha\.quota\.gpus: expected a number"):
+        service_from_config(
+            tmp_path,
+            {"groups": {"alpha": {"quota": {"gpus": "ten"}}}},
+        )
+    from jupyterhub_gpu.service.app import GPUService
+
+    with pytest.raises(SystemExit, match="does not exist; pass --config PATH"):
+        GPUService().initialize(["--config", str(tmp_path / "missing.py")])
+
+
+def test_view_json_is_the_view_with_group_parts_encoded_once(tmp_path):
+    service = service_from_config(
+        tmp_path,
+        {
+            "flavors": {"h200": {"kind": "gpu"}},
+            "profiles": {"p": {"gpu": {"flavor": "h200"}}},
+            "groups": {f"g{i}": {"quota": {"gpus": 3}, "profiles": ["p"]} for i in range(5)},
+        },
+    )
+    pods, _, _ = service.make_reflectors(None)
+    pods.items = {}
+    pods.on_change(pods)
+    pods._set("ns/p1", pod_json("p1", "ann", "g1", 2))
+    pods.on_change(pods)
+    admin = Viewer("root", admin=True)
+    first = json.loads(service.view_json(admin))
+    assert first == json.loads(json.dumps(service.view(admin)))
+    assert first["groups"][1]["gpus"]["used"] == 2
+    # a change after the first encoding is seen by the next request
+    pods._set("ns/p1", None)
+    pods.on_change(pods)
+    assert json.loads(service.view_json(admin))["groups"][1]["gpus"]["used"] == 0
+
+
+def test_durations_read_as_max_runtime_is_written():
+    from jupyterhub_gpu.service.app import format_duration
+
+    assert [format_duration(s) for s in (25, 60, 5400, 8 * 3600, 0)] == [
+        "25s",
+        "1m",
+        "1h30m",
+        "8h",
+        "0s",
+    ]
