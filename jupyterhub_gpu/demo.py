@@ -3,7 +3,8 @@
 Builds (or reuses) the local cluster, creates the cluster objects the policy's
 pods need, starts a real JupyterHub with configurable-http-proxy and
 ``GPUKubeSpawner`` configured from ``demo_values.yaml`` through the same
-``hub.config`` path z2jh uses, with demo users in each group who log in with a
+``hub.config`` path z2jh uses, and the GPU service (``jupyterhub-gpu-service``
+at /services/gpu/) hub-managed, with demo users in each group who log in with a
 shared password. Prints the URL and the logins; Ctrl-C (or SIGTERM, or closing
 the terminal) stops the hub, its servers and the cluster, and removes their
 folders; what a demo killed outright left, the next demo removes.
@@ -82,22 +83,6 @@ async def reconcile_once(cluster: LocalCluster, policy: Policy) -> list[str]:
     return report.created
 
 
-# ---- the hub service ------------------------------------------------------------
-
-
-def service_config() -> str:
-    """Extra hub config for ``jupyterhub-gpu-service`` at /services/gpu/.
-
-    HOOK: not built yet. When the service lands, return the config that adds it
-    (``c.JupyterHub.services.append({...})`` and its role; LocalHub already
-    defines ``c.JupyterHub.services`` with its own admin service), and add its
-    URL to ``banner``. The service then keeps the objects in step; the one
-    ``reconcile_once`` pass at start-up can stay (spawns need them before the
-    service's first pass) or go.
-    """
-    return ""
-
-
 # ---- running it -------------------------------------------------------------------
 
 
@@ -111,6 +96,7 @@ def banner(hub: LocalHub, cluster: LocalCluster) -> str:
         f"\nJupyterHub with the GPU policy is running at {hub.url}/hub/login\n\n"
         f"  log in as (password for all: {hub.password}):\n"
         f"    {'user':<{width}}  {'groups':<9}  sees\n{rows}\n\n"
+        f"  usage dashboard: {hub.service_url}\n\n"
         f"  policy:  {DEMO_VALUES}\n"
         f"           (`jupyterhub-gpu profiles {DEMO_VALUES} --groups students`)\n"
         f"  kubectl: export KUBECONFIG={cluster.state.kubeconfig}\n"
@@ -202,7 +188,9 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
             admin_users=DEMO_ADMINS,
             port=port,
             policy=policy_values,
-            extra_config=service_config(),
+            # the GPU service at /services/gpu/: dashboard, usage API, runtime rules,
+            # and the reconciler keeping the policy's objects in the cluster
+            gpu_service=True,
         )
         _mark(cluster, hub)
         say(f"starting JupyterHub with GPUKubeSpawner and {DEMO_VALUES.name} on port {port}")

@@ -137,6 +137,7 @@ def test_progress_then_the_url_and_the_logins(demo):
     for user in DEMO_USERS:
         assert re.search(rf"^\s+{user}\s", after, re.MULTILINE), after
     assert "Press Ctrl-C to stop everything." in after
+    assert f"usage dashboard: {demo.url}/services/gpu/" in after
 
 
 @asynccontextmanager
@@ -306,6 +307,13 @@ async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(brow
         await page.goto(f"{demo.url}/hub/spawn-pending/student2")
         await page.get_by_text(REFUSAL).wait_for()
     assert await user_pods(demo) == ["jupyter-student1"]  # no pod was created
+    # the usage dashboard shows student2 their group's use, and nothing of research
+    async with logged_in(browser, demo, "student2") as page:
+        await page.goto(f"{demo.url}/services/gpu/")
+        await page.wait_for_selector(".card[data-group=students]")
+        text = await page.inner_text("body")
+        assert "Students" in text
+        assert "research" not in text.lower()
 
 
 # ---- what runs: processes and their listening sockets, from /proc ----------------

@@ -147,11 +147,6 @@ def test_gpu_service_fields_are_jupyterhub_service_fields():
     assert spec["command"] == ["jupyterhub-gpu-service"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the service's console script arrives with the service (issue 4); "
-    "remove this marker when it is merged",
-)
 def test_gpu_service_command_is_a_console_script_of_this_package():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert service(load_values([BASE]))["command"][0] in scripts

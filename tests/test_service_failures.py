@@ -13,9 +13,9 @@ import json
 import pytest
 import yaml
 from kubernetes_asyncio import client
-from test_gpu_hub import fresh_namespace, priority_class_objects, wait_no_pods  # noqa: F401
 from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
+from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -80,7 +80,7 @@ async def service_account_kubeconfig(kube, core, local_cluster, namespace: str, 
 
 
 @pytest.fixture(scope="module")
-async def restricted_hub(local_cluster, kube, core, priority_class_objects, tmp_path_factory):  # noqa: F811
+async def restricted_hub(local_cluster, kube, core, priority_class_objects, tmp_path_factory):
     namespace = await fresh_namespace(core)
     kubeconfig = tmp_path_factory.mktemp("sa") / "hub.kubeconfig"
     await service_account_kubeconfig(kube, core, local_cluster, namespace, kubeconfig)

@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_gpu_hub import fresh_namespace, priority_class_objects, wait_no_pods  # noqa: F401
 
+from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -60,7 +60,7 @@ POLICY = {
 
 
 @pytest.fixture(scope="module")
-async def service_hub(local_cluster, core, priority_class_objects):  # noqa: F811
+async def service_hub(local_cluster, core, priority_class_objects):
     namespace = await fresh_namespace(core)
     hub = LocalHub(
         local_cluster,
@@ -358,3 +358,21 @@ async def test_admin_dashboard_shows_every_group_and_service_health(service_hub,
             assert expected in text
     finally:
         await context.close()
+
+
+async def test_the_service_keeps_the_policys_objects_in_the_cluster(service_hub, kube):
+    """The reconcile task ran: the PriorityClasses carry this hub's ownership labels."""
+    from kubernetes_asyncio import client
+
+    scheduling = client.SchedulingV1Api(kube)
+
+    async def owned():
+        pc = await scheduling.read_priority_class("jupyterhub-gpu-in-quota")
+        labels = pc.metadata.labels or {}
+        return labels.get("gpu.jupyterhub.org/hub-namespace") == service_hub.namespace
+
+    await eventually(owned, "the service's reconcile pass", within=60)
+    token = await user_token(service_hub, "root")
+    status, _, body = await aget(service_hub.service_url, token)
+    assert status == 200
+    assert "reconcile" in body

@@ -12,9 +12,9 @@ import asyncio
 import copy
 
 import pytest
-from test_gpu_hub import fresh_namespace, priority_class_objects, wait_no_pods  # noqa: F401
 from test_service_hub import start_server, usage, user_token, wait_for_service
 
+from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -35,7 +35,7 @@ CONFIG = (
 
 
 @pytest.fixture
-async def hub(local_cluster, core, priority_class_objects):  # noqa: F811
+async def hub(local_cluster, core, priority_class_objects):
     namespace = await fresh_namespace(core)
     hub = LocalHub(
         local_cluster,

@@ -32,6 +32,7 @@ from traitlets.config import Application
 from ..model import PolicyError
 from ..policy import GPUPolicy
 from ..quantities import format_gpus
+from ..reconciler import Reconciler
 from ..shaping import GROUP_LABEL
 from . import handlers, metrics, rules
 from .hubapi import HubAPI, HubAPIError
@@ -115,6 +116,27 @@ class GPUService(Application):
         """,
     ).tag(config=True)
 
+    reconcile_interval = Float(
+        60.0,
+        help="""
+        Seconds between reconcile passes (0: never): the namespaces, quotas,
+        network policies, priority classes, scheduler queues and DRA claim
+        templates the policy implies are created, updated when they drift, and
+        pruned when the policy drops them (``jupyterhub_gpu.reconciler``; the same
+        objects as ``jupyterhub-gpu manifests``). A pass that changes nothing
+        writes nothing. Errors (a missing CRD, missing RBAC) show under *Service
+        health* and are retried with backoff.
+        """,
+    ).tag(config=True)
+
+    hub_service_account = Unicode(
+        "hub",
+        help="""
+        The hub's Kubernetes service account (z2jh: ``hub``), bound in each group
+        namespace so the hub can spawn there when ``namespace_per_group`` is on.
+        """,
+    ).tag(config=True)
+
     max_backoff = Float(
         300.0,
         help="""
@@ -190,6 +212,7 @@ class GPUService(Application):
         # servers whose max_runtime stop was announced (user, name, started)
         self._announced: set[tuple[str, str, datetime | None]] = set()
         self._announced_pods: set[str] = set()
+        self._reconciler: Reconciler | None = None
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
         # group name -> (what the view is made of, view); -> (view, its JSON)
@@ -397,6 +420,19 @@ class GPUService(Application):
                     stopped += 1
         return stopped
 
+    async def reconcile(self) -> str:
+        """One reconcile pass; a pass with errors raises, so it is retried with backoff."""
+        if self._reconciler is None:
+            self._reconciler = Reconciler(
+                self.kube, hub_namespace=self.namespace, service_account=self.hub_service_account
+            )
+        report = await self._reconciler.reconcile(self.policy)
+        if report.errors:
+            raise RuntimeError(report.summary())
+        if report.writes:
+            self.log.info("reconcile: %s", report.summary())
+        return report.summary()
+
     # ---- the web app ---------------------------------------------------------------
 
     def make_app(self) -> web.Application:
@@ -427,6 +463,8 @@ class GPUService(Application):
         await self._setup_kubernetes()
         self.add_periodic("hub servers", self.poll_hub, self.hub_poll_interval)
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
+        if self.reconcile_interval > 0:
+            self.add_periodic("reconcile", self.reconcile, self.reconcile_interval)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         server = HTTPServer(self.make_app(), xheaders=True)
         server.listen(url.port or 80, self.ip or listen_address(url.hostname))
