@@ -31,22 +31,34 @@ autodoc_member_order = "bysource"
 # the docs build offline: no intersphinx inventories are fetched
 
 
+def _own_traits(cls, base) -> str:
+    """autotrait entries for the config traits ``cls`` adds to ``base``'s."""
+    own = [
+        name
+        for name in cls.class_own_traits(config=True)
+        if name not in base.class_traits(config=True)
+    ]
+    lines = ["```{eval-rst}", f".. currentmodule:: {cls.__module__}", ""]
+    for name in sorted(own):
+        lines += [f".. autotrait:: {cls.__name__}.{name}", ""]
+    lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
 def _spawner_traits() -> str:
-    """autotrait entries for the traits GPUKubeSpawner adds to KubeSpawner's."""
     from kubespawner import KubeSpawner
 
     from jupyterhub_gpu.spawner import GPUKubeSpawner
 
-    own = [
-        name
-        for name in GPUKubeSpawner.class_own_traits(config=True)
-        if name not in KubeSpawner.class_traits(config=True)
-    ]
-    lines = ["```{eval-rst}", ".. currentmodule:: jupyterhub_gpu.spawner", ""]
-    for name in sorted(own):
-        lines += [f".. autotrait:: GPUKubeSpawner.{name}", ""]
-    lines.append("```")
-    return "\n".join(lines) + "\n"
+    return _own_traits(GPUKubeSpawner, KubeSpawner)
+
+
+def _service_traits() -> str:
+    from traitlets.config import Application
+
+    from jupyterhub_gpu.service.app import GPUService
+
+    return _own_traits(GPUService, Application)
 
 
 def _policy_keys() -> str:
@@ -87,6 +99,7 @@ generated = HERE / "_generated"
 generated.mkdir(exist_ok=True)
 for name, text in {
     "spawner-traits.md": _spawner_traits(),
+    "service-traits.md": _service_traits(),
     "policy-keys.md": _policy_keys(),
 }.items():
     path = generated / name
