@@ -29,6 +29,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Float, Int, Unicode, default
 from traitlets.config import Application
 
+from ..clusterview import BOUND_PODS
 from ..model import PolicyError
 from ..policy import GPUPolicy
 from ..quantities import format_gpus
@@ -306,7 +307,7 @@ class GPUService(Application):
                 on_event=state.bound_pod_event,
                 watch_timeout=self.watch_timeout,
                 # capacity needs what is bound to a node and not finished, in any namespace
-                field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+                field_selector=BOUND_PODS,
             ),
         ]
 
