@@ -51,9 +51,10 @@ async def namespace(core):
     await core.delete_namespace(name)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def priority_class_objects(kube):
-    """The PriorityClasses and RuntimeClass the policies' pods name, created once."""
+    """The PriorityClasses and RuntimeClass the policies' pods name, made sure of per
+    module: the reconciler's tests prune the ones they came to own."""
     from hub_helpers import create_priority_classes
 
     await create_priority_classes(kube)
