@@ -48,13 +48,9 @@ async def render_pod(
     paths: list[str], user: str, groups: list[str], profile: str | None, options: dict[str, str]
 ) -> dict[str, Any]:
     """The Pod manifest spawn would create, or ``SpawnRefused`` with the user's message."""
-    from .spawner import GPUKubeSpawner, _SharedState
-
     config = hub_config(load_values(paths))
     policy_from_config(config)  # a policy error is reported as such, before anything else
-    empty = _SharedState()
-    empty.loaded = True  # an empty cluster: no server is charged yet
-    GPUKubeSpawner._shared = empty
+    assume_empty_cluster()
     spawner = offline_spawner(config, user, groups)
     spawner.user_options = {**({"profile": profile} if profile else {}), **options}
     await spawner.load_user_options()
@@ -62,6 +58,15 @@ async def render_pod(
     # KubeSpawner names the namespace when it creates the pod; show it here
     pod["metadata"]["namespace"] = spawner.namespace
     return pod
+
+
+def assume_empty_cluster() -> None:
+    """Spawners in this process see an empty cluster: no server is charged yet."""
+    from .spawner import GPUKubeSpawner, _SharedState
+
+    empty = _SharedState()
+    empty.loaded = True
+    GPUKubeSpawner._shared = empty
 
 
 def offline_spawner(config, user: str, groups: list[str]):

@@ -225,6 +225,12 @@ class GPUKubeSpawner(KubeSpawner):
             for offer in offers(policy, self._user_groups())
         ]
 
+    def _render_options_form(self, profile_list):
+        # Every form template gets the list as a user may read it. KubeSpawner's own
+        # shows no overrides, but jupyterhub-fancy-profiles hands the whole list to
+        # the browser as JSON; load_user_options still applies the full entries.
+        return super()._render_options_form(without_overrides(profile_list))
+
     async def _capacity(self, policy: Policy) -> dict[str, FlavorCapacity] | None:
         """Free cluster capacity per flavor, or None when it is unknown or turned off."""
         if not self.show_cluster_capacity:
@@ -451,6 +457,17 @@ def profile_entry(
             name: _profile_option(option) for name, option in offer.options.items()
         }
     return entry
+
+
+def without_overrides(value: Any) -> Any:
+    """A copy of a ``profile_list`` (or any part of one) without ``kubespawner_override``
+    at any level: profile, option choice or unlisted choice. Images, volumes and
+    environment are the admin's settings, not the user's to read."""
+    if isinstance(value, Mapping):
+        return {k: without_overrides(v) for k, v in value.items() if k != "kubespawner_override"}
+    if isinstance(value, list):
+        return [without_overrides(v) for v in value]
+    return value
 
 
 _MERGED_TRAITS = (
