@@ -23,25 +23,41 @@ admitted spawn's POST waits before its 202, by itself above 5 s) and
 pod runner starts no JupyterLab on the hub's two cores; on a real cluster they run
 on GPU nodes).
 
-Run: python benchmarks/spawn_storm.py [--concurrent-spawn-limit N]
-     [--slow-spawn-timeout S] [--no-notebook-processes]
+JupyterHub commits to its database several times for every spawn, refused or
+not, before any spawner code runs; ``--hub-db sqlite,postgres`` runs the same
+storm once per hub database, one after the other on one cluster: sqlite in a
+file (z2jh's default ``sqlite-pvc``) and PostgreSQL (z2jh ``hub.db.type:
+postgres``), a throwaway server of Debian's ``postgresql`` package on 127.0.0.1
+with its durable defaults (``fsync``, ``synchronous_commit``); the hub reaches
+it with ``psycopg2`` (``pip install -e '.[benchmarks]'``).
+
+Run: python benchmarks/spawn_storm.py [--hub-db sqlite,postgres]
+     [--concurrent-spawn-limit N] [--slow-spawn-timeout S] [--no-notebook-processes]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import glob
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from kubernetes_asyncio import client, config
+
 from jupyterhub_gpu.demo import reconcile_once
-from jupyterhub_gpu.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.localcluster.cluster import LocalCluster, free_port
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from jupyterhub_gpu.model import parse_policy
 
@@ -93,71 +109,158 @@ def stalls(log: Path, since: float, until: float) -> list[float]:
     return [late for at, late in rows if since <= at <= until]
 
 
-def report(name: str, results, stall: list[float]) -> None:
+def report(db: str, name: str, results, stall: list[float]) -> None:
     times = [t for _, t in results]
     statuses = Counter(s for s, _ in results)
     print(
-        f"| {name} | {dict(sorted(statuses.items(), key=str))} | {statistics.median(times):.2f} "
-        f"| {percentile(times, 0.95):.2f} | {max(times):.2f} "
+        f"| {db} | {name} | {dict(sorted(statuses.items(), key=str))} "
+        f"| {statistics.median(times):.2f} | {percentile(times, 0.95):.2f} | {max(times):.2f} "
         f"| {sum(t > 5 for t in times)} | {max(stall, default=0):.2f} |"
     )
+    refused = [t for s, t in results if s == 403]
+    if refused:
+        print(
+            f"|  | refusals (403) of those | {len(refused)} | {statistics.median(refused):.2f} "
+            f"| {percentile(refused, 0.95):.2f} | {max(refused):.2f} "
+            f"| {sum(t > 5 for t in refused)} |  |"
+        )
 
 
-def main(concurrent_spawn_limit: int, slow_spawn_timeout: float, notebooks: bool) -> None:
-    cluster = LocalCluster.create(name=f"storm-{uuid.uuid4().hex[:6]}")
-    hub = None
-    stall_log = Path(tempfile.mkdtemp()) / "stalls.jsonl"
+@contextlib.contextmanager
+def hub_database(kind: str) -> Iterator[str]:
+    """The hub's ``db_url``: sqlite in the hub's directory, or a throwaway PostgreSQL."""
+    if kind == "sqlite":
+        yield ""  # LocalHub's own: sqlite in a file in the hub's directory
+        return
+    if kind != "postgres":
+        raise SystemExit(f"--hub-db: expected sqlite or postgres, got {kind!r}")
     try:
-        # the PriorityClasses the policy's pods name, as the service's reconciler makes them
-        asyncio.run(reconcile_once(cluster, parse_policy(**POLICY)))
-        hub = LocalHub(
-            cluster,
-            users={u: ["lab"] for u in USERS},
-            policy=POLICY,
-            extra_config=(
-                f"c.JupyterHub.concurrent_spawn_limit = {concurrent_spawn_limit}\n"
-                f"c.JupyterHub.tornado_settings = {{'slow_spawn_timeout': {slow_spawn_timeout}}}\n"
-                + ("" if notebooks else "c.KubeSpawner.cmd = ['sleep', 'infinity']\n")
-                + "c.KubeSpawner.k8s_api_request_timeout = 30\n"
-                "c.KubeSpawner.http_timeout = 240\n"
-                "c.KubeSpawner.start_timeout = 300\n" + STALL_MONITOR.format(path=str(stall_log))
-            ),
-        ).start()
+        import psycopg2  # noqa: F401  (the hub process imports it through SQLAlchemy)
+    except ImportError:
+        raise SystemExit(
+            "--hub-db postgres needs psycopg2: pip install -e '.[benchmarks]'"
+        ) from None
+    binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not binaries:
+        raise SystemExit("--hub-db postgres needs Debian's postgresql: apt-get install postgresql")
+    bin_dir = Path(binaries[-1]).parent
+    # PostgreSQL refuses to run as root: as root, run it as Debian's postgres user
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data = Path(tempfile.mkdtemp(prefix="storm-postgres-"))
+    if as_owner:
+        shutil.chown(data, "postgres")
+    port = free_port()
+
+    def run(*argv) -> None:
+        subprocess.run([*as_owner, *argv], check=True, capture_output=True)
+
+    try:
+        run(bin_dir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres")
+        options = f"-h 127.0.0.1 -p {port} -k {data}"
+        run(bin_dir / "pg_ctl", "-D", data / "db", "-o", options, "-l", data / "log", "-w", "start")
+        try:
+            run(bin_dir / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "hub")
+            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/hub"
+        finally:
+            run(bin_dir / "pg_ctl", "-D", data / "db", "-m", "fast", "-w", "stop")
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+async def wait_no_servers(cluster: LocalCluster) -> None:
+    """The next hub rebuilds its ledger from pods: the last storm's must be gone."""
+    api = await config.new_client_from_config(str(cluster.state.kubeconfig))
+    try:
+        core = client.CoreV1Api(api)
+        for _ in range(600):
+            pods = await core.list_pod_for_all_namespaces(label_selector="gpu.jupyterhub.org/group")
+            if not pods.items:
+                return
+            await asyncio.sleep(0.2)
+        raise SystemExit(f"{len(pods.items)} server pods still there after 120 s")
+    finally:
+        await api.close()
+
+
+def run_storm(
+    cluster: LocalCluster,
+    db: str,
+    db_url: str,
+    concurrent_spawn_limit: int,
+    slow_spawn_timeout: float,
+    notebooks: bool,
+) -> None:
+    stall_log = Path(tempfile.mkdtemp()) / "stalls.jsonl"
+    hub = LocalHub(
+        cluster,
+        users={u: ["lab"] for u in USERS},
+        policy=POLICY,
+        extra_config=(
+            (f"c.JupyterHub.db_url = {db_url!r}\n" if db_url else "")
+            + f"c.JupyterHub.concurrent_spawn_limit = {concurrent_spawn_limit}\n"
+            f"c.JupyterHub.tornado_settings = {{'slow_spawn_timeout': {slow_spawn_timeout}}}\n"
+            + ("" if notebooks else "c.KubeSpawner.cmd = ['sleep', 'infinity']\n")
+            + "c.KubeSpawner.k8s_api_request_timeout = 30\n"
+            "c.KubeSpawner.http_timeout = 240\n"
+            "c.KubeSpawner.start_timeout = 300\n" + STALL_MONITOR.format(path=str(stall_log))
+        ),
+    ).start()
+    try:
         started = time.time()
         gets = storm(hub, "GET", "/users/{user}", None)
         between = time.time()
         spawns = storm(hub, "POST", "/users/{user}/server", {"profile": "lab--small"})
         ended = time.time()
+        report(db, "GET /users/:name (reference)", gets, stalls(stall_log, started, between))
+        report(db, "POST /users/:name/server", spawns, stalls(stall_log, between, ended))
+    finally:
+        for user in USERS:
+            hub.api("DELETE", f"/users/{user}/server")
+        hub.stop()
+        asyncio.run(wait_no_servers(cluster))
+
+
+def main(
+    databases: list[str], concurrent_spawn_limit: int, slow_spawn_timeout: float, notebooks: bool
+) -> None:
+    cluster = LocalCluster.create(name=f"storm-{uuid.uuid4().hex[:6]}")
+    try:
+        # the PriorityClasses the policy's pods name, as the service's reconciler makes them
+        asyncio.run(reconcile_once(cluster, parse_policy(**POLICY)))
         print(
-            "200 distinct users, 50 client threads, one hub, group lab with room for 10 GPUs, "
-            f"concurrent_spawn_limit {concurrent_spawn_limit}, slow_spawn_timeout "
+            "200 distinct users, 50 client threads, one hub at a time, group lab with room "
+            f"for 10 GPUs, concurrent_spawn_limit {concurrent_spawn_limit}, slow_spawn_timeout "
             f"{slow_spawn_timeout} s, notebook processes {'on' if notebooks else 'off'}"
         )
         print(
-            "| requests | statuses | median s | p95 s | max s | answers > 5 s "
+            "| hub database | requests | statuses | median s | p95 s | max s | answers > 5 s "
             "| longest loop stall s |"
         )
-        print("|---|---|---|---|---|---|---|")
-        report("GET /users/:name (reference)", gets, stalls(stall_log, started, between))
-        report("POST /users/:name/server", spawns, stalls(stall_log, between, ended))
-        refused = [t for s, t in spawns if s == 403]
-        if refused:
-            print(
-                f"refusals (403): median {statistics.median(refused):.2f} s, "
-                f"max {max(refused):.2f} s"
-            )
+        print("|---|---|---|---|---|---|---|---|")
+        for db in databases:
+            with hub_database(db) as db_url:
+                run_storm(
+                    cluster, db, db_url, concurrent_spawn_limit, slow_spawn_timeout, notebooks
+                )
     finally:
-        if hub:
-            for user in USERS:
-                hub.api("DELETE", f"/users/{user}/server")
-            hub.stop()
         cluster.down()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--hub-db",
+        default="sqlite",
+        help="the hub databases to storm, one after the other: sqlite, postgres or both "
+        "(comma-separated)",
+    )
     parser.add_argument("--concurrent-spawn-limit", type=int, default=64)
     parser.add_argument("--slow-spawn-timeout", type=float, default=10)
     parser.add_argument("--no-notebook-processes", action="store_true")
     args = parser.parse_args()
-    main(args.concurrent_spawn_limit, args.slow_spawn_timeout, not args.no_notebook_processes)
+    main(
+        args.hub_db.split(","),
+        args.concurrent_spawn_limit,
+        args.slow_spawn_timeout,
+        not args.no_notebook_processes,
+    )
