@@ -244,6 +244,14 @@ class GPUKubeSpawner(KubeSpawner):
 
     # ---- the spawn path ------------------------------------------------------------
 
+    @default("apply_user_options")
+    def _options_are_applied_in_start(self):
+        # JupyterHub >= 5.3 logs "Received unhandled user_options" for every spawn whose
+        # options no apply_user_options hook took; ours are validated and applied in
+        # load_user_options, inside start() after every hook, so that nothing can undo
+        # the accounting. An admin's own c.Spawner.apply_user_options still wins.
+        return _applied_in_load_user_options
+
     @property
     def _server_key(self) -> str:
         return f"{self.namespace}/{self.pod_name}"
@@ -457,6 +465,10 @@ def profile_entry(
             name: _profile_option(option) for name, option in offer.options.items()
         }
     return entry
+
+
+def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -> None:
+    """user_options are checked against the policy and applied in ``load_user_options``."""
 
 
 def without_overrides(value: Any) -> Any:

@@ -130,6 +130,8 @@ async def test_fancy_profiles_page_spawns_the_chosen_group_profile(
         assert container.resources.limits["nvidia.com/gpu"] == "1"
         env = {e.name: e.value for e in container.env}
         assert env["LICENSE_TOKEN"] == LICENSE_TOKEN
+        # the options were handled: JupyterHub >= 5.3 would otherwise warn on every spawn
+        assert "unhandled user_options" not in hub.log_path.read_text()
     finally:
         await asyncio.to_thread(hub.stop)
         await wait_no_pods(core, namespace)
