@@ -90,16 +90,53 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 def storm(hub: LocalHub, method: str, path: str, body: dict | None):
+    """Each user's (HTTP status, seconds to the answer, monotonic start)."""
+
     def one(user: str):
         started = time.monotonic()
         try:
             status, _ = hub.api(method, path.format(user=user), body)
         except TimeoutError:
             status = "no answer in 30 s"
-        return status, time.monotonic() - started
+        return status, time.monotonic() - started, started
 
     with ThreadPoolExecutor(50) as pool:
         return list(pool.map(one, USERS))
+
+
+async def decided(hub: LocalHub, cluster: LocalCluster, spawns) -> list[tuple[str, float]]:
+    """When each spawn's outcome was settled, from its POST. An immediate answer
+    (403, 429) is its outcome. A 202 is followed until its pod exists ("admitted":
+    pods are created only after admission) or its server is gone ("refused").
+    Polled every 0.1 s, so a 202's time is accurate to about that."""
+    outcomes: dict[str, tuple[str, float]] = {}
+    pending: dict[str, float] = {}
+    for user, (status, elapsed, started) in zip(USERS, spawns, strict=True):
+        if status == 202:
+            pending[user] = started
+        else:
+            outcomes[user] = (str(status), elapsed)
+    api = await config.new_client_from_config(str(cluster.state.kubeconfig))
+    try:
+        core = client.CoreV1Api(api)
+        deadline = time.monotonic() + 300
+        while pending and time.monotonic() < deadline:
+            pods = await core.list_pod_for_all_namespaces(label_selector="gpu.jupyterhub.org/group")
+            with_pod = {pod.metadata.labels.get("hub.jupyter.org/username") for pod in pods.items}
+            _, active = await asyncio.to_thread(hub.api, "GET", "/users?state=active")
+            with_server = {u["name"] for u in active or []}
+            now = time.monotonic()
+            for user in list(pending):
+                if user in with_pod:
+                    outcomes[user] = ("admitted", now - pending.pop(user))
+                elif user not in with_server:
+                    outcomes[user] = ("refused", now - pending.pop(user))
+            await asyncio.sleep(0.1)
+    finally:
+        await api.close()
+    for user, started in pending.items():
+        outcomes[user] = ("undecided after 300 s", time.monotonic() - started)
+    return [outcomes[user] for user in USERS]
 
 
 def stalls(log: Path, since: float, until: float) -> list[float]:
@@ -109,15 +146,16 @@ def stalls(log: Path, since: float, until: float) -> list[float]:
     return [late for at, late in rows if since <= at <= until]
 
 
-def report(db: str, name: str, results, stall: list[float]) -> None:
-    times = [t for _, t in results]
-    statuses = Counter(s for s, _ in results)
+def report(db: str, name: str, results, stall: list[float] | None = None) -> None:
+    times = [row[1] for row in results]
+    statuses = Counter(row[0] for row in results)
     print(
         f"| {db} | {name} | {dict(sorted(statuses.items(), key=str))} "
         f"| {statistics.median(times):.2f} | {percentile(times, 0.95):.2f} | {max(times):.2f} "
-        f"| {sum(t > 5 for t in times)} | {max(stall, default=0):.2f} |"
+        f"| {sum(t > 5 for t in times)} "
+        f"| {'' if stall is None else f'{max(stall, default=0):.2f}'} |"
     )
-    refused = [t for s, t in results if s == 403]
+    refused = [row[1] for row in results if row[0] == 403]
     if refused:
         print(
             f"|  | refusals (403) of those | {len(refused)} | {statistics.median(refused):.2f} "
@@ -213,9 +251,17 @@ def run_storm(
         ended = time.time()
         report(db, "GET /users/:name (reference)", gets, stalls(stall_log, started, between))
         report(db, "POST /users/:name/server", spawns, stalls(stall_log, between, ended))
+        outcomes = asyncio.run(decided(hub, cluster, spawns))
+        report(db, "each spawn decided (admitted or refused)", outcomes)
+        admitted = sum(outcome in ("201", "admitted") for outcome, _ in outcomes)
+        if admitted != 10:
+            raise SystemExit(f"{admitted} servers admitted, not 10: admission is broken")
     finally:
         for user in USERS:
             hub.api("DELETE", f"/users/{user}/server")
+        kept = Path(tempfile.gettempdir()) / f"spawn-storm-hub-{db}.log"
+        shutil.copy(hub.log_path, kept)
+        print(f"|  | (the hub's log: {kept}) |  |  |  |  |  |  |")
         hub.stop()
         asyncio.run(wait_no_servers(cluster))
 
