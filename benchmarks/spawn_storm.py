@@ -47,6 +47,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -84,6 +85,22 @@ asyncio.get_running_loop().call_later(0.05, _tick)
 """
 
 
+#: the hub's own floor for a storm of refusals: a spawner that refuses every spawn
+#: the moment its start() runs, after all of JupyterHub's own per-spawn work
+REFUSE_AT_ONCE = """
+from jupyterhub.spawner import Spawner
+from tornado import web
+class RefuseAtOnce(Spawner):
+    async def start(self):
+        raise web.HTTPError(403, "refused at once")
+    async def stop(self, now=False):
+        pass
+    async def poll(self):
+        return 0
+c.JupyterHub.spawner_class = RefuseAtOnce
+"""
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -104,39 +121,62 @@ def storm(hub: LocalHub, method: str, path: str, body: dict | None):
         return list(pool.map(one, USERS))
 
 
-async def decided(hub: LocalHub, cluster: LocalCluster, spawns) -> list[tuple[str, float]]:
-    """When each spawn's outcome was settled, from its POST. An immediate answer
-    (403, 429) is its outcome. A 202 is followed until its pod exists ("admitted":
-    pods are created only after admission) or its server is gone ("refused").
-    Polled every 0.1 s, so a 202's time is accurate to about that."""
-    outcomes: dict[str, tuple[str, float]] = {}
-    pending: dict[str, float] = {}
-    for user, (status, elapsed, started) in zip(USERS, spawns, strict=True):
-        if status == 202:
-            pending[user] = started
-        else:
-            outcomes[user] = (str(status), elapsed)
-    api = await config.new_client_from_config(str(cluster.state.kubeconfig))
-    try:
-        core = client.CoreV1Api(api)
-        deadline = time.monotonic() + 300
-        while pending and time.monotonic() < deadline:
-            pods = await core.list_pod_for_all_namespaces(label_selector="gpu.jupyterhub.org/group")
-            with_pod = {pod.metadata.labels.get("hub.jupyter.org/username") for pod in pods.items}
-            _, active = await asyncio.to_thread(hub.api, "GET", "/users?state=active")
-            with_server = {u["name"] for u in active or []}
-            now = time.monotonic()
-            for user in list(pending):
-                if user in with_pod:
-                    outcomes[user] = ("admitted", now - pending.pop(user))
-                elif user not in with_server:
-                    outcomes[user] = ("refused", now - pending.pop(user))
-            await asyncio.sleep(0.1)
-    finally:
-        await api.close()
-    for user, started in pending.items():
-        outcomes[user] = ("undecided after 300 s", time.monotonic() - started)
-    return [outcomes[user] for user in USERS]
+class OutcomeWatcher(threading.Thread):
+    """Watches, from before the storm until it is stopped, which users have a server
+    pod and which have an active server (GET /users?state=active), every 0.1 s."""
+
+    def __init__(self, hub: LocalHub, cluster: LocalCluster) -> None:
+        super().__init__(daemon=True)
+        self.hub, self.cluster = hub, cluster
+        self.first_pod: dict[str, float] = {}  # user -> when their pod was first seen
+        self.snapshots: list[tuple[float, set[str]]] = []  # (when, users with a server)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        asyncio.run(self._watch())
+
+    async def _watch(self) -> None:
+        api = await config.new_client_from_config(str(self.cluster.state.kubeconfig))
+        try:
+            core = client.CoreV1Api(api)
+            while not self.done.is_set():
+                pods = await core.list_pod_for_all_namespaces(
+                    label_selector="gpu.jupyterhub.org/group"
+                )
+                seen = time.monotonic()
+                for pod in pods.items:
+                    self.first_pod.setdefault(pod.metadata.labels["hub.jupyter.org/username"], seen)
+                _, active = await asyncio.to_thread(self.hub.api, "GET", "/users?state=active")
+                self.snapshots.append((time.monotonic(), {u["name"] for u in active or []}))
+                await asyncio.sleep(0.1)
+        finally:
+            await api.close()
+
+    def outcome(self, user: str, status, elapsed: float, started: float):
+        """(outcome, seconds from the POST) once settled, else None. An immediate answer
+        (403, 429) is its outcome; a 202 is settled when its pod exists ("admitted":
+        pods are created only after admission) or its server is gone ("refused")."""
+        if status != 202:
+            return str(status), elapsed
+        if user in self.first_pod:
+            return "admitted", self.first_pod[user] - started
+        answered = started + elapsed
+        for at, active in list(self.snapshots):
+            if at >= answered and user not in active:
+                return "refused", at - started
+        return None
+
+
+def decided(watcher: OutcomeWatcher, spawns, within: float = 300) -> list[tuple[str, float]]:
+    """Each spawn's outcome and when it was settled, waiting up to ``within`` s."""
+    rows = [(user, *row) for user, row in zip(USERS, spawns, strict=True)]
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        outcomes = [watcher.outcome(*row) for row in rows]
+        if all(outcomes):
+            return outcomes
+        time.sleep(0.5)
+    return [watcher.outcome(*row) or (f"undecided after {within} s", within) for row in rows]
 
 
 def stalls(log: Path, since: float, until: float) -> list[float]:
@@ -227,7 +267,9 @@ def run_storm(
     concurrent_spawn_limit: int,
     slow_spawn_timeout: float,
     notebooks: bool,
+    floor: bool,
 ) -> None:
+    """One storm on a fresh hub: GPUKubeSpawner, or (``floor``) the hub's own floor."""
     stall_log = Path(tempfile.mkdtemp()) / "stalls.jsonl"
     hub = LocalHub(
         cluster,
@@ -240,26 +282,38 @@ def run_storm(
             + ("" if notebooks else "c.KubeSpawner.cmd = ['sleep', 'infinity']\n")
             + "c.KubeSpawner.k8s_api_request_timeout = 30\n"
             "c.KubeSpawner.http_timeout = 240\n"
-            "c.KubeSpawner.start_timeout = 300\n" + STALL_MONITOR.format(path=str(stall_log))
+            "c.KubeSpawner.start_timeout = 300\n"
+            + STALL_MONITOR.format(path=str(stall_log))
+            + (REFUSE_AT_ONCE if floor else "")
         ),
     ).start()
+    what = "hub floor (refuses at once)" if floor else "GPUKubeSpawner"
     try:
         started = time.time()
-        gets = storm(hub, "GET", "/users/{user}", None)
+        if not floor:
+            gets = storm(hub, "GET", "/users/{user}", None)
+            report(
+                db, "GET /users/:name (reference)", gets, stalls(stall_log, started, time.time())
+            )
+        watcher = OutcomeWatcher(hub, cluster)
+        watcher.start()
         between = time.time()
         spawns = storm(hub, "POST", "/users/{user}/server", {"profile": "lab--small"})
         ended = time.time()
-        report(db, "GET /users/:name (reference)", gets, stalls(stall_log, started, between))
-        report(db, "POST /users/:name/server", spawns, stalls(stall_log, between, ended))
-        outcomes = asyncio.run(decided(hub, cluster, spawns))
-        report(db, "each spawn decided (admitted or refused)", outcomes)
+        report(db, f"{what}: POST /users/:name/server", spawns, stalls(stall_log, between, ended))
+        outcomes = decided(watcher, spawns)
+        watcher.done.set()
+        watcher.join()
+        report(db, f"{what}: each spawn decided (admitted or refused)", outcomes)
         admitted = sum(outcome in ("201", "admitted") for outcome, _ in outcomes)
-        if admitted != 10:
-            raise SystemExit(f"{admitted} servers admitted, not 10: admission is broken")
+        if admitted != (0 if floor else 10):
+            raise SystemExit(f"{what}: {admitted} servers admitted: admission is broken")
     finally:
         for user in USERS:
             hub.api("DELETE", f"/users/{user}/server")
-        kept = Path(tempfile.gettempdir()) / f"spawn-storm-hub-{db}.log"
+        kept = (
+            Path(tempfile.gettempdir()) / f"spawn-storm-hub-{db}-{'floor' if floor else 'gpu'}.log"
+        )
         shutil.copy(hub.log_path, kept)
         print(f"|  | (the hub's log: {kept}) |  |  |  |  |  |  |")
         hub.stop()
@@ -284,10 +338,18 @@ def main(
         )
         print("|---|---|---|---|---|---|---|---|")
         for db in databases:
-            with hub_database(db) as db_url:
-                run_storm(
-                    cluster, db, db_url, concurrent_spawn_limit, slow_spawn_timeout, notebooks
-                )
+            # the hub's floor first, then GPUKubeSpawner, each on a fresh database
+            for floor in (True, False):
+                with hub_database(db) as db_url:
+                    run_storm(
+                        cluster,
+                        db,
+                        db_url,
+                        concurrent_spawn_limit,
+                        slow_spawn_timeout,
+                        notebooks,
+                        floor,
+                    )
     finally:
         cluster.down()
 
