@@ -74,7 +74,8 @@ class _SharedState:
     def __init__(self) -> None:
         self.ledger = Ledger()
         self.loaded = False
-        self.load_lock = asyncio.Lock()
+        #: the first rebuild of the ledger from pods, awaited by every spawn that needs it
+        self.loading: asyncio.Future | None = None
         self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
         self.changed = asyncio.Condition()
         self.cluster_view: ClusterView | None = None
@@ -189,16 +190,25 @@ class GPUKubeSpawner(KubeSpawner):
         """The shared ledger, rebuilt from pod labels the first time it is needed."""
         state = self._state()
         if not state.loaded:
-            async with state.load_lock:
-                if not state.loaded:
-                    with _kubernetes_reachable():
-                        charges = await self._charges_from_pods(policy)
-                    state.ledger = Ledger.from_charges(policy, charges)
-                    state.loaded = True
-                    if self.ledger_resync_interval > 0:
-                        state.resync_task = asyncio.create_task(self._resync_forever())
-                    self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
+            if state.loading is None or state.loading.done():
+                # one rebuild that every waiting spawn awaits: its end wakes them all in
+                # one turn of the event loop, where an asyncio.Lock would hand over to its
+                # waiters one turn at a time (a storm right after a hub start queued ~50
+                # spawns behind it for 10 s). A failed rebuild is retried by the next spawn.
+                state.loading = asyncio.ensure_future(self._rebuild_ledger(policy))
+            # shielded: one cancelled spawn must not cancel the rebuild the others await
+            await asyncio.shield(state.loading)
         return state.ledger
+
+    async def _rebuild_ledger(self, policy: Policy) -> None:
+        state = self._state()
+        with _kubernetes_reachable():
+            charges = await self._charges_from_pods(policy)
+        state.ledger = Ledger.from_charges(policy, charges)
+        state.loaded = True
+        if self.ledger_resync_interval > 0:
+            state.resync_task = asyncio.create_task(self._resync_forever())
+        self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
 
     # ---- the profile list ----------------------------------------------------------
 
