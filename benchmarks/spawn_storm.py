@@ -305,6 +305,9 @@ def run_storm(
         watcher.done.set()
         watcher.join()
         report(db, f"{what}: each spawn decided (admitted or refused)", outcomes)
+        # DESIGN §8's 5 s is for every request not admitted (refused or queued)
+        others = [row for row in outcomes if row[0] not in ("201", "admitted")]
+        report(db, f"{what}: each spawn not admitted, decided", others)
         admitted = sum(outcome in ("201", "admitted") for outcome, _ in outcomes)
         if admitted != (0 if floor else 10):
             raise SystemExit(f"{what}: {admitted} servers admitted: admission is broken")
