@@ -3,7 +3,8 @@
 Either form is handed the profile list as a user may read it: their own groups'
 profiles and nothing of other groups, and no ``kubespawner_override``, whose
 environment, volumes and pod config are the admin's (fancy-profiles puts the
-whole list into the page as JSON). The overrides still reach the pod.
+whole list into the page as JSON). The overrides still reach the pod, and the
+options a user submits are handled without JupyterHub's "unhandled" warning.
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ async def test_the_override_the_form_hides_still_reaches_the_server():
     spawner.user_options = {"profile": "lab--small"}
     await spawner.load_user_options()
     assert spawner.environment["LICENSE_TOKEN"] == LICENSE_TOKEN
+
+
+async def test_an_admins_own_apply_user_options_hook_still_wins():
+    c = config(fancy=False)
+
+    def audit(spawner, user_options):
+        """An admin's hook, e.g. recording what users asked for."""
+
+    c.Spawner.apply_user_options = audit
+    assert offline_spawner(c, "ann", ["lab"]).apply_user_options is audit
 
 
 @pytest.mark.k8s
