@@ -8,6 +8,15 @@ test does). Each answer is timed from the POST to its HTTP response: 403
 hub, the same 200 users GET their user model with the same concurrency: the
 hub's own floor for 200 concurrent API requests.
 
+An HTTP answer is not always the outcome: a 202 means the spawn goes on. From
+before the first POST, the outcome of every spawn is watched (every 0.1 s: which
+users have a server pod, which have an active server), so each spawn is timed
+to when it was decided: admitted (its pod exists; pods are created only after
+admission) or refused. The spawns not admitted get a row of their own: DESIGN
+§8's 5 s is theirs. Beside GPUKubeSpawner, on a fresh hub with the same
+database, the hub's own floor: a spawner that refuses every spawn as soon as
+its start() runs, after all of JupyterHub's own per-spawn work.
+
 Inside the hub a timer ticks every 50 ms and logs every tick that came more
 than 100 ms late; the longest lateness during the storm is the longest
 event-loop stall.
