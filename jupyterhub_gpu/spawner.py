@@ -186,19 +186,45 @@ class GPUKubeSpawner(KubeSpawner):
                     charges.append(charge)
         return charges
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Rebuild the ledger as soon as the hub makes its first GPU spawner (at hub start
+        # for running servers, or at a user's first request), not when the first spawn
+        # reaches start(): in a storm of spawns JupyterHub's own per-spawn work comes
+        # first, and every spawn would wait behind it for the ledger.
+        if not self._state().loaded:
+            try:
+                policy = self.gpu_policy
+            except PolicyError:
+                return  # every spawn reports the broken policy itself (_policy_or_refuse)
+            self._begin_ledger_rebuild(policy)
+
     async def _ledger(self, policy: Policy) -> Ledger:
         """The shared ledger, rebuilt from pod labels the first time it is needed."""
         state = self._state()
         if not state.loaded:
-            if state.loading is None or state.loading.done():
-                # one rebuild that every waiting spawn awaits: its end wakes them all in
-                # one turn of the event loop, where an asyncio.Lock would hand over to its
-                # waiters one turn at a time (a storm right after a hub start queued ~50
-                # spawns behind it for 10 s). A failed rebuild is retried by the next spawn.
-                state.loading = asyncio.ensure_future(self._rebuild_ledger(policy))
             # shielded: one cancelled spawn must not cancel the rebuild the others await
-            await asyncio.shield(state.loading)
+            await asyncio.shield(self._begin_ledger_rebuild(policy))
         return state.ledger
+
+    def _begin_ledger_rebuild(self, policy: Policy) -> asyncio.Future:
+        """The rebuild of the ledger under way, started unless one is.
+
+        One rebuild every waiting spawn awaits: its end wakes them all in one turn of
+        the event loop, where an asyncio.Lock would hand over to its waiters one turn
+        at a time (a storm right after a hub start queued ~50 spawns behind it for
+        10 s). A failed rebuild answers the spawns awaiting it; the next one retries."""
+        state = self._state()
+        if state.loading is None or state.loading.done():
+            state.loading = asyncio.ensure_future(self._rebuild_ledger(policy))
+            state.loading.add_done_callback(self._report_failed_rebuild)
+        return state.loading
+
+    def _report_failed_rebuild(self, rebuild: asyncio.Future) -> None:
+        if not rebuild.cancelled() and rebuild.exception() is not None:
+            self.log.warning(
+                "GPU ledger rebuild failed (the next spawn retries): %s", rebuild.exception()
+            )
 
     async def _rebuild_ledger(self, policy: Policy) -> None:
         state = self._state()

@@ -89,7 +89,8 @@ async def test_a_failed_rebuild_answers_every_waiting_spawn_and_the_next_one_ret
     listing = HeldListing(fail_first=True)
     monkeypatch.setattr(GPUKubeSpawner, "_charges_from_pods", listing)
     waiting = [asyncio.create_task(spawn(config, f"u{i}")) for i in range(3)]
-    await asyncio.sleep(0)
+    for _ in range(20):  # all three waiting for the held rebuild
+        await asyncio.sleep(0)
     listing.release.set()
     answers = await asyncio.gather(*waiting)
     assert all("could not be reached" in answer for answer in answers), answers
@@ -97,3 +98,16 @@ async def test_a_failed_rebuild_answers_every_waiting_spawn_and_the_next_one_ret
 
     assert await spawn(config, "later") == "admitted"
     assert listing.calls == 2
+
+
+async def test_the_rebuild_begins_when_the_hub_makes_its_first_gpu_spawner(config, monkeypatch):
+    listing = HeldListing()
+    monkeypatch.setattr(GPUKubeSpawner, "_charges_from_pods", listing)
+    offline_spawner(config, "ann", ["lab"])  # as the hub does at start, or at ann's first request
+    offline_spawner(config, "bob", ["lab"])
+    await asyncio.sleep(0)
+    assert listing.calls == 1  # under way before any spawn reached start(), and only once
+    listing.release.set()
+    await asyncio.sleep(0)
+    assert await spawn(config, "ann") == "admitted"
+    assert listing.calls == 1
