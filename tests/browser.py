@@ -56,3 +56,12 @@ async def page(browser):
     page = await context.new_page()
     yield page
     await context.close()
+
+
+async def log_in(page, hub_url: str, user: str, password: str) -> None:
+    """Log ``user`` in through the hub's own login page; the page lands on the spawn page."""
+    await page.goto(f"{hub_url}/hub/login?next=%2Fhub%2Fspawn")
+    await page.fill("#username_input", user)
+    await page.fill("#password_input", password)
+    await page.click("#login_submit")
+    await page.wait_for_url(f"{hub_url}/hub/spawn**")

@@ -9,6 +9,7 @@ import re
 import pytest
 from kubernetes_asyncio import client
 
+from browser import log_in
 from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.clusterview import ClusterView
 from jupyterhub_gpu.localcluster.hub import LocalHub
@@ -92,11 +93,7 @@ async def test_the_spawn_page_shows_free_capacity_of_each_gpu_profile(
     hub = LocalHub(local_cluster, namespace=namespace, users={"ann": ["lab"]}, policy=POLICY)
     await asyncio.to_thread(hub.start)
     try:
-        await page.goto(f"{hub.url}/hub/login")
-        await page.fill("#username_input", "ann")
-        await page.fill("#password_input", hub.password)
-        await page.click("#login_submit")
-        await page.goto(f"{hub.url}/hub/spawn")
+        await log_in(page, hub.url, "ann", hub.password)
         text = await page.inner_text("form")
         # other tests' pods may still hold some H200s: the total is the cluster's
         assert re.search(r"cluster: \d+ of 12 GPUs free", text), text

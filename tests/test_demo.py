@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from browser import log_in
 from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES, stop_leftover_hub
 from jupyterhub_gpu.localcluster import sockets
 from jupyterhub_gpu.localcluster.build import ensure_binaries
@@ -147,11 +148,7 @@ async def logged_in(browser, demo: Demo, user: str):
     context.set_default_timeout(PAGE_TIMEOUT_MS)
     page = await context.new_page()
     try:
-        await page.goto(f"{demo.url}/hub/login?next=%2Fhub%2Fspawn")
-        await page.fill("#username_input", user)
-        await page.fill("#password_input", PASSWORD)
-        await page.click("#login_submit")
-        await page.wait_for_url(f"{demo.url}/hub/spawn**")
+        await log_in(page, demo.url, user, PASSWORD)
         yield page
     finally:
         await context.close()

@@ -18,6 +18,7 @@ import pytest
 from jupyterhub_fancy_profiles import setup_ui
 from traitlets.config import Config
 
+from browser import log_in
 from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from jupyterhub_gpu.offline import assume_empty_cluster, offline_spawner
@@ -114,11 +115,7 @@ async def test_fancy_profiles_page_spawns_the_chosen_group_profile(
     )
     await asyncio.to_thread(hub.start)
     try:
-        await page.goto(f"{hub.url}/hub/login")
-        await page.fill("#username_input", "ann")
-        await page.fill("#password_input", hub.password)
-        await page.click("#login_submit")
-        await page.goto(f"{hub.url}/hub/spawn")
+        await log_in(page, hub.url, "ann", hub.password)
         # fancy-profiles' React form, not KubeSpawner's: it renders from window.profileList
         await page.wait_for_selector("#form >> text=lab: Small GPU", timeout=30_000)
         listed = await page.evaluate("window.profileList")
