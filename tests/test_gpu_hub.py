@@ -130,7 +130,11 @@ async def test_200_concurrent_spawns_admit_exactly_the_quota(gpu_hub, core):
 
     def spawn(user: str):
         started = time.monotonic()
-        status, body = gpu_hub.api("POST", f"/users/{user}/server", {"profile": "lab--small"})
+        # answer times are benchmarks/spawn_storm.py's; here the ten JupyterLabs start
+        # on the hub's own two cores and can hold an answer past 30 s: wait for it
+        status, body = gpu_hub.api(
+            "POST", f"/users/{user}/server", {"profile": "lab--small"}, timeout=120
+        )
         return user, status, body, time.monotonic() - started
 
     with ThreadPoolExecutor(50) as pool:

@@ -254,11 +254,25 @@ class LocalHub:
                 raise RuntimeError(f"the hub did not start; its log ends:\n{tail}")
             time.sleep(0.2)
 
-    def api(self, method: str, path: str, body: dict | None = None, token: str | None = None):
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+    ):
         """Call the hub's REST API through the proxy; returns (status, parsed body)."""
-        return self.request(method, f"/hub/api{path}", body, token)
+        return self.request(method, f"/hub/api{path}", body, token, timeout)
 
-    def request(self, method: str, path: str, body: dict | None = None, token: str | None = None):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+    ):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
             self.url + path,
@@ -267,7 +281,7 @@ class LocalHub:
             headers={"Authorization": f"token {token or self.api_token}"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read()
                 status = r.status
         except urllib.error.HTTPError as e:
