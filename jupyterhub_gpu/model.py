@@ -203,6 +203,9 @@ class Policy:
     namespace_per_group: bool = False
     namespace_prefix: str = "jupyterhub-gpu-"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    #: what selection.offers computes per (group, profile): a pure function of the
+    #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
+    offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def group(self, name: str) -> Group:
         return self.everyone if name == "everyone" else self.groups[name]

@@ -160,12 +160,24 @@ def offers(policy: Policy, user_groups: Iterable[str]) -> list[Offer]:
     result = []
     for group in member_groups(policy, user_groups):
         for name in group.profiles:
-            profile = policy.profiles[name]
-            options = _bounded_options(policy, group, profile)
-            if not _fits_caps(policy, group, base_request(policy, profile)) and not options:
-                continue  # e.g. a GPU profile in a group whose quota is 0
-            result.append(Offer(group, profile, options))
+            offer = _group_offer(policy, group, name)
+            if offer is not None:
+                result.append(offer)
     return result
+
+
+def _group_offer(policy: Policy, group: Group, name: str) -> Offer | None:
+    """A group's offer of one profile, None when its caps can never admit it (e.g. a GPU
+    profile in a group whose quota is 0). It depends on the policy alone, not on live
+    usage, so it is computed once per policy: each spawn lists and selects offers,
+    and recomputing every choice's request and caps was most of the spawn path's time."""
+    key = (group.name, name)
+    if key not in policy.offer_cache:
+        profile = policy.profiles[name]
+        options = _bounded_options(policy, group, profile)
+        fits = _fits_caps(policy, group, base_request(policy, profile))
+        policy.offer_cache[key] = Offer(group, profile, options) if fits or options else None
+    return policy.offer_cache[key]
 
 
 def _choice(offer: Offer, name: str, raw: Any, default: Any) -> Any:

@@ -6,6 +6,7 @@ what the reference clusters offer and give each kind of member; the CLI.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -373,3 +374,22 @@ async def test_an_unlisted_image_that_does_not_match_is_refused(tmp_path, image)
     path = values_file(tmp_path, IMAGE_POLICY)
     with pytest.raises(SpawnRefused, match=f"image {re.escape(repr(image))} is not allowed here"):
         await render_pod([path], "ann", [], "everyone--cpu", {"image--unlisted-choice": image})
+
+
+def test_offers_are_computed_once_per_policy_and_afresh_for_a_changed_one():
+    policy = model(
+        {
+            "flavors": {"g": {"kind": "gpu"}},
+            "profiles": {"p": {"gpu": {"flavor": "g"}, "options": {"gpus": {"choices": [1, 4]}}}},
+            "groups": {"lab": {"quota": {"gpus": 4}, "profiles": ["p"]}},
+        }
+    )
+    (first,) = offers(policy, ["lab"])
+    assert offers(policy, ["lab"])[0] is first  # the same offer object: not recomputed
+    assert [k for k, _ in first.options["gpus"].choices] == ["1", "4"]
+    # a group's limit lowered: the changed policy's offers are its own
+    lab = policy.groups["lab"]
+    smaller = dataclasses.replace(lab, limit=dataclasses.replace(lab.limit, gpus=2))
+    changed = dataclasses.replace(policy, groups={"lab": smaller})
+    assert [k for k, _ in offers(changed, ["lab"])[0].options["gpus"].choices] == ["1"]
+    assert [k for k, _ in offers(policy, ["lab"])[0].options["gpus"].choices] == ["1", "4"]
