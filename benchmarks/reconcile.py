@@ -1,4 +1,4 @@
-"""A reconcile pass with nothing to change, over 500 groups (DESIGN §8: no write; issue 4: <= 2 s).
+"""A reconcile pass with nothing to change, over 500 groups (target: no write, <= 2 s).
 
 Starts its own local cluster, installs the scheduler's CRDs from the pinned Go
 module, reconciles a policy of ``--groups`` groups (namespace per group; one

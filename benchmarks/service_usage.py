@@ -1,4 +1,4 @@
-"""The service's ``api/usage`` at scale: 5,000 servers, 500 groups (DESIGN §8: p99 <= 20 ms).
+"""The service's ``api/usage`` at scale: 5,000 servers, 500 groups (target: p99 <= 20 ms).
 
 Method (in-process, stated honestly):
 

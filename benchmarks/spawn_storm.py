@@ -1,4 +1,4 @@
-"""The 200-spawn storm (DESIGN §8): answer times and the hub's longest event-loop stall.
+"""The 200-spawn storm: answer times and the hub's longest event-loop stall.
 
 A real hub with GPUKubeSpawner on the local cluster; group ``lab`` has room for
 10 GPUs. 200 distinct users POST a spawn at once (50 client threads, as the
@@ -12,8 +12,8 @@ An HTTP answer is not always the outcome: a 202 means the spawn goes on. From
 before the first POST, the outcome of every spawn is watched (every 0.1 s: which
 users have a server pod, which have an active server), so each spawn is timed
 to when it was decided: admitted (its pod exists; pods are created only after
-admission) or refused. The spawns not admitted get a row of their own: DESIGN
-§8's 5 s is theirs. Beside GPUKubeSpawner, on a fresh hub with the same
+admission) or refused. The spawns not admitted get a row of their own: the
+5 s target is theirs. Beside GPUKubeSpawner, on a fresh hub with the same
 database, the hub's own floor: a spawner that refuses every spawn as soon as
 its start() runs, after all of JupyterHub's own per-spawn work.
 
@@ -314,7 +314,7 @@ def run_storm(
         watcher.done.set()
         watcher.join()
         report(db, f"{what}: each spawn decided (admitted or refused)", outcomes)
-        # DESIGN §8's 5 s is for every request not admitted (refused or queued)
+        # the 5 s target is for every request not admitted (refused or queued)
         others = [row for row in outcomes if row[0] not in ("201", "admitted")]
         report(db, f"{what}: each spawn not admitted, decided", others)
         admitted = sum(outcome in ("201", "admitted") for outcome, _ in outcomes)

@@ -1,7 +1,7 @@
 """The ``jupyterhub-gpu`` command line.
 
 Exit status: 0 on success, 1 with a one-line message on an error the user can
-fix (a bad file, a refusal), as DESIGN §6 asks.
+fix (a bad file, a refusal).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a folder of prebuilt etcd, kube-apiserver, kube-controller-manager, kube-scheduler "
         "and kwok binaries to use instead of building them (also JUPYTERHUB_GPU_BIN_DIR)"
     )
-    c = sub.add_parser("cluster", help="the local Kubernetes GPU cluster (DESIGN §7)")
+    c = sub.add_parser("cluster", help="the local Kubernetes GPU cluster")
     c.add_argument("action", choices=["up", "down", "status", "env", "build"])
     c.add_argument("--name", default="default", help="which local cluster (default: default)")
     c.add_argument("--bin-dir", help=bin_dir_help)

@@ -1,4 +1,4 @@
-"""Kubernetes objects the policy implies, rendered as plain manifests (DESIGN §5).
+"""Kubernetes objects the policy implies, rendered as plain manifests.
 
 Pure: ``desired_objects`` is what the service's reconciler keeps in step with the
 policy, and ``jupyterhub-gpu manifests`` prints it together with ``rbac_objects``

@@ -92,7 +92,7 @@ class Flavor:
 
     @property
     def unit_equivalents(self) -> Fraction:
-        """GPU-equivalents one unit of this flavor is charged (DESIGN §3 table)."""
+        """GPU-equivalents one unit of this flavor is charged."""
         if self.kind == "gpu":
             return Fraction(1)
         if self.kind == "mig":

@@ -1,4 +1,4 @@
-"""Why a server's pod is Pending, in words a notebook user understands (DESIGN §4.4).
+"""Why a server's pod is Pending, in words a notebook user understands.
 
 The scheduler explains an unschedulable pod in one dense line per attempt::
 

@@ -1,4 +1,4 @@
-"""Pod shape: what a selection, in its tier, asks of Kubernetes (DESIGN §4.5).
+"""Pod shape: what a selection, in its tier, asks of Kubernetes.
 
 ``shape`` is pure: it returns a ``PodShape`` the spawner applies on top of the
 chart's settings (``apply_to_pod`` for the final pod, ``merge_settings`` for

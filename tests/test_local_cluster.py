@@ -1,4 +1,4 @@
-"""The local cluster behaves like a real GPU cluster (issue 2).
+"""The local cluster behaves like a real GPU cluster.
 
 Everything here runs against the real control plane: scheduling, quota
 admission, namespace deletion, kwok's simulated GPU nodes, the pod runner.

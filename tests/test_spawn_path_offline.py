@@ -141,7 +141,7 @@ def test_zero_quota_offers_no_gpu_profile_and_refuses_it():
         select(policy, ["frozen"], {"profile": "frozen--p"})
 
 
-# ---- the reference clusters of DESIGN §1 -------------------------------------------
+# ---- the three reference clusters --------------------------------------------------
 
 
 async def test_university_student_gets_a_locked_32g_kai_slice():

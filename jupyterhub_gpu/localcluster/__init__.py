@@ -1,1 +1,1 @@
-"""The local Kubernetes GPU cluster the tests and the demo run against (DESIGN §7)."""
+"""The local Kubernetes GPU cluster the tests and the demo run."""
