@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -65,7 +66,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(json.dumps(status, indent=2))
         return 0 if status["apiserver_ready"] and all(status["processes"].values()) else 1
     elif args.action == "env":
-        print(f"KUBECONFIG={existing.state.kubeconfig}")
+        # shell code, like `ssh-agent` prints: eval "$(jupyterhub-gpu cluster env)"
+        print(f"export KUBECONFIG={shlex.quote(str(existing.state.kubeconfig))}")
     return 0
 
 

@@ -46,8 +46,17 @@ def test_up_status_env_down_leaves_nothing_behind(local_cluster):
             "kwok",
             "pod-runner",
         }
-        env = run("cluster", "env", "--name", name)
-        assert env.stdout.strip() == f"KUBECONFIG={state['kubeconfig']}"
+        # `eval "$(jupyterhub-gpu cluster env)"` points kubectl at the cluster
+        script = f'eval "$("$@" cluster env --name {name})"; kubectl get nodes -o name'
+        shell = subprocess.run(
+            ["bash", "-c", script, "bash", *CLI],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        assert shell.returncode == 0, shell.stderr
+        assert len(shell.stdout.split()) == 9, shell.stdout
         # a second `up` finds the running cluster instead of starting another
         again = run("cluster", "up", "--name", name)
         assert "already up" in again.stdout
