@@ -171,12 +171,18 @@ class Ledger:
     def admit(
         self, policy: Policy, key: str, user: str, group: Group, request: Request
     ) -> Decision:
-        """Check and reserve in one step; a key already charged is decided afresh."""
-        if key in self.charges:
-            self.release(policy, key)
+        """Check and reserve in one step.
+
+        A key already charged is decided afresh, as if its old charge were gone; only
+        an admitted decision replaces that charge. A refused or waiting decision leaves
+        every charge as it was: the old one may belong to a pod that still exists.
+        """
+        previous = self.release(policy, key)
         decision = self.decide(policy, user, group, request)
         if decision.admitted:
             self._record(policy, Charge(key, user, group.name, request, decision.tier))
+        elif previous is not None:
+            self._record(policy, previous)
         return decision
 
     def release(self, policy: Policy, key: str) -> Charge | None:

@@ -66,6 +66,34 @@ operations = st.lists(
 )
 
 
+def fits(charges: dict[str, Charge], key: str, user: str, group: str, wanted: Request) -> bool:
+    """Whether ``wanted`` fits every cap, summed afresh from the other charges."""
+    others = [c for k, c in charges.items() if k != key]
+
+    def over(caps, charged: list[Charge]) -> bool:
+        used = Usage()
+        for charge in charged:
+            used.add(charge.request)
+        used.add(wanted)
+        pairs = [
+            (caps.gpus, used.gpus),
+            (caps.cpu, used.cpu),
+            (caps.memory, used.memory),
+            (caps.servers, used.servers),
+        ]
+        pairs += [(cap, used.flavors[flavor]) for flavor, cap in caps.flavors.items()]
+        return any(cap is not None and value > cap for cap, value in pairs)
+
+    mine = [c for c in others if c.user == user and c.group == group]
+    if over(POLICY.group(group).per_user, mine):
+        return False
+    for level in POLICY.ancestors(group):
+        below = {g.name for g in POLICY.groups.values() if level in POLICY.ancestors(g.name)}
+        if not level.unlimited and over(level.limit, [c for c in others if c.group in below]):
+            return False
+    return True
+
+
 @settings(max_examples=300, deadline=None)
 @given(operations)
 def test_no_sequence_of_admits_and_releases_passes_a_limit(ops):
@@ -73,10 +101,15 @@ def test_no_sequence_of_admits_and_releases_passes_a_limit(ops):
     for op in ops:
         if op[0] == "admit":
             _, group, user, flavor, units, key = op
-            decision = ledger.admit(
-                POLICY, f"ns/pod-{key}", user, POLICY.group(group), request(flavor, units)
-            )
+            before = dict(ledger.charges)
+            wanted = request(flavor, units)
+            decision = ledger.admit(POLICY, f"ns/pod-{key}", user, POLICY.group(group), wanted)
             assert decision.outcome in ("admit", "wait", "refuse")
+            # exactly what fits is admitted: a ledger refusing everything fails here
+            assert decision.admitted == fits(before, f"ns/pod-{key}", user, group, wanted)
+            if not decision.admitted:
+                # a refusal leaves every charge as it was, the key's own included
+                assert ledger.charges == before
         else:
             ledger.release(POLICY, f"ns/pod-{op[1]}")
         # invariant 1: every limited group is at or under its limit, parents included
