@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -25,10 +25,34 @@ SHARED_KINDS = ("timeslice", "mps", "fraction")
 
 #: what KubeSpawner's form sends for a typed-in image (``unlisted_choice``)
 UNLISTED_IMAGE = "image--unlisted-choice"
+#: longer than any image reference a registry accepts; never matched against the regex
+MAX_IMAGE_LENGTH = 1000
 
 
 class Refused(Exception):
     """The spawn is refused; the message is what the user sees."""
+
+
+#: at most this much of any user input is quoted back in a refusal
+ECHO_LIMIT = 100
+
+
+def shown(value: Any) -> str:
+    """User input as a refusal quotes it: repr, one line, at most ``ECHO_LIMIT`` characters."""
+    text = repr(value) if isinstance(value, str) else _kind_of(value)
+    return text if len(text) <= ECHO_LIMIT else f"{text[: ECHO_LIMIT - 1]}…"
+
+
+def _kind_of(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"a {type(value).__name__}"
 
 
 @dataclass(frozen=True)
@@ -80,10 +104,17 @@ class Selection:
     count: int
     image: str | None
     request: Request
+    #: the options as the form would send them (choice keys, strings): what
+    #: KubeSpawner's own profile handling is given instead of the raw input
+    options: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def slug(self) -> str:
         return f"{self.group.name}--{self.profile.name}"
+
+    @property
+    def user_options(self) -> dict[str, str]:
+        return {"profile": self.slug, **self.options}
 
 
 def request_for(profile: Profile, flavor: Flavor | None, count: int) -> Request:
@@ -180,74 +211,104 @@ def _group_offer(policy: Policy, group: Group, name: str) -> Offer | None:
     return policy.offer_cache[key]
 
 
-def _choice(offer: Offer, name: str, raw: Any, default: Any) -> Any:
+def _choice_key(name: str, raw: Any) -> str:
+    """The choice a form would send for ``raw``: a string, or a whole number as JSON
+    gives it (``"gpus": 1`` is the choice ``"1"``); anything else is refused."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    if isinstance(raw, float) and raw.is_integer() and abs(raw) < 2**53:
+        return str(int(raw))
+    raise Refused(f"{name}: expected one of the form's choices, got {shown(raw)}")
+
+
+def _choice(offer: Offer, name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
+    """The chosen value and its choice key (None: the default, nothing chosen)."""
     option = offer.profile.options.get(name)
     if raw is None:
-        return default
+        return default, None
     if option is None:
-        raise Refused(f"profile {offer.slug} has no {name!r} option")
+        raise Refused(f"profile {offer.slug} has no {shown(name)} option")
+    chosen = _choice_key(name, raw)
     bounded = offer.options.get(name)
     for key, value in option.choices:
-        if str(raw) == key:
+        if chosen == key:
             if bounded is None or key not in dict(bounded.choices):
                 raise Refused(
-                    f"{name}={raw} is more than {offer.group.display_name} allows for "
+                    f"{name}={key} is more than {offer.group.display_name} allows for "
                     f"{offer.profile.display_name}"
                 )
-            return value
+            return value, key
     allowed = ", ".join(k for k, _ in (bounded or option).choices)
-    raise Refused(f"{name}={raw!r} is not a choice of {offer.slug} (choices: {allowed})")
+    raise Refused(f"{name}={shown(chosen)} is not a choice of {offer.slug} (choices: {allowed})")
 
 
-def _unlisted_image(offer: Offer, image: str) -> str:
+def _unlisted_image(offer: Offer, image: Any) -> str:
     option = offer.profile.options["image"]
     if option.unlisted_regex is None:
         raise Refused(f"profile {offer.slug} offers only its listed images")
-    if not re.fullmatch(option.unlisted_regex, image):
-        raise Refused(f"image {image!r} is not allowed here: it must match {option.unlisted_regex}")
+    if (
+        not isinstance(image, str)
+        or len(image) > MAX_IMAGE_LENGTH
+        or not re.fullmatch(option.unlisted_regex, image)
+    ):
+        raise Refused(
+            f"image {shown(image)} is not allowed here: it must match {option.unlisted_regex}"
+        )
     return image
 
 
-def select(
-    policy: Policy, user_groups: Iterable[str], user_options: Mapping[str, Any]
-) -> Selection:
-    """Validate ``user_options`` server-side; the result is what will be charged and shaped."""
+def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Selection:
+    """Validate ``user_options`` server-side; the result is what will be charged and shaped.
+
+    ``user_options`` is whatever the form or a REST request sent (None: nothing);
+    anything but an object of the form's choices is refused with one line.
+    """
     available = offers(policy, user_groups)
     if not available:
         raise Refused("you are not offered any server: ask an admin to add you to a group")
-    options = dict(user_options or {})
+    if user_options is not None and not isinstance(user_options, Mapping):
+        raise Refused(f"server options must be a JSON object, got {shown(user_options)}")
+    options = dict(user_options or {})  # None or an empty object: the defaults
     slug = options.pop("profile", None)
-    if slug is None:
+    if slug is None or slug == "":
         chosen = next((o for o in available if o.profile.default), available[0])
+    elif not isinstance(slug, str):
+        raise Refused(f"profile: expected a profile's name, got {shown(slug)}")
     else:
         chosen = next((o for o in available if o.slug == slug), None)
         if chosen is None:
-            raise Refused(f"profile {slug!r} is not offered to you")
-    forged = sorted(k for k in options if k not in ("gpus", "flavor", "image", UNLISTED_IMAGE))
+            raise Refused(f"profile {shown(slug)} is not offered to you")
+    forged = sorted(str(k) for k in options if k not in ("gpus", "flavor", "image", UNLISTED_IMAGE))
     if forged:
-        raise Refused(f"unknown option {forged[0]!r}: only the form's choices are accepted")
+        raise Refused(f"unknown option {shown(forged[0])}: only the form's choices are accepted")
     profile = chosen.profile
     for name in options:
         if name.removesuffix("--unlisted-choice") not in profile.options:
-            raise Refused(f"profile {chosen.slug} has no {name!r} option")
+            raise Refused(f"profile {chosen.slug} has no {shown(name)} option")
+    canonical: dict[str, str] = {}
     flavor = None
     count = 0
     if profile.gpu:
-        flavor_name = _choice(chosen, "flavor", options.get("flavor"), profile.gpu.flavor)
+        flavor_name, key = _choice(chosen, "flavor", options.get("flavor"), profile.gpu.flavor)
+        canonical.update({"flavor": key} if key is not None else {})
         flavor = policy.flavors[flavor_name]
-        count = _choice(chosen, "gpus", options.get("gpus"), profile.gpu.count)
+        count, key = _choice(chosen, "gpus", options.get("gpus"), profile.gpu.count)
+        canonical.update({"gpus": key} if key is not None else {})
         if flavor.kind in SHARED_KINDS:
             # a shared replica or slice is one per server (the device plugin's
             # failRequestsGreaterThanOne); more replicas would not add a GPU
             count = 1
     if options.get(UNLISTED_IMAGE):
-        image = _unlisted_image(chosen, str(options[UNLISTED_IMAGE]))
+        image = canonical[UNLISTED_IMAGE] = _unlisted_image(chosen, options[UNLISTED_IMAGE])
     else:
-        image = _choice(chosen, "image", options.get("image"), profile.image)
+        image, key = _choice(chosen, "image", options.get("image"), profile.image)
+        canonical.update({"image": key} if key is not None else {})
     request = request_for(profile, flavor, count)
     if not _fits_caps(policy, chosen.group, request):
         raise Refused(
             f"{profile.display_name} with {count} x {flavor.display_name if flavor else 'CPU'} "
             f"is more than {chosen.group.display_name} allows"
         )
-    return Selection(chosen.group, profile, flavor, count, image, request)
+    return Selection(chosen.group, profile, flavor, count, image, request, canonical)

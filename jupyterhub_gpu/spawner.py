@@ -29,9 +29,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import jupyterhub
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
+from traitlets import Any as AnyValue
 from traitlets import Bool, Float, default, validate
 
 from .admission import Charge, Decision, Ledger
@@ -51,6 +53,9 @@ from .shaping import (
     namespace_for,
     shape,
 )
+
+#: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
+JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
 
 
 class SpawnRefused(web.HTTPError):
@@ -118,6 +123,20 @@ class GPUKubeSpawner(KubeSpawner):
         rebuilt from pods whenever the hub starts.
         """,
     ).tag(config=True)
+
+    user_options = AnyValue(
+        help="""
+        The options of the spawn being started, as the form or a REST request sent
+        them. Any JSON value is taken here, so that a request body that is not an
+        object reaches ``load_user_options`` and is refused there with a clear
+        message, instead of failing inside JupyterHub, where JupyterHub 5 would
+        count it towards ``consecutive_failure_limit``.
+        """,
+    )
+
+    @default("user_options")
+    def _no_options(self) -> dict:
+        return {}
 
     _shared: _SharedState | None = None
     _policies: dict[int, tuple[Any, Policy]] = {}
@@ -265,6 +284,8 @@ class GPUKubeSpawner(KubeSpawner):
         # Every form template gets the list as a user may read it. KubeSpawner's own
         # shows no overrides, but jupyterhub-fancy-profiles hands the whole list to
         # the browser as JSON; load_user_options still applies the full entries.
+        if not isinstance(self.user_options, Mapping):
+            self.user_options = {}  # saved options that were never valid: no preselection
         return super()._render_options_form(without_overrides(profile_list))
 
     async def _capacity(self, policy: Policy) -> dict[str, FlavorCapacity] | None:
@@ -305,12 +326,24 @@ class GPUKubeSpawner(KubeSpawner):
     async def _load_user_options(self) -> None:
         policy = self._policy_or_refuse()
         try:
-            selection = select(policy, self._user_groups(), self.user_options or {})
+            selection = select(policy, self._user_groups(), self.user_options)
         except Refused as e:
             raise SpawnRefused(str(e)) from None
-        # the profile list KubeSpawner validates against is the same offers
-        self.user_options = {**(self.user_options or {}), "profile": selection.slug}
-        await super().load_user_options()
+        # KubeSpawner applies the profile list (the same offers) to the options as the
+        # form would send them, never to the raw input: a JSON number for a choice
+        # ("gpus": 1) is the choice "1" to us, and a KeyError in KubeSpawner
+        self.user_options = selection.user_options
+        try:
+            await super().load_user_options()
+        except (ValueError, KeyError, TypeError) as e:
+            # the options were validated above, so this is a bug, not the user's doing;
+            # still a refusal the user can read, never a hub error
+            self.log.exception("KubeSpawner could not apply the validated server options")
+            raise SpawnRefused(
+                f"the server options could not be applied ({type(e).__name__}); "
+                "tell an admin (see the hub log)",
+                400,
+            ) from None
         namespace = namespace_for(policy, selection.group.name)
         if namespace:
             self.namespace = namespace
@@ -402,6 +435,14 @@ class GPUKubeSpawner(KubeSpawner):
                 state.changed.notify_all()
 
     async def _start(self):
+        try:
+            return await self._start_charged()
+        except SpawnRefused as e:
+            if e.status_code < 500:
+                _not_a_hub_failure(self)
+            raise
+
+    async def _start_charged(self):
         self._gpu_starting = True
         try:
             result = await super()._start()
@@ -501,6 +542,21 @@ def profile_entry(
             name: _profile_option(option) for name, option in offer.options.items()
         }
     return entry
+
+
+def _not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
+    """Keep a refusal out of the hub's count of consecutive failed spawns.
+
+    JupyterHub exits when ``Spawner.consecutive_failure_limit`` spawns fail in a
+    row (z2jh's default: 5). From JupyterHub 6 on, a refusal (an HTTP error below
+    500) is a handled rejection and is not counted; JupyterHub 5, which z2jh 4.x
+    ships, counts every failed spawn, so five refused spawns in a row (a full
+    quota, a forged request) would stop the hub. There the count, which
+    JupyterHub raises by one when this spawn fails, is lowered by one first.
+    """
+    if JUPYTERHUB_COUNTS_REFUSALS and spawner.handler is not None:
+        settings = spawner.handler.settings
+        settings["failure_count"] = settings.get("failure_count", 0) - 1
 
 
 def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -> None:
