@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -167,6 +168,17 @@ async def test_anonymous_page_redirects_to_hub_login_and_api_refuses(service_hub
     assert status == 403
     assert "log in" in json.loads(body)["message"]
     assert "alpha" not in body
+
+
+async def test_paging_arguments_that_are_not_small_whole_numbers_are_a_400(service_hub):
+    token = await user_token(service_hub, "root")
+    for value in ("²", "1" * 40, "-1", "", "1e3", "١٢"):
+        url = service_hub.service_url + "api/usage?servers_limit=" + urllib.parse.quote(value)
+        status, _, body = await aget(url, token)
+        assert status == 400, (value, status, body)
+        assert "servers_limit: expected a whole number from 0 to 1000000" in body
+    status, _, body = await aget(service_hub.service_url + "api/usage?servers_offset=0", token)
+    assert status == 200, body
 
 
 async def test_a_member_sees_only_their_groups_and_servers_an_admin_sees_all(service_hub):

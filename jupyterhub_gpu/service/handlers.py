@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from ..selection import shown
 from .page import render_page
 from .views import Viewer
 
@@ -88,6 +90,20 @@ class PageHandler(BaseHandler):
         self.finish(render_page(view))
 
 
+#: the largest servers_offset / servers_limit asked of api/usage
+MAX_PAGING = 1_000_000
+
+
+def whole_number(name: str, value: str, maximum: int) -> int:
+    """A query argument that must be a whole number from 0 to ``maximum`` (else HTTP 400)."""
+    # ASCII digits only: str.isdigit() also takes "²", which int() then refuses
+    if re.fullmatch(r"[0-9]{1,9}", value) and int(value) <= maximum:
+        return int(value)
+    raise web.HTTPError(
+        400, f"{name}: expected a whole number from 0 to {maximum}, got {shown(value)}"
+    )
+
+
 class UsageHandler(APIHandler):
     def get(self) -> None:
         self.require_user()
@@ -95,9 +111,7 @@ class UsageHandler(APIHandler):
         for name in ("servers_offset", "servers_limit"):
             value = self.get_argument(name, None)
             if value is not None:
-                if not value.isdigit():
-                    raise web.HTTPError(400, f"{name} must be a whole number, got {value!r}")
-                paging[name] = int(value)
+                paging[name] = whole_number(name, value, MAX_PAGING)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(self.service.view_json(self.viewer(), **paging))
