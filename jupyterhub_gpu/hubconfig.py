@@ -1,4 +1,4 @@
-"""Stop the hub at start-up when the GPU policy is wrong (DESIGN §3).
+"""The hub's config as this bundle reads it, and the check that stops a hub with a bad policy.
 
 JupyterHub imports the spawner class while it is still loading its config and
 creates spawners only when users start servers, so ``GPUKubeSpawner`` itself
@@ -6,9 +6,12 @@ would find a broken policy only at the first spawn. Instead the check runs as
 soon as the hub loads its config. z2jh's ``jupyterhub_config.py`` loads every
 file in ``/usr/local/etc/jupyterhub/jupyterhub_config.d/``, and the hub image
 (``images/hub/Dockerfile``) puts ``jupyterhub_config.d/jupyterhub-gpu.py`` from
-this package there. traitlets gives such a file a config of its own, so it reads
-the policy where z2jh itself reads it, from the chart values
-(``z2jh.get_config("hub.config.GPUPolicy")``) — ``check_z2jh_values``. A plain
+this package there. It reads the policy where z2jh itself reads it, from the
+chart values (``z2jh.get_config("hub.config.GPUPolicy")``) —
+``check_z2jh_values``. The GPU service, started by the hub inside the same pod,
+reads the same values the same way (``config_from_z2jh_values``): it cannot run
+z2jh's ``jupyterhub_config.py`` itself, which needs the pod's Kubernetes Service
+variables that a hub-managed service does not inherit. A plain
 ``jupyterhub_config.py`` ends with::
 
     from jupyterhub_gpu.hubconfig import check_policy
@@ -21,16 +24,41 @@ problem with its key path (the same report as ``jupyterhub-gpu check``).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from traitlets.config import Config
 
 from .model import PolicyError
-from .values import policy_from_config
+from .values import ValuesError, check_extra_config, policy_from_config
 
 #: the file the hub image installs into z2jh's jupyterhub_config.d
 CONFIG_D_FILE = Path(__file__).parent / "jupyterhub_config.d" / "jupyterhub-gpu.py"
+#: the config sections of hub.config this bundle reads (the namespace from KubeSpawner's)
+BUNDLE_SECTIONS = ("GPUPolicy", "GPUService", "KubeSpawner")
+
+
+def config_from_z2jh_values(get_config: Callable[..., Any]) -> Config:
+    """This bundle's sections of ``hub.config``, applied as z2jh applies them.
+
+    ``get_config`` is z2jh's helper (``z2jh.get_config``) over the mounted chart
+    values. ``hub.extraConfig`` runs after everything that reads the values here,
+    so a change it makes to ``c.GPUPolicy`` or ``c.GPUService`` would reach the hub
+    but not the GPU service: that is an error, never two policies.
+    """
+    check_extra_config(get_config("hub.extraConfig", None))
+    config = Config()
+    for section in BUNDLE_SECTIONS:
+        settings = get_config(f"hub.config.{section}", None)
+        if settings is None:
+            continue
+        if not isinstance(settings, dict):
+            raise ValuesError(
+                f"hub.config.{section}: expected a mapping, got {type(settings).__name__}"
+            )
+        config[section].update(settings)
+    return config
 
 
 def check_policy(config: Config, stream: TextIO | None = None) -> None:
@@ -67,6 +95,9 @@ def check_z2jh_values() -> None:
         from z2jh import get_config  # the chart's helper, beside jupyterhub_config.py
     except ImportError:
         return
-    config = Config()
-    config.GPUPolicy.update(get_config("hub.config.GPUPolicy", None) or {})
+    try:
+        config = config_from_z2jh_values(get_config)
+    except ValuesError as e:
+        print(f"jupyterhub-gpu: {e}; the hub will not start", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     check_policy(config)

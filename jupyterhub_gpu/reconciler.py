@@ -1,4 +1,4 @@
-"""Keep the cluster's objects in step with the policy (DESIGN §5): a thin async adapter.
+"""Keep the cluster's objects in step with the policy: a thin async adapter.
 
 ``manifests.desired_objects`` says what should exist; this module only compares
 and writes::
@@ -15,7 +15,14 @@ One pass lists every kind it manages once (by the ownership labels), then:
   desired object in ``APPLIED_HASH`` *and* every desired field still has its
   value (quantities compared by value), so both a policy change and someone
   editing our fields are caught;
-- deletes objects carrying both ownership labels that are no longer desired;
+- deletes objects carrying both ownership labels that are no longer desired,
+  with three guards, as deleting is the one thing that cannot be undone:
+  nothing is pruned for a policy without groups (what a policy that failed to
+  load looks like; ``remove_all`` is the explicit way to delete everything);
+  a Namespace is deleted only when the reconciler was made with
+  ``prune_namespaces=True``, and never while it holds pods (both are reported
+  instead, in ``ReconcileReport.kept``);
+- with ``dry_run=True`` writes nothing and reports what it would write;
 - never raises for one object's API error: each is an entry in
   ``ReconcileReport.errors`` with the kind, the name and the fix (a missing
   scheduler CRD names the CRD and how to install it), and the other kinds go on.
@@ -131,19 +138,36 @@ class ReconcileReport:
     pruned: list[str] = field(default_factory=list)
     unchanged: int = 0
     errors: list[ObjectError] = field(default_factory=list)
+    #: objects not desired that were left in place, each with why
+    kept: list[str] = field(default_factory=list)
     #: API writes this pass made (applies and deletes, failed ones included)
     writes: int = 0
+    #: nothing was written: created, updated and pruned say what would have been
+    dry_run: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def unchanged_only(self) -> bool:
+        """Everything was already as desired: nothing to write, keep or report."""
+        return not (self.created or self.updated or self.pruned or self.kept or self.errors)
+
     def summary(self) -> str:
+        would = "would be " if self.dry_run else ""
         text = (
-            f"{len(self.created)} created, {len(self.updated)} updated, "
-            f"{len(self.pruned)} pruned, {self.unchanged} unchanged, {len(self.errors)} errors"
+            f"{len(self.created)} {would}created, {len(self.updated)} {would}updated, "
+            f"{len(self.pruned)} {would}pruned, {self.unchanged} unchanged, "
+            f"{len(self.kept)} kept, {len(self.errors)} errors"
         )
-        return "\n".join([text, *(f"  {e}" for e in self.errors)])
+        if self.dry_run:
+            text = f"dry run, nothing written: {text}"
+        lines = [f"  would create {n}" for n in self.created] if self.dry_run else []
+        lines += [f"  would update {n}" for n in self.updated] if self.dry_run else []
+        lines += [f"  would prune {n}" for n in self.pruned] if self.dry_run else []
+        lines += [f"  kept {k}" for k in self.kept]
+        return "\n".join([text, *lines, *(f"  {e}" for e in self.errors)])
 
 
 def applied_hash(obj: Mapping[str, Any]) -> str:
@@ -202,10 +226,16 @@ class Reconciler:
         *,
         service_account: str = "hub",
         concurrency: int = 16,
+        prune_namespaces: bool = False,
+        dry_run: bool = False,
     ) -> None:
         self.api = api_client
         self.hub_namespace = hub_namespace
         self.service_account = service_account
+        #: delete Namespaces the policy no longer implies (never while they hold pods)
+        self.prune_namespaces = prune_namespaces
+        #: compare and report, write nothing
+        self.dry_run = dry_run
         self.selector = f"{OWNER_LABEL}={OWNER},{HUB_LABEL}={hub_namespace}"
         self._limit = asyncio.Semaphore(concurrency)
         #: API writes since this object was made (applies and deletes)
@@ -281,17 +311,32 @@ class Reconciler:
         return f"HTTP {error.status}: {reason}"
 
     async def reconcile(self, policy: Policy) -> ReconcileReport:
-        """One pass: apply what is missing or drifted, prune what we own beyond the policy."""
-        return await self._reconcile(
-            desired_objects(policy, self.hub_namespace, self.service_account)
-        )
+        """One pass: apply what is missing or drifted, prune what we own beyond the policy.
+
+        A policy without groups prunes nothing: it is what a policy that failed to
+        load looks like, and pruning for it would delete every group's objects.
+        """
+        objects = desired_objects(policy, self.hub_namespace, self.service_account)
+        if not policy.groups:
+            return await self._reconcile(
+                objects, prune=False, why_not="the policy has no groups (pruning skipped)"
+            )
+        return await self._reconcile(objects, prune=True, namespaces=self.prune_namespaces)
 
     async def remove_all(self) -> ReconcileReport:
-        """Delete every object this hub owns (uninstalling the bundle, tests)."""
-        return await self._reconcile([])
+        """Delete every object this hub owns, namespaces included unless they hold pods
+        (uninstalling the bundle, tests)."""
+        return await self._reconcile([], prune=True, namespaces=True)
 
-    async def _reconcile(self, objects: list[dict[str, Any]]) -> ReconcileReport:
-        report = ReconcileReport()
+    async def _reconcile(
+        self,
+        objects: list[dict[str, Any]],
+        *,
+        prune: bool,
+        namespaces: bool = False,
+        why_not: str = "",
+    ) -> ReconcileReport:
+        report = ReconcileReport(dry_run=self.dry_run)
         writes_before = self.writes
         desired: dict[Kind, list[dict[str, Any]]] = {k: [] for k in KINDS}
         for obj in objects:  # fresh from desired_objects: ours to annotate
@@ -332,6 +377,16 @@ class Reconciler:
                 continue
             wanted = {identity(o) for o in desired[kind]}
             stale = [o for key, o in live[kind].items() if key not in wanted]
+            if not prune:
+                report.kept += [f"{kind.kind} {_name(o)}: {why_not}" for o in stale]
+                continue
+            if kind.kind == "Namespace" and not namespaces:
+                report.kept += [
+                    f"Namespace {_name(o)}: no longer in the policy; prune_namespaces is "
+                    "off, so it stays (delete it yourself, or turn prune_namespaces on)"
+                    for o in stale
+                ]
+                continue
             await asyncio.gather(*(self._prune(kind, o, report) for o in stale))
         report.writes = self.writes - writes_before
         return report
@@ -378,7 +433,8 @@ class Reconciler:
         report: ReconcileReport,
     ) -> None:
         try:
-            await self._apply(kind, obj)
+            if not self.dry_run:
+                await self._apply(kind, obj)
         except ApiException as e:
             report.errors.append(
                 ObjectError(_kind_text(kind), _name(obj), self._error_message(kind, e))
@@ -386,10 +442,25 @@ class Reconciler:
             return
         (report.created if current is None else report.updated).append(f"{kind.kind} {_name(obj)}")
 
+    async def _pods_in(self, namespace: str) -> int:
+        data = await self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods")
+        return len(data.get("items") or [])
+
     async def _prune(self, kind: Kind, obj: Mapping[str, Any], report: ReconcileReport) -> None:
         if obj["metadata"].get("deletionTimestamp"):
             return  # already going
         try:
+            if kind.kind == "Namespace" and (pods := await self._pods_in(_name(obj))):
+                # deleting it would delete its servers with it: the policy change
+                # that dropped the group does not say to stop them
+                report.kept.append(
+                    f"Namespace {_name(obj)}: holds {pods} pod{'s' if pods != 1 else ''}; not "
+                    "deleted (stop its servers, and a later pass deletes it)"
+                )
+                return
+            if self.dry_run:
+                report.pruned.append(f"{kind.kind} {_name(obj)}")
+                return
             await self._delete(kind, obj)
         except ApiException as e:
             if e.status == 404:  # gone meanwhile (e.g. with its namespace)

@@ -66,6 +66,26 @@ def hub_config(values: Mapping[str, Any]) -> Config:
     return config
 
 
+def check_extra_config(extra_config: Any) -> None:
+    """``hub.extraConfig`` must not change this bundle's settings.
+
+    z2jh runs ``hub.extraConfig`` last, after the hub's start-up policy check;
+    and the GPU service, which cannot run the hub's config file, reads
+    ``hub.config`` only. A change made there to ``c.GPUPolicy`` or
+    ``c.GPUService`` would give the hub and the service two policies.
+    """
+    if not isinstance(extra_config, Mapping):
+        return
+    for key, code in sorted(extra_config.items()):
+        for section in ("GPUPolicy", "GPUService"):
+            if section in str(code):
+                raise ValuesError(
+                    f"hub.extraConfig.{key}: sets {section}, which the GPU service cannot "
+                    f"see (it reads hub.config.{section}): move the setting to "
+                    f"hub.config.{section}"
+                )
+
+
 def policy_from_config(config: Config) -> Policy:
     try:
         policy = GPUPolicy(config=config)
@@ -76,4 +96,6 @@ def policy_from_config(config: Config) -> Policy:
 
 
 def policy_from_values(paths: list[str | Path]) -> Policy:
-    return policy_from_config(hub_config(load_values(paths)))
+    values = load_values(paths)
+    check_extra_config((values.get("hub") or {}).get("extraConfig"))
+    return policy_from_config(hub_config(values))

@@ -140,7 +140,7 @@ async def test_a_quota_change_updates_and_a_removed_group_is_pruned_leaving_othe
     kube, hub, core
 ):
     prefix = f"{hub}-"
-    reconciler = Reconciler(kube, hub)
+    reconciler = Reconciler(kube, hub, prune_namespaces=True)
     report = await reconciler.reconcile(two_groups(prefix, lab_gpus=2))
     assert report.ok, report.summary()
     lab_ns = f"{prefix}lab"

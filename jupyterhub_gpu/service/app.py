@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,11 +31,13 @@ from traitlets import Bool, Float, Int, Unicode, default
 from traitlets.config import Application
 
 from ..clusterview import BOUND_PODS
+from ..hubconfig import config_from_z2jh_values
 from ..model import PolicyError
 from ..policy import GPUPolicy
 from ..quantities import format_gpus
 from ..reconciler import Reconciler
 from ..shaping import GROUP_LABEL
+from ..values import ValuesError
 from . import handlers, metrics, rules
 from .hubapi import HubAPI, HubAPIError
 from .kube import Reflector, api_client, in_cluster_namespace, slim_node, slim_pod
@@ -84,10 +87,19 @@ class GPUService(Application):
 
     config_file = Unicode(
         help="""
-        The hub's config file, read for ``GPUPolicy`` (the same policy as the
-        hub's) and ``GPUService`` settings. Default: ``$JUPYTERHUB_GPU_CONFIG``,
-        else z2jh's ``/usr/local/etc/jupyterhub/jupyterhub_config.py``, else
+        The hub's config file, where the service finds ``GPUPolicy`` (the same
+        policy as the hub's) and its own ``GPUService`` settings. Default:
+        ``$JUPYTERHUB_GPU_CONFIG``, else z2jh's
+        ``/usr/local/etc/jupyterhub/jupyterhub_config.py``, else
         ``jupyterhub_config.py`` in the working directory.
+
+        In a z2jh hub pod (the file's folder holds the chart's ``z2jh.py``) the
+        service does not run that file, which needs the pod's Kubernetes Service
+        variables a hub-managed service does not inherit: it reads
+        ``hub.config.GPUPolicy``, ``hub.config.GPUService`` and
+        ``hub.config.KubeSpawner`` from the chart values, as the hub's start-up
+        check does. Elsewhere it loads the file; a file that fails to load
+        stops the service.
         """,
     ).tag(config=True)
 
@@ -127,6 +139,28 @@ class GPUService(Application):
         objects as ``jupyterhub-gpu manifests``). A pass that changes nothing
         writes nothing. Errors (a missing CRD, missing RBAC) show under *Service
         health* and are retried with backoff.
+        """,
+    ).tag(config=True)
+
+    prune_namespaces = Bool(
+        False,
+        help="""
+        Delete the namespace of a group the policy no longer has
+        (``namespace_per_group``). Off by default: such a namespace is kept and
+        reported on the page and in the log, while the objects the service made
+        in it (quota, limit range, network policy, ...) are pruned. Even when on,
+        a namespace that still holds pods is never deleted: it is reported, and
+        deleted by a later pass once its servers are gone.
+        """,
+    ).tag(config=True)
+
+    reconcile_dry_run = Bool(
+        False,
+        help="""
+        Reconcile without writing: each pass logs every object it would create,
+        update or prune, and changes nothing in the cluster. Turn it on for the
+        first start of the service on a cluster that already has objects, read
+        the log, then turn it off.
         """,
     ).tag(config=True)
 
@@ -191,19 +225,16 @@ class GPUService(Application):
                 f"jupyterhub-gpu-service: the hub's config file {path} does not exist; "
                 "pass --config PATH (the hub's jupyterhub_config.py)"
             )
-        if not os.environ.get("POD_NAMESPACE") and in_cluster_namespace():
-            # z2jh's config reads it for c.KubeSpawner.namespace; a managed
-            # service does not inherit the hub's environment
-            os.environ["POD_NAMESPACE"] = in_cluster_namespace() or ""
-        self.load_config_file(path.name, path=str(path.parent.resolve()))
+        self.policy_source = self.load_hub_config(path)
         try:
             self.policy = GPUPolicy(config=self.config).model
         except PolicyError as e:
             raise SystemExit(f"jupyterhub-gpu-service: the GPU policy is invalid:\n{e}") from None
         if not self.namespace:
             self.namespace = (
-                os.environ.get("POD_NAMESPACE")
-                or self.config.get("KubeSpawner", {}).get("namespace")
+                self.config.get("KubeSpawner", {}).get("namespace")
+                or os.environ.get("POD_NAMESPACE")
+                or in_cluster_namespace()
                 or "default"
             )
         self.state = ServiceState(self.policy)
@@ -214,11 +245,52 @@ class GPUService(Application):
         self._announced: set[tuple[str, str, datetime | None]] = set()
         self._announced_pods: set[str] = set()
         self._reconciler: Reconciler | None = None
+        self._last_reconcile = ""
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
         # group name -> (what the view is made of, view); -> (view, its JSON)
         self._group_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._group_json: dict[str, tuple[dict[str, Any], str]] = {}
+
+    def load_hub_config(self, path: Path) -> str:
+        """Read the hub's config into ``self.config``; where the policy came from, in words.
+
+        Never an empty policy in place of the hub's: a config that cannot be read
+        stops the service (a service without the policy would prune what the
+        policy created).
+        """
+        folder = path.parent.resolve()
+        if (folder / "z2jh.py").exists():
+            # a z2jh hub pod: the chart's helper reads the mounted values
+            sys.path.insert(0, str(folder))
+            try:
+                import z2jh
+            finally:
+                sys.path.remove(str(folder))
+            try:
+                self.update_config(config_from_z2jh_values(z2jh.get_config))
+            except ValuesError as e:
+                raise SystemExit(f"jupyterhub-gpu-service: {e}") from None
+            return "the chart values (hub.config)"
+        if "POD_NAMESPACE" not in os.environ and in_cluster_namespace():
+            # a hub config may read it (z2jh's does); a managed service does not inherit it
+            os.environ["POD_NAMESPACE"] = in_cluster_namespace() or ""
+        self.raise_config_file_errors = True
+        try:
+            self.load_config_file(path.name, path=str(folder))
+        except KeyError as e:
+            raise SystemExit(
+                f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
+                f"the environment variable {e} is not set. A hub-managed service gets only "
+                "JupyterHub's variables: pass it in the service's `environment` "
+                "(c.JupyterHub.services)"
+            ) from None
+        except Exception as e:
+            raise SystemExit(
+                f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        return str(path)
 
     # ---- views ---------------------------------------------------------------------
 
@@ -425,14 +497,21 @@ class GPUService(Application):
         """One reconcile pass; a pass with errors raises, so it is retried with backoff."""
         if self._reconciler is None:
             self._reconciler = Reconciler(
-                self.kube, hub_namespace=self.namespace, service_account=self.hub_service_account
+                self.kube,
+                hub_namespace=self.namespace,
+                service_account=self.hub_service_account,
+                prune_namespaces=self.prune_namespaces,
+                dry_run=self.reconcile_dry_run,
             )
         report = await self._reconciler.reconcile(self.policy)
         if report.errors:
             raise RuntimeError(report.summary())
-        if report.writes:
-            self.log.info("reconcile: %s", report.summary())
-        return report.summary()
+        summary = report.summary()
+        # every pass that writes; a pass that keeps or would write, when that changes
+        if report.writes or (not report.unchanged_only and summary != self._last_reconcile):
+            self.log.info("reconcile: %s", summary)
+        self._last_reconcile = summary
+        return summary
 
     # ---- the web app ---------------------------------------------------------------
 
@@ -475,7 +554,7 @@ class GPUService(Application):
         self.log.info(
             "jupyterhub-gpu-service on %s, policy from %s, namespace %s, %d groups",
             url.geturl(),
-            self.config_file,
+            self.policy_source,
             self.namespace,
             len(self.policy.groups),
         )
