@@ -76,9 +76,17 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .values import policy_from_values
+    from .model import PolicyError, unknown_settings
+    from .service.app import GPUService
+    from .values import hub_config, load_values, policy_from_values
 
     policy = policy_from_values(args.values)
+    service = hub_config(load_values(args.values)).get("GPUService", {})
+    errors = unknown_settings(
+        "hub.config.GPUService", service, GPUService.class_trait_names(config=True)
+    )
+    if errors:
+        raise PolicyError(errors)
     print(
         f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from traitlets.config import Config
 
 from .model import PolicyError
-from .values import ValuesError, check_extra_config, policy_from_config
+from .values import ValuesError, check_extra_config, policy_from_config, setup_errors
 
 #: the file the hub image installs into z2jh's jupyterhub_config.d
 CONFIG_D_FILE = Path(__file__).parent / "jupyterhub_config.d" / "jupyterhub-gpu.py"
@@ -61,11 +61,26 @@ def config_from_z2jh_values(get_config: Callable[..., Any]) -> Config:
     return config
 
 
-def check_policy(config: Config, stream: TextIO | None = None) -> None:
-    """Exit (status 1) with every policy error listed; return quietly when the policy is good."""
+def check_policy(
+    config: Config, stream: TextIO | None = None, setup: list[str] | None = None
+) -> None:
+    """Exit (status 1) with every policy error listed; return quietly when the policy is good.
+
+    ``setup``: errors in the hub's other settings that no policy can fix (see
+    ``values.setup_errors``); default: those of ``config`` itself, a plain
+    ``jupyterhub_config.py``'s ``c``.
+    """
+    if setup is None:
+        profile_list = [
+            config.get(s, {}).get("profile_list") for s in ("KubeSpawner", "GPUKubeSpawner")
+        ]
+        setup = setup_errors(config, next((p for p in profile_list if p), None))
     try:
         policy = policy_from_config(config)
+        if setup:
+            raise PolicyError([])
     except PolicyError as e:
+        e.errors[:0] = setup
         out = stream or sys.stderr
         print(
             f"jupyterhub-gpu: the GPU policy has {len(e.errors)} "
@@ -100,4 +115,5 @@ def check_z2jh_values() -> None:
     except ValuesError as e:
         print(f"jupyterhub-gpu: {e}; the hub will not start", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    check_policy(config)
+    sections = get_config("hub.config", None) or {}
+    check_policy(config, setup=setup_errors(sections, get_config("singleuser.profileList", None)))

@@ -12,8 +12,9 @@ never silently ignored. Pure: no I/O.
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -62,6 +63,21 @@ class PolicyError(ValueError):
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
         super().__init__("\n".join(errors))
+
+
+def unknown_settings(path: str, given: Iterable[Any], names: Iterable[str]) -> list[str]:
+    """An error for each setting in ``given`` that is not one of ``names``, with the
+    likeliest meant one (``hub.config.GPUPolicy.when_ful: unknown setting; did you mean
+    when_full?``): traitlets only warns about them, and a misspelt setting silently
+    left at its default is a policy nobody wrote."""
+    known = sorted(names)
+    errors = []
+    for key in given:
+        close = difflib.get_close_matches(str(key), known, n=1)
+        if str(key) not in known:
+            hint = f"did you mean {close[0]}? " if close else ""
+            errors.append(f"{path}.{key}: unknown setting; {hint}(settings: {', '.join(known)})")
+    return errors
 
 
 # ---- the model ----------------------------------------------------------------

@@ -9,10 +9,10 @@ listing every problem with its key path.
 
 from __future__ import annotations
 
-from traitlets import Bool, Dict, Enum, Unicode, default
+from traitlets import Bool, Dict, Enum, Unicode, default, observe
 from traitlets.config import Configurable
 
-from .model import Policy, parse_policy
+from .model import PREFIX, Policy, PolicyError, parse_policy, unknown_settings
 
 
 class GPUPolicy(Configurable):
@@ -127,19 +127,41 @@ class GPUPolicy(Configurable):
     def _default_scheduler(self) -> dict:
         return {"name": "default"}
 
+    @observe(
+        "scheduler",
+        "flavors",
+        "profiles",
+        "everyone",
+        "groups",
+        "when_full",
+        "namespace_per_group",
+        "namespace_prefix",
+        "extra_labels",
+    )
+    def _settings_changed(self, change) -> None:
+        self._model = None  # the next read of ``model`` checks the new settings
+
     @property
     def model(self) -> Policy:
         """The checked policy; raises ``PolicyError`` listing every problem."""
         if self._model is None:
-            self._model = parse_policy(
-                scheduler=self.scheduler,
-                flavors=self.flavors,
-                profiles=self.profiles,
-                everyone=self.everyone,
-                groups=self.groups,
-                when_full=self.when_full,
-                namespace_per_group=self.namespace_per_group,
-                namespace_prefix=self.namespace_prefix,
-                extra_labels=self.extra_labels,
-            )
+            given = self.config.GPUPolicy if "GPUPolicy" in self.config else {}
+            unknown = unknown_settings(PREFIX, given, self.trait_names(config=True))
+            try:
+                model = parse_policy(
+                    scheduler=self.scheduler,
+                    flavors=self.flavors,
+                    profiles=self.profiles,
+                    everyone=self.everyone,
+                    groups=self.groups,
+                    when_full=self.when_full,
+                    namespace_per_group=self.namespace_per_group,
+                    namespace_prefix=self.namespace_prefix,
+                    extra_labels=self.extra_labels,
+                )
+            except PolicyError as e:
+                raise PolicyError(unknown + e.errors) from None
+            if unknown:
+                raise PolicyError(unknown)
+            self._model = model
         return self._model

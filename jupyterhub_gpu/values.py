@@ -8,6 +8,7 @@ uses (``c.GPUPolicy.update(...)``), so offline checks and the hub agree.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,48 @@ def hub_config(values: Mapping[str, Any]) -> Config:
     return config
 
 
+#: how a hub config may name this bundle's spawner
+GPU_SPAWNER_NAMES = ("gpu-kubespawner", "jupyterhub_gpu.spawner.GPUKubeSpawner")
+
+
+def setup_errors(sections: Mapping[str, Any], profile_list: Any) -> list[str]:
+    """Hub settings that would start a hub where no spawn can work, each in words.
+
+    ``sections`` is ``hub.config`` (or a plain config's sections) and
+    ``profile_list`` the site's own KubeSpawner profile list (z2jh:
+    ``singleuser.profileList``).
+    """
+    errors = []
+    jupyterhub = sections.get("JupyterHub") or {}
+    uses_gpu_spawner = (
+        isinstance(jupyterhub, Mapping) and jupyterhub.get("spawner_class") in GPU_SPAWNER_NAMES
+    )
+    if uses_gpu_spawner and "GPUPolicy" not in sections:
+        close = difflib.get_close_matches("GPUPolicy", [str(s) for s in sections], n=1, cutoff=0.6)
+        hint = f"; did you mean hub.config.{close[0]} -> GPUPolicy?" if close else ""
+        errors.append(
+            "hub.config: spawner_class is gpu-kubespawner but there is no GPUPolicy section, "
+            f"so nobody could start a server{hint}"
+        )
+    if "GPUPolicy" in sections and isinstance(profile_list, list | tuple) and profile_list:
+        errors.append(
+            f"singleuser.profileList has {len(profile_list)} profiles and hub.config.GPUPolicy "
+            "is set: GPUKubeSpawner offers the policy's profiles, so no spawn of those "
+            "profiles would work; remove singleuser.profileList (or set it to null), or put "
+            "those profiles in GPUPolicy.profiles"
+        )
+    return errors
+
+
+def values_setup_errors(values: Mapping[str, Any]) -> list[str]:
+    """``setup_errors`` for a z2jh values mapping."""
+    hub = values.get("hub") or {}
+    sections = (hub.get("config") if isinstance(hub, Mapping) else None) or {}
+    singleuser = values.get("singleuser") or {}
+    profile_list = singleuser.get("profileList") if isinstance(singleuser, Mapping) else None
+    return setup_errors(sections if isinstance(sections, Mapping) else {}, profile_list)
+
+
 def check_extra_config(extra_config: Any) -> None:
     """``hub.extraConfig`` must not change this bundle's settings.
 
@@ -98,4 +141,11 @@ def policy_from_config(config: Config) -> Policy:
 def policy_from_values(paths: list[str | Path]) -> Policy:
     values = load_values(paths)
     check_extra_config((values.get("hub") or {}).get("extraConfig"))
-    return policy_from_config(hub_config(values))
+    errors = values_setup_errors(values)
+    try:
+        policy = policy_from_config(hub_config(values))
+    except PolicyError as e:
+        raise PolicyError(errors + e.errors) from None
+    if errors:
+        raise PolicyError(errors)
+    return policy

@@ -10,12 +10,14 @@ installed JupyterHub, KubeSpawner and authenticators themselves.
 
 from __future__ import annotations
 
+import re
 import secrets
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from jupyterhub.roles import _validate_role_name
@@ -25,6 +27,7 @@ from jupyterhub.services.service import Service
 import z2jh_schema
 from jupyterhub_gpu.offline import offline_spawner
 from jupyterhub_gpu.selection import offers
+from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
 from jupyterhub_gpu.shaping import namespace_for
 from jupyterhub_gpu.spawner import GPUKubeSpawner, _SharedState
 from jupyterhub_gpu.values import hub_config, load_values, merge, policy_from_config
@@ -159,14 +162,9 @@ def test_roles_use_real_scopes_and_name_the_service():
         _validate_role_name(name)
         assert set(role) <= {"name", "description", "scopes", "users", "groups", "services"}
         _check_scopes_exist(set(role["scopes"]))  # raises for an unknown scope
-    assert roles["gpu-service"]["services"] == ["gpu"]
-    # least privilege: reads users, groups and servers, may stop servers, never start them
-    assert set(roles["gpu-service"]["scopes"]) == {
-        "list:users",
-        "read:users:groups",
-        "read:servers",
-        "delete:servers",
-    }
+    assert roles[SERVICE_ROLE]["services"] == ["gpu"]
+    # least privilege: lists users and their servers, may stop servers, never start them
+    assert roles[SERVICE_ROLE]["scopes"] == list(SERVICE_SCOPES)
     # the default user role keeps 'self' and gains the dashboard
     assert set(roles["user"]["scopes"]) == {"self", "access:services!service=gpu"}
 
@@ -192,6 +190,20 @@ def with_services_and_roles(config, values: dict[str, Any], tmp_path: Path):
     return config
 
 
+def test_the_service_role_is_one_truth_in_the_values_the_docs_and_the_test_hub():
+    base = load_values([BASE])["hub"]["loadRoles"][SERVICE_ROLE]
+    docs = (ROOT / "docs" / "service.md").read_text()
+    # the first values block is the service's whole set-up
+    snippet = re.findall(r"```yaml\n(hub:\n.*?)```", docs, re.S)[0]
+    documented = yaml.safe_load(snippet)["hub"]["loadRoles"]
+    assert documented[SERVICE_ROLE]["scopes"] == base["scopes"] == list(SERVICE_SCOPES)
+    assert documented[SERVICE_ROLE]["services"] == base["services"]
+    # the roles other than the default user role are the service's only
+    assert set(documented) == set(load_values([BASE])["hub"]["loadRoles"])
+    # the docs' scope table names the same role (the test and demo hubs import it)
+    assert f"(role `{SERVICE_ROLE}`)" in docs
+
+
 async def test_jupyterhub_initializes_with_the_gpu_service_and_its_roles(tmp_path):
     """JupyterHub's own start-up (no proxy, no server) accepts the service and roles."""
     values = load_values(layered("university"))
@@ -199,7 +211,7 @@ async def test_jupyterhub_initializes_with_the_gpu_service_and_its_roles(tmp_pat
     await hub.initialize([])
     service_row = orm.Service.find(hub.db, "gpu")
     assert [(r.name, sorted(r.scopes)) for r in service_row.roles] == [
-        ("gpu-service", ["delete:servers", "list:users", "read:servers", "read:users:groups"])
+        (SERVICE_ROLE, sorted(SERVICE_SCOPES))
     ]
     assert sorted(orm.Role.find(hub.db, "user").scopes) == ["access:services!service=gpu", "self"]
     assert hub._service_map["gpu"].url == "http://hub:10101"
@@ -208,7 +220,7 @@ async def test_jupyterhub_initializes_with_the_gpu_service_and_its_roles(tmp_pat
 
 async def test_jupyterhub_refuses_a_role_for_a_service_that_does_not_exist(tmp_path):
     values = load_values(layered("university"))
-    values["hub"]["loadRoles"]["gpu-service"]["services"] = ["gpu-typo"]
+    values["hub"]["loadRoles"][SERVICE_ROLE]["services"] = ["gpu-typo"]
     hub = JupyterHub(config=with_services_and_roles(hub_config(values), values, tmp_path))
     with pytest.raises(ValueError, match="gpu-typo"):
         await hub.initialize([])

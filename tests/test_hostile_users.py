@@ -211,7 +211,8 @@ async def test_bad_spawns_are_refused_one_line_each_and_the_hub_keeps_serving(
             assert "\n" not in message
             assert len(message) < 300, message
             assert (await core.list_namespaced_pod(namespace)).items == []
-        # still serving, and still spawning
+        # still serving, and still spawning (JupyterHub exits 2 s after its limit)
+        await asyncio.sleep(3)
         assert hub.process.poll() is None
         status, _ = await api(hub, "GET", "/")
         assert status == 200

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..hubconfig import CONFIG_D_FILE
+from ..service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
 from . import build
 from .cluster import LocalCluster, free_port
 
@@ -97,6 +98,13 @@ class LocalHub:
     gpu_service: bool = False
     #: the service's own kubeconfig (e.g. a service account's); default: the cluster admin's
     service_kubeconfig: Path | None = None
+    #: lay the hub's config out as z2jh does in a hub pod: ``hub.config`` sections
+    #: (the policy, ``service_settings``) in the chart values beside the ``z2jh``
+    #: helper, and a ``jupyterhub_config.py`` that needs the pod's Service
+    #: variables, which the hub has and a hub-managed service does not inherit
+    z2jh_layout: bool = False
+    #: hub.config.GPUService: the service's settings
+    service_settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -116,13 +124,14 @@ class LocalHub:
             textwrap.dedent(
                 f"""
             # written by jupyterhub_gpu.localcluster.hub
+            import os
             c = get_config()  # noqa
             c.JupyterHub.ip = "127.0.0.1"
             c.JupyterHub.port = {self.port}
             c.JupyterHub.hub_ip = "127.0.0.1"
             c.JupyterHub.hub_port = {self.hub_port}
-            c.JupyterHub.hub_connect_url = "http://127.0.0.1:{self.hub_port}"
-            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.proxy_api_port}"
+            c.JupyterHub.hub_connect_url = {self._hub_connect_url()}
+            c.ConfigurableHTTPProxy.api_url = {self._proxy_api_url()}
             c.ConfigurableHTTPProxy.command = [{str(chp)!r}]
             c.ConfigurableHTTPProxy.should_start = True
             c.JupyterHub.db_url = "sqlite:///{self.directory}/jupyterhub.sqlite"
@@ -155,6 +164,30 @@ class LocalHub:
             + textwrap.dedent(self.extra_config)
         )
 
+    def _proxy_api_url(self) -> str:
+        if self.z2jh_layout:  # as z2jh's config: from the proxy-api Service's variables
+            return (
+                "f\"http://{os.environ['PROXY_API_SERVICE_HOST']}:"
+                "{os.environ['PROXY_API_SERVICE_PORT']}\""
+            )
+        return repr(f"http://127.0.0.1:{self.proxy_api_port}")
+
+    def _hub_connect_url(self) -> str:
+        if self.z2jh_layout:  # as z2jh's config: from the hub Service's variables
+            return "f\"http://{os.environ['HUB_SERVICE_HOST']}:{os.environ['HUB_SERVICE_PORT']}\""
+        return repr(f"http://127.0.0.1:{self.hub_port}")
+
+    def _pod_environment(self) -> dict[str, str]:
+        """The Service variables Kubernetes gives the hub pod (z2jh layout)."""
+        if not self.z2jh_layout:
+            return {}
+        return {
+            "PROXY_API_SERVICE_HOST": "127.0.0.1",
+            "PROXY_API_SERVICE_PORT": str(self.proxy_api_port),
+            "HUB_SERVICE_HOST": "127.0.0.1",
+            "HUB_SERVICE_PORT": str(self.hub_port),
+        }
+
     @property
     def service_url(self) -> str:
         """The service's public URL, through the proxy."""
@@ -185,11 +218,7 @@ class LocalHub:
             },
         }
         roles = [
-            {
-                "name": "jupyterhub-gpu-service",
-                "scopes": ["list:users", "read:servers", "delete:servers"],
-                "services": ["gpu"],
-            },
+            {"name": SERVICE_ROLE, "scopes": list(SERVICE_SCOPES), "services": ["gpu"]},
             {"name": "user", "scopes": ["self", "access:services!service=gpu"]},
         ]
         return textwrap.dedent(
@@ -201,19 +230,27 @@ class LocalHub:
 
     def _policy_config(self) -> str:
         if self.policy is None:
-            return ""
+            return textwrap.dedent(
+                f"""
+                c.GPUService.update({self.service_settings!r})
+                """
+            )
         # the same steps z2jh takes: hub.config.JupyterHub, hub.config.GPUPolicy, then
         # the files of jupyterhub_config.d (where the hub image puts the policy check,
         # which reads the chart values through z2jh's helper module)
-        values = {"hub": {"config": {"GPUPolicy": self.policy}}}
+        sections = {"GPUPolicy": self.policy, "GPUService": self.service_settings}
+        values = {"hub": {"config": {"KubeSpawner": {"namespace": self.namespace}, **sections}}}
         (self.directory / "values.json").write_text(json.dumps(values))
-        (self.directory / "z2jh.py").write_text(Z2JH_HELPER)
+        helper = "z2jh.py" if self.z2jh_layout else "z2jh_values.py"
+        (self.directory / helper).write_text(Z2JH_HELPER)
         return textwrap.dedent(
             f"""
             import sys
             sys.path.insert(0, {str(self.directory)!r})
+            {"" if self.z2jh_layout else "sys.modules['z2jh'] = __import__('z2jh_values')"}
             c.JupyterHub.update({{"spawner_class": "gpu-kubespawner"}})
-            c.GPUPolicy.update({self.policy!r})
+            for section, settings in {sections!r}.items():
+                c[section].update(settings)
             load_subconfig({str(CONFIG_D_FILE)!r})
             """
         )
@@ -229,7 +266,11 @@ class LocalHub:
         chp = ensure_chp()
         config = self.directory / "jupyterhub_config.py"
         config.write_text(self.config(chp))
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig or self.cluster.state.kubeconfig)}
+        env = {
+            **os.environ,
+            **self._pod_environment(),
+            "KUBECONFIG": str(self.kubeconfig or self.cluster.state.kubeconfig),
+        }
         env.pop("JUPYTERHUB_API_TOKEN", None)
         self.log_path = self.directory / "jupyterhub.log"
         with open(self.log_path, "ab") as log:

@@ -32,7 +32,7 @@ from traitlets.config import Application
 
 from ..clusterview import BOUND_PODS
 from ..hubconfig import config_from_z2jh_values
-from ..model import PolicyError
+from ..model import PolicyError, unknown_settings
 from ..policy import GPUPolicy
 from ..quantities import format_gpus
 from ..reconciler import Reconciler
@@ -106,6 +106,11 @@ class GPUService(Application):
     @default("config_file")
     def _default_config_file(self) -> str:
         return default_config_file()
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        # what it did at start-up and each reconcile write belong in the hub's log
+        return logging.INFO
 
     namespace = Unicode(
         "",
@@ -226,6 +231,13 @@ class GPUService(Application):
                 "pass --config PATH (the hub's jupyterhub_config.py)"
             )
         self.policy_source = self.load_hub_config(path)
+        unknown = unknown_settings(
+            "hub.config.GPUService",
+            self.config.get("GPUService", {}),
+            self.trait_names(config=True),
+        )
+        if unknown:
+            raise SystemExit("jupyterhub-gpu-service: " + "\n".join(unknown))
         try:
             self.policy = GPUPolicy(config=self.config).model
         except PolicyError as e:

@@ -18,6 +18,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from .views import Server
 
 PAGE = 200
+#: the service's role in the hub (z2jh: hub.loadRoles), the least it needs: list
+#: users with their active servers (start time, readiness, options), stop servers
+SERVICE_ROLE = "jupyterhub-gpu-service"
+SERVICE_SCOPES = ("list:users", "read:servers", "delete:servers")
 
 
 class HubAPIError(Exception):
@@ -27,7 +31,7 @@ class HubAPIError(Exception):
         hint = ""
         if status == 403:
             hint = (
-                " (the service's role needs list:users, read:servers and delete:servers;"
+                f" (the service's role {SERVICE_ROLE} needs {', '.join(SERVICE_SCOPES)};"
                 " see docs/service.md)"
             )
         super().__init__(f"{call}: HTTP {status}: {message}{hint}")

@@ -1,0 +1,119 @@
+"""The GPU service started as JupyterHub starts it in a z2jh hub pod.
+
+The hub's config is laid out as z2jh lays it out: the chart values (with
+``hub.config.GPUPolicy``) beside the chart's ``z2jh`` helper, and a
+``jupyterhub_config.py`` that needs the pod's Kubernetes Service variables
+(``PROXY_API_SERVICE_PORT``, ``HUB_SERVICE_PORT``). The hub has them; the
+service, a hub-managed process, gets only JupyterHub's variables. It must still
+have the hub's exact policy, and a config it cannot read must stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from test_service_hub import aget, user_token, wait_for_service
+
+from hub_helpers import fresh_namespace
+from jupyterhub_gpu.localcluster.hub import LocalHub
+from kube_helpers import eventually
+
+POLICY = {
+    "flavors": {"h200": {"kind": "gpu"}},
+    "profiles": {
+        "small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}},
+        "cpu": {"cpu": "100m", "memory": "128Mi"},
+    },
+    "everyone": {"profiles": ["cpu"]},
+    "groups": {
+        "alpha": {"quota": {"gpus": 4}, "max_runtime": "8h", "profiles": ["small"]},
+        "beta": {"quota": {"gpus": 1}, "profiles": ["small"]},
+    },
+    "namespace_per_group": True,
+}
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_in_a_z2jh_pod_the_service_has_the_hubs_groups_and_keeps_their_objects(
+    local_cluster, core, priority_class_objects
+):
+    namespace = await fresh_namespace(core)
+    prefix = f"{namespace}-"
+    hub = LocalHub(
+        local_cluster,
+        namespace=namespace,
+        admin_users=("root",),
+        policy={**POLICY, "namespace_prefix": prefix},
+        gpu_service=True,
+        z2jh_layout=True,
+        service_settings={"reconcile_interval": 1, "hub_poll_interval": 1},
+        extra_config='c.JupyterHub.load_roles.append({"name": "token-issuer", '
+        '"scopes": ["tokens"], "services": ["test-admin"]})\n',
+    )
+    await asyncio.to_thread(hub.start)
+    try:
+        # the hub itself really needs the Service variables it was given
+        config = (hub.directory / "jupyterhub_config.py").read_text()
+        assert "os.environ['PROXY_API_SERVICE_PORT']" in config
+        await wait_for_service(hub)
+        token = await user_token(hub, "root")
+
+        async def reconciled_twice():
+            status, _, body = await aget(hub.service_url + "api/usage", token)
+            assert status == 200, body
+            view = json.loads(body)
+            task = next(t for t in view["tasks"] if t["name"] == "reconcile")
+            return view if task["ok"] and task["runs"] >= 3 else None
+
+        view = await eventually(reconciled_twice, "three reconcile passes", within=60)
+        assert {g["name"] for g in view["groups"]} == {"alpha", "beta", "everyone"}
+        alpha = next(g for g in view["groups"] if g["name"] == "alpha")
+        assert alpha["max_runtime_seconds"] == 8 * 3600
+        # the group namespaces the policy implies exist, and no pass deleted them
+        for group in ("alpha", "beta"):
+            ns = await core.read_namespace(f"{prefix}{group}")
+            assert ns.metadata.deletion_timestamp is None
+            quota = await core.read_namespaced_resource_quota("jupyterhub-gpu", f"{prefix}{group}")
+            assert quota.spec.hard["requests.nvidia.com/gpu"] == ("4" if group == "alpha" else "1")
+        log = hub.log_path.read_text()
+        assert "policy from the chart values (hub.config)" in log
+        assert "Exception while loading config file" not in log
+    finally:
+        await asyncio.to_thread(hub.stop)
+        for group in ("alpha", "beta"):
+            await core.delete_namespace(f"{prefix}{group}")
+        await core.delete_namespace(namespace)
+
+
+def test_a_hub_config_that_fails_to_load_stops_the_service(tmp_path):
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(
+        "import os\n"
+        "c = get_config()  # noqa\n"
+        "c.GPUPolicy.groups = {'alpha': {'profiles': []}}\n"
+        "c.ConfigurableHTTPProxy.api_url = 'http://proxy:' + os.environ['PROXY_API_SERVICE_PORT']\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ":".join(sys.path),
+        "JUPYTERHUB_SERVICE_NAME": "gpu",
+        "JUPYTERHUB_API_TOKEN": "x",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterhub_gpu.service", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (
+        f"the hub's config file {config} failed to load: the environment variable "
+        "'PROXY_API_SERVICE_PORT' is not set" in result.stderr
+    )
+    assert "environment" in result.stderr
