@@ -72,6 +72,7 @@ async def service_hub(local_cluster, core, priority_class_objects):
         gpu_service=True,
         extra_config=(
             "c.GPUService.rules_interval = 2\n"
+            "c.GPUService.auth_cache_max_age = 3\n"
             "c.GPUService.hub_poll_interval = 1\n"
             # the hub notices a dead managed service when it polls it
             "c.Spawner.poll_interval = 5\n"
@@ -388,3 +389,25 @@ async def test_the_service_keeps_the_policys_objects_in_the_cluster(service_hub,
     status, _, body = await aget(service_hub.service_url, token)
     assert status == 200
     assert "reconcile" in body
+
+
+async def test_a_user_removed_from_a_group_stops_seeing_it_within_the_cache_age(service_hub):
+    from jupyterhub_gpu.service.app import GPUService
+
+    assert GPUService().auth_cache_max_age == 30  # the default; this hub sets 3 s
+    token = await user_token(service_hub, "dave")
+    view, _ = await usage(service_hub, token)
+    assert [g["name"] for g in view["groups"]] == ["beta", "everyone"]
+    status, body = await asyncio.to_thread(
+        service_hub.api, "DELETE", "/groups/beta/users", {"users": ["dave"]}
+    )
+    assert status == 200, body
+    try:
+
+        async def beta_gone():
+            view, _ = await usage(service_hub, token)
+            return "beta" not in [g["name"] for g in view["groups"]] or None
+
+        await eventually(beta_gone, "dave's view without beta", within=15, interval=0.5)
+    finally:
+        await asyncio.to_thread(service_hub.api, "POST", "/groups/beta/users", {"users": ["dave"]})

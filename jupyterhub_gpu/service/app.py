@@ -218,6 +218,16 @@ class GPUService(Application):
         """,
     ).tag(config=True)
 
+    auth_cache_max_age = Int(
+        30,
+        help="""
+        Seconds the service trusts what the hub said about a user's token (their
+        name, admin flag and groups) before asking again. A user an admin removes
+        from a group stops seeing that group's usage within this time.
+        JupyterHub's own default for services is 300 seconds.
+        """,
+    ).tag(config=True)
+
     watch_timeout = Int(300, help="Seconds a Kubernetes watch runs before it is renewed.").tag(
         config=True
     )
@@ -529,7 +539,10 @@ class GPUService(Application):
 
     def make_app(self) -> web.Application:
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu/")
-        self.hub_auth = HubOAuth.instance(api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+        self.hub_auth = HubOAuth.instance(
+            api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+            cache_max_age=self.auth_cache_max_age,
+        )
         routes = [
             (prefix, handlers.PageHandler),
             (url_path_join(prefix, "api/usage"), handlers.UsageHandler),
