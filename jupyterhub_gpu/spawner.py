@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 import jupyterhub
-from kubernetes_asyncio.client import ApiException
+from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Preconditions
 from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Any as AnyValue
@@ -90,6 +90,8 @@ class _SharedState:
         self.starting: set[str] = set()
         self.touched: dict[str, float] = {}
         self.resync_task: asyncio.Task | None = None
+        #: deletions of pods whose stop failed, retried until the pod is gone
+        self.finishing: set[asyncio.Future] = set()
 
 
 class GPUKubeSpawner(KubeSpawner):
@@ -472,13 +474,73 @@ class GPUKubeSpawner(KubeSpawner):
             # refused spawns those calls are most of the hub's and the API's work
             self._gpu_refused_before_kubernetes = False
             return
+        # KubeSpawner stops a conflicting old pod during start and retries; that stop
+        # must not release the reservation the start still holds
         try:
             await super().stop(now=now)
-        finally:
-            # KubeSpawner stops a conflicting old pod during start and retries;
-            # that stop must not release the reservation the start still holds
+        except Exception as e:
+            # the pod may still run (the API server was unreachable, or slow): its GPUs
+            # stay charged, and its deletion is retried until the pod is gone
             if not self._gpu_starting:
-                await self._release()
+                self._finish_stop_in_background(e, now)
+            raise
+        if not self._gpu_starting:
+            await self._release()
+
+    def _finish_stop_in_background(self, error: Exception, now: bool) -> None:
+        """After a failed stop: delete this server's pod until it is gone, then release.
+
+        JupyterHub forgets the server either way, so nothing else would delete the
+        pod; and releasing its charge while it runs would let a group exceed its
+        quota. The deletion names the pod's uid: a new pod of the same name (the user
+        started again) is never touched, and its own charge never released.
+        """
+        state = self._state()
+        key = self._server_key
+        charge = state.ledger.charges.get(key) if state.loaded else None
+        pod = self.pod_reflector.pods.get(key) if getattr(self, "pod_reflector", None) else None
+        uid = ((pod or {}).get("metadata") or {}).get("uid")
+        self.log.warning(
+            "Stopping %s failed (%s); its pod %s stays charged and is deleted when the "
+            "Kubernetes API answers",
+            self._log_name,
+            error,
+            key,
+        )
+        task = asyncio.ensure_future(
+            self._delete_until_gone(self.namespace, self.pod_name, uid, charge, now)
+        )
+        state.finishing.add(task)
+        task.add_done_callback(state.finishing.discard)
+
+    async def _delete_until_gone(
+        self, namespace: str, name: str, uid: str | None, charge: Charge | None, now: bool
+    ) -> None:
+        options = V1DeleteOptions(
+            grace_period_seconds=0 if now else self.delete_grace_period,
+            preconditions=V1Preconditions(uid=uid) if uid else None,
+        )
+        delay = 1.0
+        while True:
+            try:
+                await self.api.delete_namespaced_pod(
+                    name, namespace, body=options, _request_timeout=self.k8s_api_request_timeout
+                )
+            except ApiException as e:
+                if e.status in (404, 409):  # gone, or a new server's pod has the name now
+                    break
+                self.log.warning("Deleting pod %s/%s: %s", namespace, name, _api_message(e))
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass  # still unreachable
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10)
+        state = self._state()
+        key = f"{namespace}/{name}"
+        if charge is not None and state.ledger.charges.get(key) is charge:
+            state.ledger.release(self.gpu_policy, key)
+            async with state.changed:
+                state.changed.notify_all()
+        self.log.info("Pod %s is gone: the stop of %s is complete", key, self._log_name)
 
     async def get_pod_manifest(self):
         pod = await super().get_pod_manifest()

@@ -26,7 +26,7 @@ from typing import Any
 from ..admission import Charge, Ledger
 from ..capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..model import Policy
-from ..shaping import charge_from_pod
+from ..shaping import PROFILE_LABEL, charge_from_pod
 from .views import Notice, Server, Snapshot, waiting_lines
 
 log = logging.getLogger("jupyterhub_gpu.service")
@@ -45,6 +45,7 @@ class ServerPod:
     user: str | None
     servername: str
     created: datetime | None
+    profile: str | None = None  # the profile label
 
 
 def server_pod(pod: Mapping[str, Any]) -> ServerPod:
@@ -63,6 +64,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         user=annotations.get(USERNAME_ANNOTATION) or (charge.user if charge else None),
         servername=annotations.get(SERVERNAME_ANNOTATION, ""),
         created=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
+        profile=(metadata.get("labels") or {}).get(PROFILE_LABEL),
     )
 
 
@@ -157,6 +159,24 @@ class ServiceState:
     # ---- the hub's servers -----------------------------------------------------------
 
     def set_servers(self, servers: list[Server]) -> None:
+        """The hub's servers, each charged to the group its pod is labelled with.
+
+        The hub reports a server's group only through the profile in its
+        ``user_options``, which are empty for a spawn of the default profile, and
+        after a hub restart; the pod's labels say it always. ``user_options`` count
+        only for a server with no pod (yet).
+        """
+        pods = {
+            (p.user, p.servername): p
+            for p in (self.server_pods or {}).values()
+            if p.charge is not None
+        }
+        servers = [
+            replace(s, group=pod.charge.group, profile=pod.profile or s.profile)
+            if (pod := pods.get((s.user, s.name))) and pod.charge
+            else s
+            for s in servers
+        ]
         self.servers = servers
         by_user: dict[str, list[Server]] = {}
         for server in servers:

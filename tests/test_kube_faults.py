@@ -1,0 +1,134 @@
+"""Kubernetes faults never let a group exceed its quota, and leave nothing behind.
+
+The hub reaches the API server through a relay the test cuts (``Relay``), and is
+restarted with its servers running, as z2jh's hub is (``cleanup_servers`` off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from test_hub_failures import GPU, POLICY, start_hub, stop_hub
+from test_service_hub import aget, user_token, wait_for_service
+
+from hub_helpers import Relay, api, wait_no_pods
+from kube_helpers import eventually
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+
+async def pods_of(core, namespace: str, user: str) -> list:
+    selector = f"hub.jupyter.org/username={user}"
+    return (await core.list_namespaced_pod(namespace, label_selector=selector)).items
+
+
+async def test_a_stop_during_an_api_outage_keeps_the_charge_until_the_pod_is_gone(
+    local_cluster, core, priority_class_objects, tmp_path
+):
+    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
+    hub = await start_hub(
+        local_cluster,
+        core,
+        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
+        extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
+    )
+    try:
+        status, body = await api(hub, "POST", "/users/ann/server", GPU)
+        assert status in (201, 202), body
+
+        async def ann_running():
+            _, model = await api(hub, "GET", "/users/ann")
+            server = model["servers"].get("")
+            return server and server["ready"]
+
+        await eventually(ann_running, "ann's server", within=120)
+        await relay.cut()
+        status, _ = await api(hub, "DELETE", "/users/ann/server")
+        assert status in (202, 204)
+
+        async def ann_forgotten():
+            _, model = await api(hub, "GET", "/users/ann")
+            return model["servers"] == {}
+
+        await eventually(ann_forgotten, "the hub to give up ann's stop", within=60)
+        # the pod still runs: the group's one GPU is still taken
+        assert len(await pods_of(core, hub.namespace, "ann")) == 1
+        status, body = await api(hub, "POST", "/users/bob/server", GPU)
+        assert status == 403, body
+        assert body["message"] == "Lab has 1 of 1 GPUs in use; this server needs 1"
+
+        # the API returns: the hub finishes ann's stop by itself, and then frees the GPU
+        await relay.restore()
+
+        async def ann_pod_gone():
+            return not await pods_of(core, hub.namespace, "ann") or None
+
+        await eventually(ann_pod_gone, "ann's pod to be deleted", within=60)
+
+        async def bob_admitted():
+            status, body = await api(hub, "POST", "/users/bob/server", GPU)
+            assert status in (201, 202, 403), body
+            return status in (201, 202) or None
+
+        await eventually(bob_admitted, "bob's spawn to be admitted", within=30)
+        assert await pods_of(core, hub.namespace, "ann") == []
+    finally:
+        if relay.server is None or not relay.server.is_serving():
+            await relay.restore()
+        await stop_hub(hub, core)
+        await relay.cut()
+
+
+BRIEF = {
+    **POLICY,
+    "groups": {
+        "lab": {
+            "display_name": "Lab",
+            "quota": {"gpus": 1},
+            "max_runtime": "40s",
+            "profiles": ["gpu"],
+        }
+    },
+}
+
+
+async def test_max_runtime_applies_after_a_hub_restart_to_a_server_started_without_options(
+    local_cluster, core, priority_class_objects
+):
+    hub = await start_hub(
+        local_cluster,
+        core,
+        policy=BRIEF,
+        users={"ann": ["lab"]},
+        admin_users=("root",),
+        gpu_service=True,
+        cleanup_servers=False,
+        extra_config="c.GPUService.rules_interval = 1\n"
+        "c.GPUService.hub_poll_interval = 1\n"
+        'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+        '"services": ["test-admin"]})\n',
+    )
+    try:
+        # no options: the default profile, the group's GPU
+        status, body = await api(hub, "POST", "/users/ann/server", {})
+        assert status in (201, 202), body
+        await eventually(lambda: pods_of(core, hub.namespace, "ann"), "ann's pod", within=60)
+        await asyncio.to_thread(hub.restart)
+        await wait_for_service(hub)
+        _, model = await api(hub, "GET", "/users/ann")
+        assert model["servers"][""]["user_options"] == {}  # what the hub kept
+        token = await user_token(hub, "root")
+        status, _, body = await aget(hub.service_url + "api/usage", token)
+        (server,) = json.loads(body)["servers"]
+        assert server["group"] == "lab"  # from the pod's labels
+
+        async def stopped():
+            _, model = await api(hub, "GET", "/users/ann")
+            return model["servers"] == {} or None
+
+        await eventually(stopped, "the service to stop ann's server", within=90)
+        await wait_no_pods(core, hub.namespace)
+    finally:
+        await stop_hub(hub, core)
