@@ -468,6 +468,38 @@ class GPUKubeSpawner(KubeSpawner):
             state.touched[self._server_key] = time.monotonic()
         return result
 
+    async def poll(self):
+        """None while the server's pod exists, as KubeSpawner says; and None when the
+        API server cannot be reached to know.
+
+        JupyterHub forgets a server whose poll says it stopped; at a hub start with the
+        API server unreachable, KubeSpawner's first list of pods fails and every running
+        server would be forgotten, while its pod lives on, charged. A pod list that
+        failed is tried again at the next poll, once the API server answers.
+        """
+        try:
+            await self._pods_listed()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            self.log.warning(
+                "Cannot reach the Kubernetes API server to poll %s (%s): taking it as "
+                "still running until it can be checked",
+                self._log_name,
+                e,
+            )
+            return None
+        return await super().poll()
+
+    async def _pods_listed(self) -> None:
+        """KubeSpawner's pod reflector, started again if its first list failed."""
+        reflector = self.reflectors.get(self._get_reflector_key("pods"))
+        failed = (
+            reflector is not None
+            and reflector.first_load_future.done()
+            and not reflector.first_load_future.cancelled()
+            and reflector.first_load_future.exception() is not None
+        )
+        await self._start_watching_pods(replace=failed)
+
     async def stop(self, now: bool = False) -> None:
         if self._gpu_refused_before_kubernetes:
             # skip KubeSpawner's DELETE of a pod that was never created: in a storm of

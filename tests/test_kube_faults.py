@@ -132,3 +132,42 @@ async def test_max_runtime_applies_after_a_hub_restart_to_a_server_started_witho
         await wait_no_pods(core, hub.namespace)
     finally:
         await stop_hub(hub, core)
+
+
+async def test_a_hub_restarted_while_the_api_is_down_still_knows_and_counts_its_servers(
+    local_cluster, core, priority_class_objects, tmp_path
+):
+    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
+    hub = await start_hub(
+        local_cluster,
+        core,
+        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
+        cleanup_servers=False,
+        extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
+    )
+    try:
+        status, body = await api(hub, "POST", "/users/ann/server", GPU)
+        assert status in (201, 202), body
+
+        async def ann_running():
+            _, model = await api(hub, "GET", "/users/ann")
+            server = model["servers"].get("")
+            return server and server["ready"]
+
+        await eventually(ann_running, "ann's server", within=120)
+        await relay.cut()
+        restarting = asyncio.create_task(asyncio.to_thread(hub.restart, 180))
+        await asyncio.sleep(15)
+        await relay.restore()
+        await restarting
+        # the hub still knows ann's server, its pod lives, and it still counts
+        await eventually(ann_running, "ann's server after the restart", within=60)
+        assert len(await pods_of(core, hub.namespace, "ann")) == 1
+        status, body = await api(hub, "POST", "/users/bob/server", GPU)
+        assert status == 403, body
+        assert body["message"] == "Lab has 1 of 1 GPUs in use; this server needs 1"
+    finally:
+        if relay.server is None or not relay.server.is_serving():
+            await relay.restore()
+        await stop_hub(hub, core)
+        await relay.cut()
