@@ -45,6 +45,20 @@ async def start_hub(local_cluster, core, **settings) -> LocalHub:
     return hub
 
 
+async def hub_behind_relay(local_cluster, core, tmp_path, **settings) -> tuple[Relay, LocalHub]:
+    """A hub that reaches the API server through a relay the test can cut; its
+    KubeSpawner retries an API call for 5 s, not 30."""
+    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
+    hub = await start_hub(
+        local_cluster,
+        core,
+        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
+        extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
+        **settings,
+    )
+    return relay, hub
+
+
 async def stop_hub(hub: LocalHub, core) -> None:
     for user in hub.users:
         await api(hub, "DELETE", f"/users/{user}/server")
@@ -108,13 +122,7 @@ async def test_a_resource_quota_403_is_one_line_and_releases_the_reservation(
 async def test_api_server_unreachable_mid_spawn_gives_a_reason_and_leaves_nothing(
     local_cluster, core, priority_class_objects, tmp_path
 ):
-    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
-    hub = await start_hub(
-        local_cluster,
-        core,
-        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
-        extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
-    )
+    relay, hub = await hub_behind_relay(local_cluster, core, tmp_path)
     try:
         # the hub has loaded its ledger and watches pods through the relay
         status, _ = await api(hub, "POST", "/users/cat/server", {"profile": "everyone--cpu"})

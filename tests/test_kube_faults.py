@@ -10,10 +10,10 @@ import asyncio
 import json
 
 import pytest
-from test_hub_failures import GPU, POLICY, start_hub, stop_hub
+from test_hub_failures import GPU, POLICY, hub_behind_relay, start_hub, stop_hub
 from test_service_hub import aget, user_token, wait_for_service
 
-from hub_helpers import Relay, api, wait_no_pods
+from hub_helpers import api, wait_no_pods
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -24,26 +24,24 @@ async def pods_of(core, namespace: str, user: str) -> list:
     return (await core.list_namespaced_pod(namespace, label_selector=selector)).items
 
 
+async def ann_running(hub) -> bool:
+    _, model = await api(hub, "GET", "/users/ann")
+    server = model["servers"].get("")
+    return bool(server and server["ready"])
+
+
+async def start_ann(hub) -> None:
+    status, body = await api(hub, "POST", "/users/ann/server", GPU)
+    assert status in (201, 202), body
+    await eventually(lambda: ann_running(hub), "ann's server", within=120)
+
+
 async def test_a_stop_during_an_api_outage_keeps_the_charge_until_the_pod_is_gone(
     local_cluster, core, priority_class_objects, tmp_path
 ):
-    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
-    hub = await start_hub(
-        local_cluster,
-        core,
-        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
-        extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
-    )
+    relay, hub = await hub_behind_relay(local_cluster, core, tmp_path)
     try:
-        status, body = await api(hub, "POST", "/users/ann/server", GPU)
-        assert status in (201, 202), body
-
-        async def ann_running():
-            _, model = await api(hub, "GET", "/users/ann")
-            server = model["servers"].get("")
-            return server and server["ready"]
-
-        await eventually(ann_running, "ann's server", within=120)
+        await start_ann(hub)
         await relay.cut()
         status, _ = await api(hub, "DELETE", "/users/ann/server")
         assert status in (202, 204)
@@ -137,31 +135,16 @@ async def test_max_runtime_applies_after_a_hub_restart_to_a_server_started_witho
 async def test_a_hub_restarted_while_the_api_is_down_still_knows_and_counts_its_servers(
     local_cluster, core, priority_class_objects, tmp_path
 ):
-    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
-    hub = await start_hub(
-        local_cluster,
-        core,
-        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
-        cleanup_servers=False,
-        extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
-    )
+    relay, hub = await hub_behind_relay(local_cluster, core, tmp_path, cleanup_servers=False)
     try:
-        status, body = await api(hub, "POST", "/users/ann/server", GPU)
-        assert status in (201, 202), body
-
-        async def ann_running():
-            _, model = await api(hub, "GET", "/users/ann")
-            server = model["servers"].get("")
-            return server and server["ready"]
-
-        await eventually(ann_running, "ann's server", within=120)
+        await start_ann(hub)
         await relay.cut()
         restarting = asyncio.create_task(asyncio.to_thread(hub.restart, 180))
         await asyncio.sleep(15)
         await relay.restore()
         await restarting
         # the hub still knows ann's server, its pod lives, and it still counts
-        await eventually(ann_running, "ann's server after the restart", within=60)
+        await eventually(lambda: ann_running(hub), "ann's server after the restart", within=60)
         assert len(await pods_of(core, hub.namespace, "ann")) == 1
         status, body = await api(hub, "POST", "/users/bob/server", GPU)
         assert status == 403, body
