@@ -75,23 +75,23 @@ def check_policy(
             config.get(s, {}).get("profile_list") for s in ("KubeSpawner", "GPUKubeSpawner")
         ]
         setup = setup_errors(config, next((p for p in profile_list if p), None))
+    errors = list(setup)
     try:
         policy = policy_from_config(config)
-        if setup:
-            raise PolicyError([])
     except PolicyError as e:
-        e.errors[:0] = setup
+        errors += e.errors
+    if errors:
         out = stream or sys.stderr
         print(
-            f"jupyterhub-gpu: the GPU policy has {len(e.errors)} "
-            f"error{'s' if len(e.errors) != 1 else ''}; the hub will not start:",
+            f"jupyterhub-gpu: the GPU policy has {len(errors)} "
+            f"error{'s' if len(errors) != 1 else ''}; the hub will not start:",
             file=out,
         )
-        for error in e.errors:
+        for error in errors:
             print(f"  {error}", file=out)
         print("Fix hub.config.GPUPolicy (check with `jupyterhub-gpu check VALUES`).", file=out)
         out.flush()
-        raise SystemExit(1) from None
+        raise SystemExit(1)
     print(
         f"jupyterhub-gpu: GPU policy checked: {len(policy.groups)} groups, "
         f"{len(policy.profiles)} profiles, {len(policy.flavors)} flavors",
