@@ -146,6 +146,8 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
+    #: the charge this server's current start made (released if the start fails)
+    _gpu_reservation: Charge | None = None
     #: the last start was refused before anything was written to Kubernetes
     _gpu_refused_before_kubernetes: bool = False
     #: what the last validated spawn chose, and the pod shape the policy gives it
@@ -378,6 +380,7 @@ class GPUKubeSpawner(KubeSpawner):
                         policy, key, self.user.name, selection.group, selection.request
                     )
                     if decision.admitted:
+                        self._gpu_reservation = ledger.charges[key]
                         state.starting.add(key)
                         state.touched[key] = time.monotonic()
                         self.log.info(
@@ -429,12 +432,21 @@ class GPUKubeSpawner(KubeSpawner):
             for key in [k for k, at in state.touched.items() if at < horizon]:
                 del state.touched[key]
 
-    async def _release(self) -> None:
+    async def _release(self, only: Charge | None = None) -> None:
+        """Free this server's charge (its pod is gone); with ``only``, just that charge."""
         state = self._state()
-        if state.loaded and self._server_key in state.ledger.charges:
+        charge = state.ledger.charges.get(self._server_key) if state.loaded else None
+        if charge is not None and (only is None or charge is only):
             state.ledger.release(self.gpu_policy, self._server_key)
             async with state.changed:
                 state.changed.notify_all()
+
+    async def _release_reservation(self) -> None:
+        """Free what this start reserved, and nothing else: the key may still carry the
+        charge of an earlier pod whose stop failed, which must stay until it is gone."""
+        reservation, self._gpu_reservation = self._gpu_reservation, None
+        if reservation is not None:
+            await self._release(only=reservation)
 
     async def _start(self):
         try:
@@ -446,26 +458,31 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def _start_charged(self):
         self._gpu_starting = True
+        self._gpu_reservation = None
         try:
+            # a pod watch that gave up during an outage would never see this pod
+            with _kubernetes_reachable():
+                await self._pods_listed()
             result = await super()._start()
         except ApiException as e:
-            await self._release()
+            await self._release_reservation()
             if e.status == 403:
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
                 raise SpawnRefused(f"Kubernetes refused the server: {_api_message(e)}") from None
             raise
         except (aiohttp.ClientError, OSError) as e:
-            await self._release()
+            await self._release_reservation()
             raise _unreachable(e) from None
         except BaseException:
             # refused, pod creation failed, timed out or cancelled: nothing may stay charged
-            await self._release()
+            await self._release_reservation()
             raise
         finally:
             self._gpu_starting = False
             state = self._state()
             state.starting.discard(self._server_key)
             state.touched[self._server_key] = time.monotonic()
+        self._gpu_reservation = None  # the server's charge now, released by its stop
         return result
 
     async def poll(self):
@@ -490,15 +507,23 @@ class GPUKubeSpawner(KubeSpawner):
         return await super().poll()
 
     async def _pods_listed(self) -> None:
-        """KubeSpawner's pod reflector, started again if its first list failed."""
+        """KubeSpawner's pod reflector, started again if it failed.
+
+        Its first list fails while the API server is unreachable, and its watch gives
+        up for good after about 50 s of failed retries; either way it would go on
+        answering from a stale list (a new pod never seen, a spawn waiting out its
+        start_timeout) until something replaced it.
+        """
         reflector = self.reflectors.get(self._get_reflector_key("pods"))
-        failed = (
+        first_list_failed = (
             reflector is not None
             and reflector.first_load_future.done()
             and not reflector.first_load_future.cancelled()
             and reflector.first_load_future.exception() is not None
         )
-        await self._start_watching_pods(replace=failed)
+        watch = getattr(reflector, "watch_task", None)
+        gave_up = watch is not None and watch.done()
+        await self._start_watching_pods(replace=first_list_failed or gave_up)
 
     async def stop(self, now: bool = False) -> None:
         if self._gpu_refused_before_kubernetes:

@@ -24,8 +24,8 @@ async def pods_of(core, namespace: str, user: str) -> list:
     return (await core.list_namespaced_pod(namespace, label_selector=selector)).items
 
 
-async def ann_running(hub) -> bool:
-    _, model = await api(hub, "GET", "/users/ann")
+async def running(hub, user: str) -> bool:
+    _, model = await api(hub, "GET", f"/users/{user}")
     server = model["servers"].get("")
     return bool(server and server["ready"])
 
@@ -33,7 +33,7 @@ async def ann_running(hub) -> bool:
 async def start_ann(hub) -> None:
     status, body = await api(hub, "POST", "/users/ann/server", GPU)
     assert status in (201, 202), body
-    await eventually(lambda: ann_running(hub), "ann's server", within=120)
+    await eventually(lambda: running(hub, "ann"), "ann's server", within=120)
 
 
 async def test_a_stop_during_an_api_outage_keeps_the_charge_until_the_pod_is_gone(
@@ -51,8 +51,11 @@ async def test_a_stop_during_an_api_outage_keeps_the_charge_until_the_pod_is_gon
             return model["servers"] == {}
 
         await eventually(ann_forgotten, "the hub to give up ann's stop", within=60)
-        # the pod still runs: the group's one GPU is still taken
+        # the pod still runs: the group's one GPU is still taken, and a refused spawn of
+        # the same server does not free it either
         assert len(await pods_of(core, hub.namespace, "ann")) == 1
+        status, body = await api(hub, "POST", "/users/ann/server", {"profile": "lab--nope"})
+        assert status == 403, body
         status, body = await api(hub, "POST", "/users/bob/server", GPU)
         assert status == 403, body
         assert body["message"] == "Lab has 1 of 1 GPUs in use; this server needs 1"
@@ -144,11 +147,31 @@ async def test_a_hub_restarted_while_the_api_is_down_still_knows_and_counts_its_
         await relay.restore()
         await restarting
         # the hub still knows ann's server, its pod lives, and it still counts
-        await eventually(lambda: ann_running(hub), "ann's server after the restart", within=60)
+        await eventually(lambda: running(hub, "ann"), "ann's server after the restart", within=60)
         assert len(await pods_of(core, hub.namespace, "ann")) == 1
         status, body = await api(hub, "POST", "/users/bob/server", GPU)
         assert status == 403, body
         assert body["message"] == "Lab has 1 of 1 GPUs in use; this server needs 1"
+    finally:
+        if relay.server is None or not relay.server.is_serving():
+            await relay.restore()
+        await stop_hub(hub, core)
+        await relay.cut()
+
+
+async def test_after_an_outage_longer_than_the_pod_watch_retries_servers_start(
+    local_cluster, core, priority_class_objects, tmp_path
+):
+    relay, hub = await hub_behind_relay(local_cluster, core, tmp_path)
+    try:
+        await start_ann(hub)
+        await relay.cut()
+        # KubeSpawner's pod watch gives up for good after about 50 s of failed retries
+        await asyncio.sleep(60)
+        await relay.restore()
+        status, body = await api(hub, "POST", "/users/cat/server", {"profile": "everyone--cpu"})
+        assert status in (201, 202), body
+        await eventually(lambda: running(hub, "cat"), "cat's server after the outage", within=60)
     finally:
         if relay.server is None or not relay.server.is_serving():
             await relay.restore()

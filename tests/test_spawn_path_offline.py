@@ -290,7 +290,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "files",
-    [["base"], ["university"], ["department"], ["enterprise"]]
+    [["university"], ["department"], ["enterprise"]]
     + [["base", n] for n in ("university", "department", "enterprise")],
     ids="+".join,
 )
@@ -298,6 +298,13 @@ def test_check_passes_on_every_values_file(files):
     result = cli("check", *(str(VALUES / f"{n}.yaml") for n in files))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("policy OK")
+
+
+def test_the_base_values_alone_are_no_deployment():
+    # base.yaml plugs the spawner in; the policy comes from the cluster's own file
+    result = cli("check", str(VALUES / "base.yaml"))
+    assert result.returncode == 1
+    assert "spawner_class is gpu-kubespawner but there is no GPUPolicy section" in result.stderr
 
 
 def test_check_reports_errors_with_paths_and_exits_1(tmp_path):
