@@ -76,17 +76,16 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .model import PolicyError, unknown_settings
-    from .service.app import GPUService
-    from .values import hub_config, load_values, policy_from_values
+    from .model import PolicyError
+    from .values import hub_config, load_values, policy_from_values, service_setting_errors
 
-    policy = policy_from_values(args.values)
-    service = hub_config(load_values(args.values)).get("GPUService", {})
-    errors = unknown_settings(
-        "hub.config.GPUService", service, GPUService.class_trait_names(config=True)
-    )
-    if errors:
-        raise PolicyError(errors)
+    service_errors = service_setting_errors(hub_config(load_values(args.values)))
+    try:
+        policy = policy_from_values(args.values)
+    except PolicyError as e:  # every mistake in one report
+        raise PolicyError(e.errors + service_errors) from None
+    if service_errors:
+        raise PolicyError(service_errors)
     print(
         f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"

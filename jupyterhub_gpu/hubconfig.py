@@ -31,7 +31,13 @@ from typing import Any, TextIO
 from traitlets.config import Config
 
 from .model import PolicyError
-from .values import ValuesError, check_extra_config, policy_from_config, setup_errors
+from .values import (
+    ValuesError,
+    check_extra_config,
+    policy_from_config,
+    service_setting_errors,
+    setup_errors,
+)
 
 #: the file the hub image installs into z2jh's jupyterhub_config.d
 CONFIG_D_FILE = Path(__file__).parent / "jupyterhub_config.d" / "jupyterhub-gpu.py"
@@ -71,11 +77,8 @@ def check_policy(
     ``jupyterhub_config.py``'s ``c``.
     """
     if setup is None:
-        profile_list = [
-            config.get(s, {}).get("profile_list") for s in ("KubeSpawner", "GPUKubeSpawner")
-        ]
-        setup = setup_errors(config, next((p for p in profile_list if p), None))
-    errors = list(setup)
+        setup = setup_errors(config)
+    errors = list(setup) + service_setting_errors(config)
     try:
         policy = policy_from_config(config)
     except PolicyError as e:
@@ -83,13 +86,13 @@ def check_policy(
     if errors:
         out = stream or sys.stderr
         print(
-            f"jupyterhub-gpu: the GPU policy has {len(errors)} "
+            f"jupyterhub-gpu: the GPU configuration has {len(errors)} "
             f"error{'s' if len(errors) != 1 else ''}; the hub will not start:",
             file=out,
         )
         for error in errors:
             print(f"  {error}", file=out)
-        print("Fix hub.config.GPUPolicy (check with `jupyterhub-gpu check VALUES`).", file=out)
+        print("Fix these settings (check with `jupyterhub-gpu check VALUES`).", file=out)
         out.flush()
         raise SystemExit(1)
     print(

@@ -17,7 +17,7 @@ import yaml
 from traitlets import TraitError
 from traitlets.config import Config
 
-from .model import PREFIX, Policy, PolicyError
+from .model import PREFIX, Policy, PolicyError, unknown_settings
 from .policy import GPUPolicy
 
 
@@ -71,32 +71,68 @@ def hub_config(values: Mapping[str, Any]) -> Config:
 GPU_SPAWNER_NAMES = ("gpu-kubespawner", "jupyterhub_gpu.spawner.GPUKubeSpawner")
 
 
-def setup_errors(sections: Mapping[str, Any], profile_list: Any) -> list[str]:
+def uses_gpu_spawner(spawner_class: Any) -> bool:
+    """``spawner_class`` names GPUKubeSpawner, or is it (or a subclass: a plain
+    ``jupyterhub_config.py`` may import the class itself)."""
+    if isinstance(spawner_class, type):
+        return any(
+            f"{cls.__module__}.{cls.__qualname__}" in GPU_SPAWNER_NAMES
+            for cls in spawner_class.__mro__
+        )
+    return spawner_class in GPU_SPAWNER_NAMES
+
+
+def site_profile_list(
+    sections: Mapping[str, Any], chart_profile_list: Any = None
+) -> tuple[str, Any] | None:
+    """The profile list a site set itself, with its key path, as the spawner gets it.
+
+    z2jh writes ``singleuser.profileList`` (``chart_profile_list``) to
+    ``c.KubeSpawner.profile_list`` and applies ``hub.config`` afterwards, where
+    ``GPUKubeSpawner`` wins over ``KubeSpawner`` (traitlets merges config along
+    the class hierarchy): the last one set is the one the spawner sees.
+    """
+    found = None
+    if chart_profile_list is not None:
+        found = ("singleuser.profileList", chart_profile_list)
+    for section in ("KubeSpawner", "GPUKubeSpawner"):
+        settings = sections.get(section)
+        if isinstance(settings, Mapping) and "profile_list" in settings:
+            found = (f"hub.config.{section}.profile_list", settings["profile_list"])
+    return found
+
+
+def setup_errors(sections: Mapping[str, Any], profile_list: Any = None) -> list[str]:
     """Hub settings that would start a hub where no spawn can work, each in words.
 
     ``sections`` is ``hub.config`` (or a plain config's sections) and
-    ``profile_list`` the site's own KubeSpawner profile list (z2jh:
-    ``singleuser.profileList``).
+    ``profile_list`` the chart's ``singleuser.profileList``, if any.
     """
     errors = []
     jupyterhub = sections.get("JupyterHub") or {}
-    uses_gpu_spawner = (
-        isinstance(jupyterhub, Mapping) and jupyterhub.get("spawner_class") in GPU_SPAWNER_NAMES
+    gpu_spawner = isinstance(jupyterhub, Mapping) and uses_gpu_spawner(
+        jupyterhub.get("spawner_class")
     )
-    if uses_gpu_spawner and "GPUPolicy" not in sections:
+    if gpu_spawner and "GPUPolicy" not in sections:
         close = difflib.get_close_matches("GPUPolicy", [str(s) for s in sections], n=1, cutoff=0.6)
         hint = f"; did you mean hub.config.{close[0]} -> GPUPolicy?" if close else ""
         errors.append(
             "hub.config: spawner_class is gpu-kubespawner but there is no GPUPolicy section, "
             f"so nobody could start a server{hint}"
         )
-    if "GPUPolicy" in sections and isinstance(profile_list, list | tuple) and profile_list:
-        errors.append(
-            f"singleuser.profileList has {len(profile_list)} profiles and hub.config.GPUPolicy "
-            "is set: GPUKubeSpawner offers the policy's profiles, so no spawn of those "
-            "profiles would work; remove singleuser.profileList (or set it to null), or put "
-            "those profiles in GPUPolicy.profiles"
-        )
+    site_list = site_profile_list(sections, profile_list)
+    if "GPUPolicy" in sections and site_list is not None:
+        key, entries = site_list
+        # KubeSpawner takes a list, or a mapping keyed by slug; an empty one means the policy's
+        if isinstance(entries, list | tuple | Mapping) and entries:
+            count = f"{len(entries)} profile{'s' if len(entries) != 1 else ''}"
+            # z2jh leaves a null singleuser.profileList out; KubeSpawner refuses a null list
+            empty = "null" if key == "singleuser.profileList" else "[]"
+            errors.append(
+                f"{key} has {count} and hub.config.GPUPolicy is set: GPUKubeSpawner offers the "
+                f"policy's profiles, so no spawn of those profiles would work; remove {key} "
+                f"(or set it to {empty}), or put those profiles in GPUPolicy.profiles"
+            )
     return errors
 
 
@@ -107,6 +143,19 @@ def values_setup_errors(values: Mapping[str, Any]) -> list[str]:
     singleuser = values.get("singleuser") or {}
     profile_list = singleuser.get("profileList") if isinstance(singleuser, Mapping) else None
     return setup_errors(sections if isinstance(sections, Mapping) else {}, profile_list)
+
+
+def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
+    """An error for each ``GPUService`` setting the service does not have (traitlets
+    would only warn, and the setting would silently keep its default)."""
+    settings = config.get("GPUService") or {}
+    if not settings:
+        return []
+    from .service.app import GPUService  # only with settings to check: it imports the service
+
+    return unknown_settings(
+        "hub.config.GPUService", settings, GPUService.class_trait_names(config=True)
+    )
 
 
 def check_extra_config(extra_config: Any) -> None:

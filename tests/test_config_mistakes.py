@@ -8,15 +8,19 @@ list beside a policy, and extraConfig that only the hub would see each stop
 from __future__ import annotations
 
 import asyncio
+import io
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from traitlets.config import Config
 
+from jupyterhub_gpu.hubconfig import check_policy
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from jupyterhub_gpu.policy import GPUPolicy
+from jupyterhub_gpu.spawner import GPUKubeSpawner
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -76,12 +80,78 @@ def test_a_sites_own_profile_list_beside_the_policy_is_an_error(tmp_path):
     }
     result = check(tmp_path, values)
     assert result.returncode == 1, result.stdout
-    assert "singleuser.profileList has 1 profiles and hub.config.GPUPolicy is set" in result.stderr
+    assert "singleuser.profileList has 1 profile and hub.config.GPUPolicy is set" in result.stderr
     assert "remove singleuser.profileList (or set it to null)" in result.stderr
     # the chart's default (an empty list) and null are fine
     for empty in ([], None):
         values["singleuser"]["profileList"] = empty
         assert check(tmp_path, values).returncode == 0
+
+
+def test_every_mistake_is_in_one_report(tmp_path):
+    values = {
+        "hub": {
+            "config": {
+                "GPUPolicy": {**GOOD, "when_ful": "wait"},
+                "GPUService": {"reconcile_dry_rn": True},
+            }
+        }
+    }
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    assert "hub.config.GPUPolicy.when_ful: unknown setting" in result.stderr
+    assert "hub.config.GPUService.reconcile_dry_rn: unknown setting" in result.stderr
+
+
+def test_a_profile_list_in_the_spawners_own_settings_beside_the_policy_is_an_error(tmp_path):
+    # z2jh applies hub.config after singleuser.profileList: this is the list the spawner gets
+    values = {
+        "hub": {
+            "config": {
+                "GPUPolicy": GOOD,
+                "KubeSpawner": {"profile_list": [{"display_name": "Old CPU", "slug": "cpu"}]},
+            }
+        }
+    }
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    assert (
+        "hub.config.KubeSpawner.profile_list has 1 profile and hub.config.GPUPolicy is set"
+    ) in result.stderr
+    assert "remove hub.config.KubeSpawner.profile_list (or set it to [])" in result.stderr
+    # ...and an empty one there replaces the chart's list: the policy's profiles are offered
+    values["hub"]["config"]["KubeSpawner"]["profile_list"] = []
+    values["singleuser"] = {"profileList": [{"display_name": "Old CPU", "slug": "cpu"}]}
+    assert check(tmp_path, values).returncode == 0
+
+
+def test_a_profile_list_keyed_by_slug_beside_the_policy_is_an_error(tmp_path):
+    # KubeSpawner 7.1 also takes the profile list as a mapping keyed by slug
+    values = {
+        "hub": {"config": {"GPUPolicy": GOOD}},
+        "singleuser": {"profileList": {"cpu": {"display_name": "Old CPU"}}},
+    }
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    assert "singleuser.profileList has 1 profile and hub.config.GPUPolicy is set" in result.stderr
+
+
+def test_a_plain_config_with_the_spawner_class_itself_and_no_policy_does_not_start():
+    # a plain jupyterhub_config.py may import the class rather than name it
+    config = Config()
+    config.JupyterHub.spawner_class = GPUKubeSpawner
+    config.GpuPolicy.update(GOOD)
+    config.GPUService.reconcile_dry_rn = True
+    report = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        check_policy(config, stream=report)
+    assert exited.value.code == 1
+    assert "the hub will not start" in report.getvalue()
+    assert (
+        "hub.config: spawner_class is gpu-kubespawner but there is no GPUPolicy section, so "
+        "nobody could start a server; did you mean hub.config.GpuPolicy -> GPUPolicy?"
+    ) in report.getvalue()
+    assert "hub.config.GPUService.reconcile_dry_rn: unknown setting" in report.getvalue()
 
 
 def test_extra_config_that_changes_the_policy_is_an_error(tmp_path):
@@ -121,7 +191,12 @@ def test_the_policy_model_follows_changed_settings():
                 "extra_config": 'c.KubeSpawner.profile_list = [{"display_name": "x"}]\n'
                 "from jupyterhub_gpu.hubconfig import check_policy\ncheck_policy(c)\n",
             },
-            "singleuser.profileList has 1 profiles and hub.config.GPUPolicy is set",
+            "hub.config.KubeSpawner.profile_list has 1 profile and hub.config.GPUPolicy is set",
+        ),
+        (
+            {"policy": GOOD, "service_settings": {"reconcile_dry_rn": True}},
+            "hub.config.GPUService.reconcile_dry_rn: unknown setting; did you mean "
+            "reconcile_dry_run?",
         ),
     ],
 )

@@ -202,6 +202,12 @@ def test_the_service_role_is_one_truth_in_the_values_the_docs_and_the_test_hub()
     assert set(documented) == set(load_values([BASE])["hub"]["loadRoles"])
     # the docs' scope table names the same role (the test and demo hubs import it)
     assert f"(role `{SERVICE_ROLE}`)" in docs
+    # and the walk-through of the base file names the same role with the same scopes
+    recipe = (ROOT / "docs" / "recipes" / "base.md").read_text()
+    explained = re.search(r"- `hub\.loadRoles\.([^`]+)`:(.*?)\n- ", recipe, re.S)
+    assert explained
+    assert explained.group(1) == SERVICE_ROLE
+    assert re.findall(r"`([a-z]+:[a-z:]+)`", explained.group(2)) == list(SERVICE_SCOPES)
 
 
 async def test_jupyterhub_initializes_with_the_gpu_service_and_its_roles(tmp_path):
