@@ -32,12 +32,12 @@ from traitlets.config import Application
 
 from ..clusterview import BOUND_PODS
 from ..hubconfig import config_from_z2jh_values
-from ..model import PolicyError, unknown_settings
+from ..model import PolicyError
 from ..policy import GPUPolicy
 from ..quantities import format_gpus
 from ..reconciler import Reconciler
 from ..shaping import GROUP_LABEL
-from ..values import ValuesError
+from ..values import ValuesError, service_setting_errors
 from . import handlers, metrics, rules
 from .hubapi import HubAPI, HubAPIError
 from .kube import Reflector, api_client, in_cluster_namespace, slim_node, slim_pod
@@ -241,11 +241,7 @@ class GPUService(Application):
                 "pass --config PATH (the hub's jupyterhub_config.py)"
             )
         self.policy_source = self.load_hub_config(path)
-        unknown = unknown_settings(
-            "hub.config.GPUService",
-            self.config.get("GPUService", {}),
-            self.trait_names(config=True),
-        )
+        unknown = service_setting_errors(self.config)
         if unknown:
             raise SystemExit("jupyterhub-gpu-service: " + "\n".join(unknown))
         try:
