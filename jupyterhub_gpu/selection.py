@@ -5,7 +5,8 @@
 the group's and the user's caps. ``select`` checks ``user_options`` (from the
 form or a direct REST call) against those offers and turns them into a
 ``Selection`` with the exact ``Request`` admission charges; anything unknown,
-forbidden, out of bounds or forged raises ``Refused`` with a one-line reason.
+forbidden, out of bounds or forged raises ``Refused`` with a one-line reason
+(``Malformed``, a kind of ``Refused``, when a value is of the wrong JSON type).
 Pure: no I/O.
 """
 
@@ -31,6 +32,11 @@ MAX_IMAGE_LENGTH = 1000
 
 class Refused(Exception):
     """The spawn is refused; the message is what the user sees."""
+
+
+class Malformed(Refused):
+    """The options are not of the form's shape: a value of the wrong JSON type, or a
+    body that is not an object. The request is bad (HTTP 400), rather than forbidden."""
 
 
 #: at most this much of any user input is quoted back in a refusal
@@ -220,7 +226,7 @@ def _choice_key(name: str, raw: Any) -> str:
         return str(raw)
     if isinstance(raw, float) and raw.is_integer() and abs(raw) < 2**53:
         return str(int(raw))
-    raise Refused(f"{name}: expected one of the form's choices, got {shown(raw)}")
+    raise Malformed(f"{name}: expected one of the form's choices, got {shown(raw)}")
 
 
 def _choice(offer: Offer, name: str, raw: Any, default: Any) -> tuple[Any, str | None]:
@@ -245,14 +251,12 @@ def _choice(offer: Offer, name: str, raw: Any, default: Any) -> tuple[Any, str |
 
 
 def _unlisted_image(offer: Offer, image: Any) -> str:
+    if not isinstance(image, str):
+        raise Malformed(f"{UNLISTED_IMAGE}: expected an image name, got {shown(image)}")
     option = offer.profile.options["image"]
     if option.unlisted_regex is None:
         raise Refused(f"profile {offer.slug} offers only its listed images")
-    if (
-        not isinstance(image, str)
-        or len(image) > MAX_IMAGE_LENGTH
-        or not re.fullmatch(option.unlisted_regex, image)
-    ):
+    if len(image) > MAX_IMAGE_LENGTH or not re.fullmatch(option.unlisted_regex, image):
         raise Refused(
             f"image {shown(image)} is not allowed here: it must match {option.unlisted_regex}"
         )
@@ -269,13 +273,13 @@ def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Sel
     if not available:
         raise Refused("you are not offered any server: ask an admin to add you to a group")
     if user_options is not None and not isinstance(user_options, Mapping):
-        raise Refused(f"server options must be a JSON object, got {shown(user_options)}")
+        raise Malformed(f"server options must be a JSON object, got {shown(user_options)}")
     options = dict(user_options or {})  # None or an empty object: the defaults
     slug = options.pop("profile", None)
     if slug is None or slug == "":
         chosen = next((o for o in available if o.profile.default), available[0])
     elif not isinstance(slug, str):
-        raise Refused(f"profile: expected a profile's name, got {shown(slug)}")
+        raise Malformed(f"profile: expected a profile's name, got {shown(slug)}")
     else:
         chosen = next((o for o in available if o.slug == slug), None)
         if chosen is None:

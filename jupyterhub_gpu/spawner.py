@@ -43,7 +43,7 @@ from .model import Option, Policy, PolicyError
 from .pending import explain_unschedulable
 from .policy import GPUPolicy
 from .quantities import format_gpus
-from .selection import Offer, Refused, Selection, offers, select
+from .selection import Malformed, Offer, Refused, Selection, offers, select
 from .shaping import (
     GROUP_LABEL,
     PodShape,
@@ -332,7 +332,8 @@ class GPUKubeSpawner(KubeSpawner):
         try:
             selection = select(policy, self._user_groups(), self.user_options)
         except Refused as e:
-            raise SpawnRefused(str(e)) from None
+            # options of the wrong type are a bad request; the rest is forbidden
+            raise SpawnRefused(str(e), 400 if isinstance(e, Malformed) else 403) from None
         # KubeSpawner applies the profile list (the same offers) to the options as the
         # form would send them, never to the raw input: a JSON number for a choice
         # ("gpus": 1) is the choice "1" to us, and a KeyError in KubeSpawner

@@ -17,7 +17,7 @@ from traitlets.config import Config
 from hub_helpers import api, fresh_namespace, wait_no_pods
 from jupyterhub_gpu.localcluster.hub import LocalHub
 from jupyterhub_gpu.offline import assume_empty_cluster, offline_spawner
-from jupyterhub_gpu.selection import ECHO_LIMIT, Refused, select, shown
+from jupyterhub_gpu.selection import ECHO_LIMIT, Malformed, Refused, select, shown
 from jupyterhub_gpu.spawner import SpawnRefused
 from jupyterhub_gpu.values import policy_from_config
 from kube_helpers import eventually
@@ -97,6 +97,11 @@ def spawner_loop():
         return offline_spawner(_config(), "ann", ["research"])
 
     yield loop.run_until_complete(make()), loop
+    # KubeSpawner's shared client closes when its task is cancelled
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
     loop.close()
 
 
@@ -109,15 +114,16 @@ def spawner_loop():
 def test_any_json_options_are_a_short_refusal_or_a_spawn_kubespawner_accepts(spawner_loop, options):
     spawner, loop = spawner_loop
     policy = policy_from_config(_config())
+    selection = refused = None
     try:
         selection = select(policy, ["research"], options)
     except Refused as e:
+        refused = e
         message = str(e)
         assert "\n" not in message
         assert "\u2028" not in message
         # the fixed words plus at most ECHO_LIMIT characters of the input, once
         assert len(message) <= 2 * ECHO_LIMIT + 40, message
-        selection = None
 
     # the spawner's whole option path: the same answer, as an HTTP refusal below 500
     assume_empty_cluster()
@@ -128,8 +134,10 @@ def test_any_json_options_are_a_short_refusal_or_a_spawn_kubespawner_accepts(spa
     except SpawnRefused as e:
         refusal = e
     if refusal is not None:
-        assert refusal.status_code < 500, refusal.message
         assert selection is None, f"select accepted {options!r}; the spawner refused: {refusal}"
+        # a value of the wrong JSON type is a bad request; the rest is forbidden
+        assert refusal.status_code == (400 if isinstance(refused, Malformed) else 403)
+        assert refusal.message == str(refused)
     else:
         assert selection is not None
         # what KubeSpawner was given is the canonical form of the choice
@@ -144,7 +152,7 @@ def test_a_json_number_equal_to_a_choice_is_that_choice():
         assert selection.count == 2
         assert selection.user_options == {"profile": "research--research", "gpus": "2"}
     for raw in (True, 2.5, [2], {"2": 2}):
-        with pytest.raises(Refused, match="gpus: expected one of the form's choices"):
+        with pytest.raises(Malformed, match="gpus: expected one of the form's choices"):
             select(policy, ["research"], {"profile": "research--research", "gpus": raw})
 
 
@@ -159,17 +167,25 @@ def test_refusals_quote_at_most_a_hundred_characters_of_input():
 
 # ---- the same through a real hub ------------------------------------------------------
 
+#: (the status each is refused with, the body): a value of the wrong JSON type is a bad
+#: request (400); a profile, choice, image or option not offered is forbidden (403)
 BAD_SPAWNS = [
-    {"profile": "z" * 100_000},
-    {"profile": "research--research", "gpus": [1]},
-    {"profile": "research--research", "gpus": {"n": 1}},
-    {"profile": "research--research", "gpus": True},
-    {"profile": "research--research", "flavor": None, "gpus": 7},
-    {"profile": ["research--research"]},
-    {"profile": "research--research", "cmd": ["sh", "-c", "id"]},
-    {"profile": "research--research", "image--unlisted-choice": "evil.example/miner:1"},
-    {"profile": "research--research", "image--unlisted-choice": 12},
-    {"profile": "other--research"},
+    (403, {"profile": "z" * 100_000}),
+    (400, {"profile": "research--research", "gpus": [1]}),
+    (400, {"profile": "research--research", "gpus": {"n": 1}}),
+    (400, {"profile": "research--research", "gpus": True}),
+    (403, {"profile": "research--research", "flavor": None, "gpus": 7}),
+    (400, {"profile": ["research--research"]}),
+    (403, {"profile": "research--research", "cmd": ["sh", "-c", "id"]}),
+    (403, {"profile": "research--research", "image--unlisted-choice": "evil.example/miner:1"}),
+    (400, {"profile": "research--research", "image--unlisted-choice": 12}),
+    (403, {"profile": "other--research"}),
+    (403, {"profile": "line\nbreak\u2028" * 10}),
+    # bodies that are not objects: JupyterHub 6 refuses them itself; JupyterHub 5 hands
+    # them to the spawner as its user_options
+    (400, [1]),
+    (400, "research--research"),
+    (400, 3),
 ]
 
 
@@ -204,12 +220,18 @@ async def test_bad_spawns_are_refused_one_line_each_and_the_hub_keeps_serving(
         assert status in (202, 204)
         await wait_no_pods(core, namespace)
 
-        for options in BAD_SPAWNS:
+        for refused_with, options in BAD_SPAWNS:
             status, body = await api(hub, "POST", "/users/ann/server", options)
-            assert 400 <= status < 500, (options, status, body)
+            assert status == refused_with, (options, status, body)
             message = body["message"]
-            assert "\n" not in message
+            assert "\n" not in message, message
+            assert "\u2028" not in message, message
             assert len(message) < 300, message
+            if not isinstance(options, dict):
+                # JupyterHub 6 refuses such a body itself; JupyterHub 5 passes it on
+                assert message == "Body must be a JSON object" or message.startswith(
+                    "server options must be a JSON object"
+                ), message
             assert (await core.list_namespaced_pod(namespace)).items == []
         # still serving, and still spawning (JupyterHub exits 2 s after its limit)
         await asyncio.sleep(3)

@@ -173,11 +173,17 @@ async def test_anonymous_page_redirects_to_hub_login_and_api_refuses(service_hub
 
 async def test_paging_arguments_that_are_not_small_whole_numbers_are_a_400(service_hub):
     token = await user_token(service_hub, "root")
-    for value in ("²", "1" * 40, "-1", "", "1e3", "١٢"):
+    for value in ("²", "1" * 40, "-1", "", "1e3", "١٢", "1000001"):
         url = service_hub.service_url + "api/usage?servers_limit=" + urllib.parse.quote(value)
         status, _, body = await aget(url, token)
         assert status == 400, (value, status, body)
         assert "servers_limit: expected a whole number from 0 to 1000000" in body
+    url = service_hub.service_url + "api/usage?servers_offset=" + urllib.parse.quote("9" * 5000)
+    status, _, body = await aget(url, token)
+    assert status == 400, (status, body)
+    message = json.loads(body)["message"]
+    assert message.startswith("servers_offset: expected a whole number from 0 to 1000000, got '99")
+    assert len(message) < 200, message
     status, _, body = await aget(service_hub.service_url + "api/usage?servers_offset=0", token)
     assert status == 200, body
 
