@@ -14,12 +14,14 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_service_hub import aget, user_token, wait_for_service
 
 from hub_helpers import fresh_namespace
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.localcluster.hub import Z2JH_HELPER, LocalHub
+from jupyterhub_gpu.service.app import GPUService
 from kube_helpers import eventually
 
 POLICY = {
@@ -117,3 +119,79 @@ def test_a_hub_config_that_fails_to_load_stops_the_service(tmp_path):
         "'PROXY_API_SERVICE_PORT' is not set" in result.stderr
     )
     assert "environment" in result.stderr
+
+
+def z2jh_folder(folder: Path, values: dict) -> Path:
+    """A folder laid out like z2jh's in a hub pod; returns its jupyterhub_config.py.
+
+    The config file needs the hub pod's Service variables, as z2jh's does: the
+    service must read the values through the helper and never run this file.
+    """
+    (folder / "z2jh.py").write_text(Z2JH_HELPER)
+    (folder / "values.json").write_text(json.dumps(values))
+    config = folder / "jupyterhub_config.py"
+    config.write_text(
+        "import os\n"
+        "c = get_config()  # noqa\n"
+        "c.ConfigurableHTTPProxy.api_url = 'http://proxy:' + os.environ['PROXY_API_SERVICE_PORT']\n"
+    )
+    return config
+
+
+def start_up(argv: list[str]) -> GPUService:
+    """The service's start-up (``initialize``), in this process: it reads its config only."""
+    service = GPUService()
+    service.initialize(argv)
+    return service
+
+
+def test_a_z2jh_pod_without_the_policy_in_its_values_stops_the_service(tmp_path):
+    # e.g. the values Secret is not mounted: z2jh's helper then reads {} and
+    # get_config answers None for every key
+    config = z2jh_folder(tmp_path, {"hub": {"config": {"GPUService": {"prune_namespaces": True}}}})
+    with pytest.raises(SystemExit) as stopped:
+        start_up(["--config", str(config)])
+    assert "have no hub.config.GPUPolicy" in str(stopped.value.code)
+    assert "does not run without one" in str(stopped.value.code)
+
+
+def test_the_command_line_wins_over_the_chart_values(tmp_path):
+    # the admin adds --GPUService.reconcile_dry_run=True to the service's command
+    # for a first dry run; a value in hub.config.GPUService must not undo it
+    values = {
+        "hub": {
+            "config": {
+                "GPUPolicy": {"groups": {"alpha": {"quota": {"gpus": 1}}}},
+                "GPUService": {"reconcile_dry_run": False, "reconcile_interval": 30},
+                "KubeSpawner": {"namespace": "jhub"},
+            }
+        }
+    }
+    config = z2jh_folder(tmp_path, values)
+    service = start_up(["--config", str(config), "--GPUService.reconcile_dry_run=True"])
+    assert service.reconcile_dry_run is True
+    assert service.reconcile_interval == 30  # from the values
+    assert service.namespace == "jhub"
+    assert list(service.policy.groups) == ["alpha"]
+
+
+def test_a_plain_hub_config_without_a_policy_stops_the_service(tmp_path):
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text("c = get_config()  # noqa\nc.JupyterHub.port = 8000\n")
+    with pytest.raises(SystemExit) as stopped:
+        start_up(["--config", str(config)])
+    assert f"the hub's config file {config} sets no GPUPolicy" in str(stopped.value.code)
+
+
+def test_a_key_error_that_is_not_a_variable_is_not_called_one(tmp_path):
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(
+        "c = get_config()  # noqa\n"
+        "groups = {'alpha': {}}\n"
+        "c.GPUPolicy.groups = {'beta': groups['beta']}\n"
+    )
+    with pytest.raises(SystemExit) as stopped:
+        start_up(["--config", str(config)])
+    message = str(stopped.value.code)
+    assert f"the hub's config file {config} failed to load: KeyError: 'beta'" in message
+    assert "environment variable" not in message

@@ -1,24 +1,26 @@
 """``jupyterhub-gpu-service``: the hub-managed service at ``/services/gpu/``.
 
-It reads the hub's own config file (so ``hub.config.GPUPolicy`` is one policy
-for hub and service), watches Kubernetes (server pods for usage; nodes and
-bound pods for capacity), polls the hub's REST API for servers, applies the
-runtime rules, and serves the views. See docs/service.md for the z2jh
-configuration, the scopes and the RBAC.
+It reads the hub's policy where the hub reads it (in a z2jh hub pod the chart
+values through the chart's ``z2jh`` helper, elsewhere the hub's config file), so
+``hub.config.GPUPolicy`` is one policy for hub and service. It watches
+Kubernetes (server pods for usage; nodes and bound pods for capacity), polls the
+hub's REST API for servers, applies the runtime rules, and serves the views.
+See docs/service.md for the z2jh configuration, the scopes and the RBAC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import ipaddress
 import json
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -58,6 +60,29 @@ def default_config_file() -> str:
     if Path(Z2JH_CONFIG).exists():
         return Z2JH_CONFIG
     return "jupyterhub_config.py"
+
+
+def z2jh_helper(path: Path) -> ModuleType:
+    """The chart's ``z2jh`` helper module, loaded from ``path`` itself.
+
+    Not ``import z2jh``: that would take whichever ``z2jh`` is imported already
+    or comes first on the path, not the one beside the hub's config.
+    """
+    spec = importlib.util.spec_from_file_location("z2jh", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"jupyterhub-gpu-service: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _raised_by_environ(error: KeyError) -> bool:
+    """True when the KeyError is ``os.environ[name]`` of a variable that is not set."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    # the frame that raised is os._Environ's (its file may be "<frozen os>")
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "os"
 
 
 def format_duration(seconds: int) -> str:
@@ -115,9 +140,10 @@ class GPUService(Application):
     namespace = Unicode(
         "",
         help="""
-        The namespace the hub spawns servers in. Default: ``$POD_NAMESPACE``,
-        else the service account's namespace (in the hub pod), else
-        ``c.KubeSpawner.namespace`` from the hub's config, else ``default``.
+        The namespace the hub spawns servers in. Default:
+        ``KubeSpawner.namespace`` from the hub's config (z2jh:
+        ``hub.config.KubeSpawner.namespace``), else ``$POD_NAMESPACE``, else the
+        service account's namespace (in the hub pod), else ``default``.
         """,
     ).tag(config=True)
 
@@ -279,16 +305,20 @@ class GPUService(Application):
         """
         folder = path.parent.resolve()
         if (folder / "z2jh.py").exists():
-            # a z2jh hub pod: the chart's helper reads the mounted values
-            sys.path.insert(0, str(folder))
+            # a z2jh hub pod: the chart's helper beside the config reads the mounted values
             try:
-                import z2jh
-            finally:
-                sys.path.remove(str(folder))
-            try:
-                self.update_config(config_from_z2jh_values(z2jh.get_config))
+                values = config_from_z2jh_values(z2jh_helper(folder / "z2jh.py").get_config)
             except ValuesError as e:
                 raise SystemExit(f"jupyterhub-gpu-service: {e}") from None
+            if "GPUPolicy" not in values:
+                raise SystemExit(
+                    f"jupyterhub-gpu-service: the chart values, read by {folder / 'z2jh.py'}, "
+                    "have no hub.config.GPUPolicy; the service serves the hub's GPU policy and "
+                    "does not run without one: set hub.config.GPUPolicy (or check that the "
+                    "hub's values Secret is mounted in the hub pod)"
+                )
+            values.merge(self.cli_config)  # the command line wins, as over a config file
+            self.update_config(values)
             return "the chart values (hub.config)"
         if "POD_NAMESPACE" not in os.environ and in_cluster_namespace():
             # a hub config may read it (z2jh's does); a managed service does not inherit it
@@ -297,6 +327,11 @@ class GPUService(Application):
         try:
             self.load_config_file(path.name, path=str(folder))
         except KeyError as e:
+            if not _raised_by_environ(e):
+                raise SystemExit(
+                    f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
+                    f"KeyError: {e}"
+                ) from None
             raise SystemExit(
                 f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
                 f"the environment variable {e} is not set. A hub-managed service gets only "
@@ -308,6 +343,12 @@ class GPUService(Application):
                 f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
                 f"{type(e).__name__}: {e}"
             ) from None
+        if "GPUPolicy" not in self.config:
+            raise SystemExit(
+                f"jupyterhub-gpu-service: the hub's config file {path} sets no GPUPolicy; the "
+                "service serves the hub's GPU policy and does not run without one: pass the "
+                "hub's own config file (--config PATH or $JUPYTERHUB_GPU_CONFIG)"
+            )
         return str(path)
 
     # ---- views ---------------------------------------------------------------------
