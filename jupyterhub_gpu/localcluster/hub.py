@@ -99,9 +99,10 @@ class LocalHub:
     #: the service's own kubeconfig (e.g. a service account's); default: the cluster admin's
     service_kubeconfig: Path | None = None
     #: lay the hub's config out as z2jh does in a hub pod: ``hub.config`` sections
-    #: (the policy, ``service_settings``) in the chart values beside the ``z2jh``
-    #: helper, and a ``jupyterhub_config.py`` that needs the pod's Service
-    #: variables, which the hub has and a hub-managed service does not inherit
+    #: (the policy, ``service_settings``), ``hub.services`` and ``hub.loadRoles``
+    #: in the chart values beside the ``z2jh`` helper, and a
+    #: ``jupyterhub_config.py`` that reads them through it and needs the pod's
+    #: Service variables, which the hub has and a hub-managed service does not inherit
     z2jh_layout: bool = False
     #: hub.config.GPUService: the service's settings
     service_settings: dict = field(default_factory=dict)
@@ -193,9 +194,8 @@ class LocalHub:
         """The service's public URL, through the proxy."""
         return f"{self.url}/services/gpu/"
 
-    def _service_config(self) -> str:
-        if not self.gpu_service:
-            return ""
+    def _service_entry(self) -> tuple[dict, list[dict]]:
+        """The GPU service's ``hub.services`` entry and its roles."""
         # what docs/service.md tells a z2jh admin to write under hub.services and
         # hub.loadRoles; the command is the module rather than the console script,
         # so a source checkout on PYTHONPATH (kept by the hub for services) runs it
@@ -221,6 +221,12 @@ class LocalHub:
             {"name": SERVICE_ROLE, "scopes": list(SERVICE_SCOPES), "services": ["gpu"]},
             {"name": "user", "scopes": ["self", "access:services!service=gpu"]},
         ]
+        return service, roles
+
+    def _service_config(self) -> str:
+        if not self.gpu_service or self.z2jh_layout:  # z2jh layout: in the values
+            return ""
+        service, roles = self._service_entry()
         return textwrap.dedent(
             f"""
             c.JupyterHub.services.append({service!r})
@@ -229,6 +235,12 @@ class LocalHub:
         )
 
     def _policy_config(self) -> str:
+        if self.z2jh_layout:
+            config: dict = {"KubeSpawner": {"namespace": self.namespace}}
+            if self.policy is not None:
+                config["GPUPolicy"] = self.policy
+            config["GPUService"] = self.service_settings
+            return self._z2jh_config({"hub": {"config": config}})
         if self.policy is None:
             return textwrap.dedent(
                 f"""
@@ -241,15 +253,45 @@ class LocalHub:
         sections = {"GPUPolicy": self.policy, "GPUService": self.service_settings}
         values = {"hub": {"config": {"KubeSpawner": {"namespace": self.namespace}, **sections}}}
         (self.directory / "values.json").write_text(json.dumps(values))
-        helper = "z2jh.py" if self.z2jh_layout else "z2jh_values.py"
-        (self.directory / helper).write_text(Z2JH_HELPER)
+        (self.directory / "z2jh_values.py").write_text(Z2JH_HELPER)
         return textwrap.dedent(
             f"""
             import sys
             sys.path.insert(0, {str(self.directory)!r})
-            {"" if self.z2jh_layout else "sys.modules['z2jh'] = __import__('z2jh_values')"}
+            sys.modules['z2jh'] = __import__('z2jh_values')
             c.JupyterHub.update({{"spawner_class": "gpu-kubespawner"}})
             for section, settings in {sections!r}.items():
+                c[section].update(settings)
+            load_subconfig({str(CONFIG_D_FILE)!r})
+            """
+        )
+
+    def _z2jh_config(self, values: dict) -> str:
+        """z2jh's steps over the chart values, through its ``z2jh`` helper beside the config.
+
+        ``hub.services`` and ``hub.loadRoles`` (mappings of name to entry) are
+        appended, every ``hub.config`` section applied, then the files of
+        ``jupyterhub_config.d`` run, where the hub image puts the policy check;
+        ``extra_config`` comes last, as ``hub.extraConfig`` does.
+        """
+        hub = values["hub"]
+        hub["config"]["JupyterHub"] = {"spawner_class": "gpu-kubespawner"}
+        if self.gpu_service:
+            service, roles = self._service_entry()
+            hub["services"] = {service.pop("name"): service}
+            hub["loadRoles"] = {role.pop("name"): role for role in roles}
+        (self.directory / "values.json").write_text(json.dumps(values))
+        (self.directory / "z2jh.py").write_text(Z2JH_HELPER)
+        return textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(self.directory)!r})
+            from z2jh import get_config
+            for name, service in (get_config("hub.services") or {{}}).items():
+                c.JupyterHub.services.append({{"name": name, **service}})
+            for name, role in (get_config("hub.loadRoles") or {{}}).items():
+                c.JupyterHub.load_roles.append({{"name": name, **role}})
+            for section, settings in (get_config("hub.config") or {{}}).items():
                 c[section].update(settings)
             load_subconfig({str(CONFIG_D_FILE)!r})
             """
