@@ -275,7 +275,8 @@ class LocalHub:
         ``extra_config`` comes last, as ``hub.extraConfig`` does.
         """
         hub = values["hub"]
-        hub["config"]["JupyterHub"] = {"spawner_class": "gpu-kubespawner"}
+        if "GPUPolicy" in hub["config"]:  # with a policy the hub runs GPUKubeSpawner
+            hub["config"]["JupyterHub"] = {"spawner_class": "gpu-kubespawner"}
         if self.gpu_service:
             service, roles = self._service_entry()
             hub["services"] = {service.pop("name"): service}
