@@ -326,19 +326,14 @@ class GPUService(Application):
         self.raise_config_file_errors = True
         try:
             self.load_config_file(path.name, path=str(folder))
-        except KeyError as e:
-            if not _raised_by_environ(e):
+        except Exception as e:
+            if isinstance(e, KeyError) and _raised_by_environ(e):
                 raise SystemExit(
                     f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
-                    f"KeyError: {e}"
+                    f"the environment variable {e} is not set. A hub-managed service gets only "
+                    "JupyterHub's variables: pass it in the service's `environment` "
+                    "(c.JupyterHub.services)"
                 ) from None
-            raise SystemExit(
-                f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
-                f"the environment variable {e} is not set. A hub-managed service gets only "
-                "JupyterHub's variables: pass it in the service's `environment` "
-                "(c.JupyterHub.services)"
-            ) from None
-        except Exception as e:
             raise SystemExit(
                 f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
                 f"{type(e).__name__}: {e}"
