@@ -33,7 +33,7 @@ def percentile(samples: list[float], p: float) -> float:
 
 
 def build_policy(groups: int):
-    from jupyterhub_gpu.model import parse_policy
+    from jupyterhub_gpu.core.model import parse_policy
 
     return parse_policy(
         flavors={
@@ -92,10 +92,10 @@ def kubespawner_static_list(groups: int) -> list[dict]:
 
 
 async def main(spawns: int, users: int = 10_000, groups: int = 500, servers: int = 5_000) -> None:
-    from jupyterhub_gpu.admission import Ledger
+    from jupyterhub_gpu.core.admission import Ledger
+    from jupyterhub_gpu.core.profiles import profile_entry
+    from jupyterhub_gpu.core.selection import offers, select
     from jupyterhub_gpu.offline import _OFFLINE_KUBECONFIG
-    from jupyterhub_gpu.selection import offers, select
-    from jupyterhub_gpu.spawner import profile_entry
 
     rng = random.Random(7)
     policy = build_policy(groups)

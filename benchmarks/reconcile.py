@@ -16,11 +16,11 @@ import asyncio
 import statistics
 import time
 
-from jupyterhub_gpu.localcluster import crds
-from jupyterhub_gpu.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.manifests import desired_objects
-from jupyterhub_gpu.model import Policy, parse_policy
-from jupyterhub_gpu.reconciler import KINDS, Reconciler
+from jupyterhub_gpu.core.manifests import desired_objects
+from jupyterhub_gpu.core.model import Policy, parse_policy
+from jupyterhub_gpu.dev.localcluster import crds
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.kube.reconciler import KINDS, Reconciler
 
 HUB = "jhub"
 

@@ -80,9 +80,9 @@ def policy_values() -> dict:
 
 
 def server_pods(policy) -> list[dict]:
-    from jupyterhub_gpu.admission import IN_QUOTA
-    from jupyterhub_gpu.selection import select
-    from jupyterhub_gpu.shaping import shape
+    from jupyterhub_gpu.core.admission import IN_QUOTA
+    from jupyterhub_gpu.core.selection import select
+    from jupyterhub_gpu.core.shaping import shape
 
     pods = []
     for i in range(SERVERS):
@@ -135,7 +135,7 @@ def hub_users() -> list[dict]:
 
 def feed(reflector, objects) -> None:
     """What the watch loop does for each ADDED event, after an empty list."""
-    from jupyterhub_gpu.service.kube import object_key
+    from jupyterhub_gpu.kube.reflector import object_key
 
     reflector.items = {}
     reflector.on_change(reflector)
@@ -148,9 +148,9 @@ async def main(requests: int) -> None:
     from tornado.httpclient import AsyncHTTPClient
     from tornado.httpserver import HTTPServer
 
-    from jupyterhub_gpu.admission import Ledger
-    from jupyterhub_gpu.localcluster.cluster import free_port
-    from jupyterhub_gpu.localcluster.nodepools import render_nodes
+    from jupyterhub_gpu.core.admission import Ledger
+    from jupyterhub_gpu.dev.localcluster.cluster import free_port
+    from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
     from jupyterhub_gpu.service import handlers
     from jupyterhub_gpu.service.app import GPUService
     from jupyterhub_gpu.service.hubapi import servers_from_users

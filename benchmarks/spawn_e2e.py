@@ -16,10 +16,10 @@ import statistics
 import time
 import uuid
 
-from jupyterhub_gpu.demo import reconcile_once
-from jupyterhub_gpu.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.demo import reconcile_once
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 
 POLICY = {
     "flavors": {"h200": {"kind": "gpu"}},

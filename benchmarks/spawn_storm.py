@@ -66,10 +66,10 @@ from pathlib import Path
 
 from kubernetes_asyncio import client, config
 
-from jupyterhub_gpu.demo import reconcile_once
-from jupyterhub_gpu.localcluster.cluster import LocalCluster, free_port
-from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.demo import reconcile_once
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster, free_port
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 
 USERS = [f"u{i:03d}" for i in range(200)]
 POLICY = {

@@ -6,7 +6,7 @@ Built by scripts/test with warnings as errors:
 
 The configuration reference is generated from the code: the traits of
 ``GPUPolicy`` and ``GPUKubeSpawner`` (autodoc-traits) and the keys the policy
-accepts (the allow-lists in ``jupyterhub_gpu.model``), written to
+accepts (the allow-lists in ``jupyterhub_gpu.core.model``), written to
 ``docs/_generated/`` at build time.
 """
 

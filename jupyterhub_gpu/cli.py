@@ -7,10 +7,12 @@ fix (a bad file, a refusal).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -28,9 +30,41 @@ def _node_pools(path: str | None) -> dict | None:
         raise UserError(f"--node-pools {path}: {e}") from e
 
 
-def cmd_cluster(args: argparse.Namespace) -> int:
-    from .localcluster import build, cluster
+def _dev_tools():
+    """The local cluster's modules; they come with the ``[demo]`` extra, which a hub
+    image does not need (``check``, ``profiles``, ``pod`` and ``manifests`` work without)."""
+    try:
+        from .dev.localcluster import build, cluster
+    except ModuleNotFoundError as e:
+        if (e.name or "").startswith("jupyterhub_gpu"):
+            raise
+        raise UserError(
+            f"the local cluster and the demo need the [demo] extra ({e.name} is missing): "
+            "pip install 'jupyterhub-gpu[demo]'"
+        ) from None
+    return build, cluster
 
+
+@contextlib.contextmanager
+def _dev_errors():
+    """The local cluster's and the demo's errors, as one line each."""
+    from .dev.demo import DemoError
+    from .dev.localcluster.build import BuildError
+    from .dev.localcluster.cluster import ClusterError
+
+    try:
+        yield
+    except (BuildError, ClusterError, DemoError) as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    build, cluster = _dev_tools()
+    with _dev_errors():
+        return _cluster(args, build, cluster)
+
+
+def _cluster(args: argparse.Namespace, build: Any, cluster: Any) -> int:
     existing = cluster.find(args.name)
     if args.action == "build":
         folder = build.ensure_binaries(args.bin_dir)
@@ -76,8 +110,8 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .model import PolicyError
-    from .values import hub_config, load_values, policy_from_values, service_setting_errors
+    from .config.values import hub_config, load_values, policy_from_values, service_setting_errors
+    from .core.model import PolicyError
 
     service_errors = service_setting_errors(hub_config(load_values(args.values)))
     try:
@@ -134,8 +168,8 @@ def cmd_pod(args: argparse.Namespace) -> int:
 
 
 def cmd_manifests(args: argparse.Namespace) -> int:
-    from .manifests import desired_objects, rbac_objects
-    from .values import policy_from_values
+    from .config.values import policy_from_values
+    from .core.manifests import desired_objects, rbac_objects
 
     policy = policy_from_values(args.values)
     objects = [
@@ -152,12 +186,11 @@ def cmd_manifests(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoError, run_demo
+    _dev_tools()
+    from .dev.demo import run_demo
 
-    try:
+    with _dev_errors():
         return run_demo(bin_dir=args.bin_dir, port=args.port)
-    except DemoError as e:
-        raise UserError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,10 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .localcluster.build import BuildError
-    from .localcluster.cluster import ClusterError
-    from .model import PolicyError
-    from .values import ValuesError
+    from .config.values import ValuesError
+    from .core.model import PolicyError
 
     try:
         return args.func(args)
@@ -236,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(str(e), file=sys.stderr)
         return 1
-    except (UserError, BuildError, ClusterError, ValuesError) as e:
+    except (UserError, ValuesError) as e:
         print(f"jupyterhub-gpu {args.command}: {e}", file=sys.stderr)
         return 1
 

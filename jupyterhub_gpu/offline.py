@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio.config import kube_config
 
-from .selection import offers
-from .values import hub_config, load_values, policy_from_config
+from .config.values import hub_config, load_values, policy_from_config
+from .core.selection import offers
 
 _OFFLINE_KUBECONFIG = {
     "apiVersion": "v1",
@@ -37,8 +37,8 @@ class _Named:
 
 def offered_profiles(paths: list[str], groups: list[str]) -> list[dict[str, Any]]:
     """The KubeSpawner ``profile_list`` a member of ``groups`` sees on an empty cluster."""
-    from .admission import Ledger
-    from .spawner import profile_entry
+    from .core.admission import Ledger
+    from .core.profiles import profile_entry
 
     policy = policy_from_config(hub_config(load_values(paths)))
     return [profile_entry(policy, Ledger(), offer) for offer in offers(policy, groups)]

@@ -36,15 +36,14 @@ from tornado import web
 from traitlets import Any as AnyValue
 from traitlets import Bool, Float, default, validate
 
-from .admission import Charge, Decision, Ledger
-from .capacity import FlavorCapacity
-from .clusterview import ClusterView
-from .model import Option, Policy, PolicyError
-from .pending import explain_unschedulable
-from .policy import GPUPolicy
-from .quantities import format_gpus
-from .selection import Malformed, Offer, Refused, Selection, offers, select
-from .shaping import (
+from .config.policy import GPUPolicy
+from .core.admission import Charge, Decision, Ledger
+from .core.capacity import FlavorCapacity
+from .core.model import Policy, PolicyError
+from .core.pending import explain_unschedulable
+from .core.profiles import profile_entry, without_overrides
+from .core.selection import Malformed, Refused, Selection, offers, select
+from .core.shaping import (
     GROUP_LABEL,
     PodShape,
     apply_to_pod,
@@ -53,6 +52,7 @@ from .shaping import (
     namespace_for,
     shape,
 )
+from .kube.clusterview import ClusterView
 
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
 JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
@@ -626,44 +626,6 @@ class GPUKubeSpawner(KubeSpawner):
         return {**event, "message": text} if text else event
 
 
-def profile_entry(
-    policy: Policy,
-    ledger: Ledger,
-    offer: Offer,
-    capacity: Mapping[str, FlavorCapacity] | None = None,
-) -> dict[str, Any]:
-    """One KubeSpawner profile_list entry: resources, the group's live remaining quota,
-    and the free cluster capacity of its flavor (``capacity`` None: unknown)."""
-    group, profile = offer.group, offer.profile
-    lines = [profile.description] if profile.description else []
-    resources = f"{_cores(profile.cpu)} CPU, {profile.memory / 2**30:g} GiB RAM"
-    if profile.gpu:
-        flavor = policy.flavors[profile.gpu.flavor]
-        resources += f", {profile.gpu.count} x {flavor.display_name}"
-    lines.append(resources)
-    if not group.unlimited and group.limit.gpus is not None:
-        used = ledger.usage(group.name).gpus
-        free = max(group.limit.gpus - used, 0)
-        lines.append(
-            f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
-            "GPUs free"
-        )
-    if profile.gpu:
-        lines.append(_capacity_line(capacity, profile.gpu.flavor))
-    entry: dict[str, Any] = {
-        "display_name": f"{group.display_name}: {profile.display_name}",
-        "slug": offer.slug,
-        "description": " · ".join(lines),
-        "default": profile.default,
-        "kubespawner_override": dict(profile.kubespawner_override),
-    }
-    if offer.options:
-        entry["profile_options"] = {
-            name: _profile_option(option) for name, option in offer.options.items()
-        }
-    return entry
-
-
 def _not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
     """Keep a refusal out of the hub's count of consecutive failed spawns.
 
@@ -683,17 +645,6 @@ def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -
     """user_options are checked against the policy and applied in ``load_user_options``."""
 
 
-def without_overrides(value: Any) -> Any:
-    """A copy of a ``profile_list`` (or any part of one) without ``kubespawner_override``
-    at any level: profile, option choice or unlisted choice. Images, volumes and
-    environment are the admin's settings, not the user's to read."""
-    if isinstance(value, Mapping):
-        return {k: without_overrides(v) for k, v in value.items() if k != "kubespawner_override"}
-    if isinstance(value, list):
-        return [without_overrides(v) for v in value]
-    return value
-
-
 _MERGED_TRAITS = (
     "cpu_limit",
     "mem_limit",
@@ -702,30 +653,6 @@ _MERGED_TRAITS = (
     "node_selector",
     "tolerations",
 )
-
-
-def _profile_option(option: Option) -> dict[str, Any]:
-    """A KubeSpawner ``profile_options`` entry; the values stay the policy's, server-side."""
-    entry: dict[str, Any] = {
-        "display_name": option.display_name,
-        "choices": {key: {"display_name": key} for key, _ in option.choices},
-    }
-    if option.unlisted_regex is not None:
-        entry["unlisted_choice"] = {
-            "enabled": True,
-            "display_name": option.unlisted_display_name,
-            "validation_regex": option.unlisted_regex,
-            # the image is set from the validated selection, not by an override
-            "kubespawner_override": {},
-        }
-    return entry
-
-
-def _capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) -> str:
-    known = capacity.get(flavor) if capacity is not None else None
-    if known is None or known.free is None:
-        return "cluster capacity unknown"
-    return f"cluster: {known.free} of {known.allocatable} {known.unit} free"
 
 
 def _unreachable(error: Exception) -> SpawnRefused:
@@ -743,10 +670,6 @@ def _kubernetes_reachable():
         yield
     except (aiohttp.ClientError, OSError) as e:
         raise _unreachable(e) from None
-
-
-def _cores(millicores: int) -> str:
-    return str(millicores // 1000) if millicores % 1000 == 0 else f"{millicores / 1000:g}"
 
 
 def _api_message(error: ApiException) -> str:

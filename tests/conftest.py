@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from jupyterhub_gpu.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

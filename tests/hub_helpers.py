@@ -13,9 +13,9 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
-from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.manifests import priority_classes
-from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.core.manifests import priority_classes
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 #: KAI installs these itself; here they stand in for its chart

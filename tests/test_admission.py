@@ -7,9 +7,9 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger, Usage
-from jupyterhub_gpu.model import parse_policy
-from jupyterhub_gpu.selection import Request
+from jupyterhub_gpu.core.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger, Usage
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.selection import Request
 
 POLICY = parse_policy(
     flavors={

@@ -6,9 +6,9 @@ from fractions import Fraction
 
 import yaml
 
-from jupyterhub_gpu.capacity import flavor_capacity, pod_requests
-from jupyterhub_gpu.localcluster.nodepools import render_nodes
-from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.core.capacity import flavor_capacity, pod_requests
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
 
 NODES = render_nodes(
     yaml.safe_load(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyterhub_gpu.localcluster.cluster import _alive
+from jupyterhub_gpu.dev.localcluster.cluster import _alive
 
 CLI = [sys.executable, "-m", "jupyterhub_gpu.cli"]
 

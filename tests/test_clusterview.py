@@ -11,9 +11,9 @@ from kubernetes_asyncio import client
 
 from browser import log_in
 from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.clusterview import ClusterView
-from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.model import parse_policy
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu.kube.clusterview import ClusterView
 from kube_helpers import eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s

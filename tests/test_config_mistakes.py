@@ -17,9 +17,9 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from jupyterhub_gpu.hubconfig import check_policy
-from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.policy import GPUPolicy
+from jupyterhub_gpu.config.hubconfig import check_policy
+from jupyterhub_gpu.config.policy import GPUPolicy
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.spawner import GPUKubeSpawner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ def test_the_policy_model_follows_changed_settings():
             {
                 "policy": GOOD,
                 "extra_config": 'c.KubeSpawner.profile_list = [{"display_name": "x"}]\n'
-                "from jupyterhub_gpu.hubconfig import check_policy\ncheck_policy(c)\n",
+                "from jupyterhub_gpu.config.hubconfig import check_policy\ncheck_policy(c)\n",
             },
             "hub.config.KubeSpawner.profile_list has 1 profile and hub.config.GPUPolicy is set",
         ),

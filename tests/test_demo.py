@@ -24,12 +24,12 @@ import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from browser import log_in
-from jupyterhub_gpu.demo import DEMO_USERS, DEMO_VALUES, stop_leftover_hub
-from jupyterhub_gpu.localcluster import sockets
-from jupyterhub_gpu.localcluster.build import ensure_binaries
-from jupyterhub_gpu.localcluster.cluster import ClusterState, LocalCluster, free_port
-from jupyterhub_gpu.localcluster.hub import ensure_chp
-from jupyterhub_gpu.localcluster.kubeconfig import load_configuration
+from jupyterhub_gpu.dev.demo import DEMO_USERS, DEMO_VALUES, stop_leftover_hub
+from jupyterhub_gpu.dev.localcluster import sockets
+from jupyterhub_gpu.dev.localcluster.build import ensure_binaries
+from jupyterhub_gpu.dev.localcluster.cluster import ClusterState, LocalCluster, free_port
+from jupyterhub_gpu.dev.localcluster.hub import ensure_chp
+from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
 
 PASSWORD = "jupyterhub-gpu"
 #: a loaded two-core machine: JupyterLab's first start and page load can be slow

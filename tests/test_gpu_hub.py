@@ -16,8 +16,8 @@ import pytest
 
 import matrix
 from hub_helpers import api, fresh_namespace, pod_json, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
-from jupyterhub_gpu.model import PolicyError, parse_policy
+from jupyterhub_gpu.core.model import PolicyError, parse_policy
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

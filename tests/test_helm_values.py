@@ -25,12 +25,12 @@ from jupyterhub.scopes import _check_scopes_exist
 from jupyterhub.services.service import Service
 
 import z2jh_schema
+from jupyterhub_gpu.config.values import hub_config, load_values, merge, policy_from_config
+from jupyterhub_gpu.core.selection import offers
+from jupyterhub_gpu.core.shaping import namespace_for
 from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.selection import offers
 from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
-from jupyterhub_gpu.shaping import namespace_for
 from jupyterhub_gpu.spawner import GPUKubeSpawner, _SharedState
-from jupyterhub_gpu.values import hub_config, load_values, merge, policy_from_config
 
 ROOT = Path(__file__).parents[1]
 VALUES = ROOT / "helm-values"
@@ -77,7 +77,7 @@ def config_classes() -> dict[str, type]:
     from ldapauthenticator import LDAPAuthenticator
     from oauthenticator.generic import GenericOAuthenticator
 
-    from jupyterhub_gpu.policy import GPUPolicy
+    from jupyterhub_gpu.config.policy import GPUPolicy
 
     classes = [JupyterHub, KubeSpawner, GPUKubeSpawner, GPUPolicy]
     classes += [GenericOAuthenticator, LDAPAuthenticator]

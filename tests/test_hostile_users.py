@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from traitlets.config import Config
 
 from hub_helpers import api, fresh_namespace, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.config.values import policy_from_config
+from jupyterhub_gpu.core.selection import ECHO_LIMIT, Malformed, Refused, select, shown
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.offline import assume_empty_cluster, offline_spawner
-from jupyterhub_gpu.selection import ECHO_LIMIT, Malformed, Refused, select, shown
 from jupyterhub_gpu.spawner import SpawnRefused
-from jupyterhub_gpu.values import policy_from_config
 from kube_helpers import eventually
 
 POLICY = {

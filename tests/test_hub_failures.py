@@ -13,7 +13,7 @@ import json
 import pytest
 
 from hub_helpers import Relay, api, fresh_namespace, progress_messages, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually, pod_manifest
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

@@ -18,7 +18,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from jupyterhub_gpu.hubconfig import CONFIG_D_FILE
+from jupyterhub_gpu.config.hubconfig import CONFIG_D_FILE
 
 ROOT = Path(__file__).parents[1]
 DOCKERFILE = (ROOT / "images" / "hub" / "Dockerfile").read_text()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jupyterhub_gpu.admission import IN_QUOTA
-from jupyterhub_gpu.manifests import (
+from jupyterhub_gpu.core.admission import IN_QUOTA
+from jupyterhub_gpu.core.manifests import (
     HUB_LABEL,
     KAI_ROOT_QUEUE,
     OWNER,
@@ -18,9 +18,9 @@ from jupyterhub_gpu.manifests import (
     desired_objects,
     rbac_objects,
 )
-from jupyterhub_gpu.model import parse_policy
-from jupyterhub_gpu.selection import select
-from jupyterhub_gpu.shaping import QUEUE_LABELS, shape
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.selection import select
+from jupyterhub_gpu.core.shaping import QUEUE_LABELS, shape
 
 REPO = Path(__file__).resolve().parent.parent
 HUB = "jhub"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jupyterhub_gpu.localcluster.nodepools import NodePoolError, render_nodes
+from jupyterhub_gpu.dev.localcluster.nodepools import NodePoolError, render_nodes
 
 DEFAULT = yaml.safe_load(
-    (Path(__file__).parents[1] / "jupyterhub_gpu/localcluster/nodepools.yaml").read_text()
+    (Path(__file__).parents[1] / "jupyterhub_gpu/dev/localcluster/nodepools.yaml").read_text()
 )
 
 

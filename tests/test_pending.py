@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jupyterhub_gpu.model import parse_policy
-from jupyterhub_gpu.pending import explain_unschedulable
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.pending import explain_unschedulable
 
 POLICY = parse_policy(
     flavors={

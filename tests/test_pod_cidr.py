@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from jupyterhub_gpu.localcluster.cluster import (
+from jupyterhub_gpu.dev.localcluster.cluster import (
     POD_PREFIX,
     POD_RANGE,
     ClusterError,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyterhub_gpu.localcluster import sockets
-from jupyterhub_gpu.localcluster.podrunner import (
+from jupyterhub_gpu.dev.localcluster import sockets
+from jupyterhub_gpu.dev.localcluster.podrunner import (
     DEFAULT_ALLOWED,
     NotRunnable,
     bind_to_pod_ip,

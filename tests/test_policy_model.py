@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from jupyterhub_gpu.model import PolicyError, parse_policy
+from jupyterhub_gpu.core.model import PolicyError, parse_policy
 
 P = "hub.config.GPUPolicy"
 

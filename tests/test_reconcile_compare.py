@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyterhub_gpu.reconciler import (
+from jupyterhub_gpu.kube.reconciler import (
     APPLIED_HASH,
     FIELD_MANAGER,
     KINDS,

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from jupyterhub_gpu.localcluster import crds
-from jupyterhub_gpu.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
-from jupyterhub_gpu.model import parse_policy
-from jupyterhub_gpu.reconciler import KINDS, Reconciler
+from jupyterhub_gpu.core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.localcluster import crds
+from jupyterhub_gpu.kube.reconciler import KINDS, Reconciler
 from kube_helpers import eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from test_reconciler import make_policy, owned, two_groups
 
-from jupyterhub_gpu.manifests import desired_objects, identity
-from jupyterhub_gpu.model import parse_policy
-from jupyterhub_gpu.reconciler import Reconciler
+from jupyterhub_gpu.core.manifests import desired_objects, identity
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.kube.reconciler import Reconciler
 from kube_helpers import eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s

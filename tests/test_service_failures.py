@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
 from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

@@ -15,7 +15,7 @@ import pytest
 from test_service_hub import start_server, usage, user_token, wait_for_service
 
 from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyterhub_gpu.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger
-from jupyterhub_gpu.capacity import flavor_capacity
-from jupyterhub_gpu.model import parse_policy
-from jupyterhub_gpu.selection import Request
+from jupyterhub_gpu.core.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger
+from jupyterhub_gpu.core.capacity import flavor_capacity
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.service import rules
 from jupyterhub_gpu.service.hubapi import servers_from_users
 from jupyterhub_gpu.service.page import render_page
@@ -320,7 +320,7 @@ def test_admins_page_through_many_servers():
 
 
 def pod_json(name: str, user: str, group: str, gpus: int, *, phase: str = "Running") -> dict:
-    from jupyterhub_gpu.shaping import CHARGE_ANNOTATION, GROUP_LABEL
+    from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL
 
     request = Request(gpus=Fraction(gpus), cpu=1000, memory=2**30, devices=(("h200", gpus),))
     return {
@@ -355,7 +355,7 @@ def pod_json(name: str, user: str, group: str, gpus: int, *, phase: str = "Runni
 )
 def test_watch_events_keep_ledger_and_capacity_equal_to_a_fresh_list(events):
     """Event-by-event updates end where a restarted service's full list starts."""
-    from jupyterhub_gpu.service.kube import Reflector, slim_pod
+    from jupyterhub_gpu.kube.reflector import Reflector, slim_pod
     from jupyterhub_gpu.service.state import ServiceState, server_pod
 
     live = ServiceState(POLICY)

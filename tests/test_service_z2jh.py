@@ -20,7 +20,7 @@ import pytest
 from test_service_hub import aget, user_token, wait_for_service
 
 from hub_helpers import fresh_namespace
-from jupyterhub_gpu.localcluster.hub import Z2JH_HELPER, LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import Z2JH_HELPER, LocalHub
 from jupyterhub_gpu.service.app import GPUService
 from kube_helpers import eventually
 

@@ -20,7 +20,7 @@ from traitlets.config import Config
 
 from browser import log_in
 from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.localcluster.hub import LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.offline import assume_empty_cluster, offline_spawner
 from kube_helpers import eventually
 

@@ -18,10 +18,10 @@ import yaml
 from traitlets.config import Config
 
 import matrix
+from jupyterhub_gpu.config.values import policy_from_config
+from jupyterhub_gpu.core.selection import Refused, offers, select
 from jupyterhub_gpu.offline import offered_profiles, render_pod
-from jupyterhub_gpu.selection import Refused, offers, select
 from jupyterhub_gpu.spawner import SpawnRefused
-from jupyterhub_gpu.values import policy_from_config
 
 VALUES = Path(__file__).parents[1] / "helm-values"
 

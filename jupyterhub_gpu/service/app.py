@@ -32,17 +32,18 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Float, Int, Unicode, default
 from traitlets.config import Application
 
-from ..clusterview import BOUND_PODS
-from ..hubconfig import config_from_z2jh_values
-from ..model import PolicyError
-from ..policy import GPUPolicy
-from ..quantities import format_gpus
-from ..reconciler import Reconciler
-from ..shaping import GROUP_LABEL
-from ..values import ValuesError, service_setting_errors
+from ..config.hubconfig import config_from_z2jh_values
+from ..config.policy import GPUPolicy
+from ..config.values import ValuesError, service_setting_errors
+from ..core.model import PolicyError
+from ..core.quantities import format_gpus
+from ..core.shaping import GROUP_LABEL
+from ..kube.client import api_client, in_cluster_namespace
+from ..kube.clusterview import BOUND_PODS
+from ..kube.reconciler import Reconciler
+from ..kube.reflector import Reflector, slim_node, slim_pod
 from . import handlers, metrics, rules
 from .hubapi import HubAPI, HubAPIError
-from .kube import Reflector, api_client, in_cluster_namespace, slim_node, slim_pod
 from .state import ServiceState, server_pod
 from .tasks import BackgroundTask
 from .views import Notice, Viewer, usage_view
@@ -166,7 +167,7 @@ class GPUService(Application):
         Seconds between reconcile passes (0: never): the namespaces, quotas,
         network policies, priority classes, scheduler queues and DRA claim
         templates the policy implies are created, updated when they drift, and
-        pruned when the policy drops them (``jupyterhub_gpu.reconciler``; the same
+        pruned when the policy drops them (``jupyterhub_gpu.kube.reconciler``; the same
         objects as ``jupyterhub-gpu manifests``). A pass that changes nothing
         writes nothing. Errors (a missing CRD, missing RBAC) show under *Service
         health* and are retried with backoff.

@@ -22,7 +22,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
-from ..selection import shown
+from ..core.selection import shown
 from .page import render_page
 from .views import Viewer
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from ..admission import Charge, Ledger
-from ..model import Policy
-from ..quantities import format_bytes, format_cpu, format_gpus
+from ..core.admission import Charge, Ledger
+from ..core.model import Policy
+from ..core.quantities import format_bytes, format_cpu, format_gpus
 from .views import Server
 
 

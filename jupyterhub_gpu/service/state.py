@@ -23,10 +23,10 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
-from ..admission import Charge, Ledger
-from ..capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
-from ..model import Policy
-from ..shaping import PROFILE_LABEL, charge_from_pod
+from ..core.admission import Charge, Ledger
+from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
+from ..core.model import Policy
+from ..core.shaping import PROFILE_LABEL, charge_from_pod
 from .views import Notice, Server, Snapshot, waiting_lines
 
 log = logging.getLogger("jupyterhub_gpu.service")

@@ -23,10 +23,10 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
-from ..admission import Ledger, Usage
-from ..capacity import FlavorCapacity
-from ..model import Group, Policy
-from ..quantities import format_bytes, format_cpu, format_gpus
+from ..core.admission import Ledger, Usage
+from ..core.capacity import FlavorCapacity
+from ..core.model import Group, Policy
+from ..core.quantities import format_bytes, format_cpu, format_gpus
 
 
 @dataclass(frozen=True)

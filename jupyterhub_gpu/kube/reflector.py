@@ -1,4 +1,4 @@
-"""Kubernetes for the service: a client, and list+watch reflectors in the API's JSON form.
+"""List+watch reflectors in the API's JSON form, shared by the spawner and the service.
 
 A ``Reflector`` lists a kind, then watches it from the listed resourceVersion,
 keeping ``items`` (key -> transformed object) in step; when the watch expires
@@ -12,52 +12,10 @@ views can say "unknown" instead of showing zeros.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client, config
-
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-def in_cluster_namespace() -> str | None:
-    """The namespace of the pod we run in (the hub's), from its service account."""
-    path = SERVICE_ACCOUNT / "namespace"
-    return path.read_text().strip() if path.exists() else None
-
-
-def _kubeconfig() -> str | None:
-    """The kubeconfig to use, or None for the pod's service account."""
-    if os.environ.get("KUBECONFIG"):
-        return os.environ["KUBECONFIG"]
-    home = os.path.expanduser("~/.kube/config")
-    if os.path.exists(home) and not (SERVICE_ACCOUNT / "token").exists():
-        return home
-    return None
-
-
-async def api_client() -> client.ApiClient:
-    """A client from $KUBECONFIG (or ~/.kube/config), else the pod's service account.
-
-    A hub-managed service does not inherit the hub's environment (JupyterHub
-    passes only its own variables), so ``KUBERNETES_SERVICE_HOST`` may be
-    missing in the hub pod; the service account's token is enough, with the
-    cluster's own DNS name for the API server.
-    """
-    kubeconfig = _kubeconfig()
-    if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig)
-    elif (SERVICE_ACCOUNT / "token").exists():
-        os.environ.setdefault("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
-        os.environ.setdefault("KUBERNETES_SERVICE_PORT", "443")
-        config.load_incluster_config()
-    else:
-        raise RuntimeError(
-            "no Kubernetes credentials: set KUBECONFIG, or run in a pod with a service account"
-        )
-    return client.ApiClient()
+from .client import KubeAPIError
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,20 +60,6 @@ def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata") or {}
     namespace = metadata.get("namespace")
     return f"{namespace}/{metadata['name']}" if namespace else metadata["name"]
-
-
-class KubeAPIError(Exception):
-    """The API server answered a list or watch with an error status."""
-
-    def __init__(self, what: str, status: int, message: str) -> None:
-        self.status = status
-        hint = ""
-        if status == 403:
-            hint = (
-                " (grant the service's service account list/watch on it: "
-                "`jupyterhub-gpu manifests` renders the RBAC, docs/service.md lists it)"
-            )
-        super().__init__(f"listing {what}: {message}{hint}")
 
 
 class Reflector:

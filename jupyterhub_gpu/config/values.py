@@ -17,7 +17,7 @@ import yaml
 from traitlets import TraitError
 from traitlets.config import Config
 
-from .model import PREFIX, Policy, PolicyError, unknown_settings
+from ..core.model import PREFIX, Policy, PolicyError, unknown_settings
 from .policy import GPUPolicy
 
 
@@ -151,7 +151,7 @@ def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
     settings = config.get("GPUService") or {}
     if not settings:
         return []
-    from .service.app import GPUService  # only with settings to check: it imports the service
+    from ..service.app import GPUService  # only with settings to check: it imports the service
 
     return unknown_settings(
         "hub.config.GPUService", settings, GPUService.class_trait_names(config=True)

@@ -49,9 +49,9 @@ from urllib.parse import quote
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
-from .model import Policy
-from .quantities import QuantityError, parse_quantity
+from ..core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
+from ..core.model import Policy
+from ..core.quantities import QuantityError, parse_quantity
 
 FIELD_MANAGER = "jupyterhub-gpu"
 APPLIED_HASH = "gpu.jupyterhub.org/applied-hash"

@@ -13,7 +13,7 @@ The Jupyter Docker Stacks images start ``jupyterhub-singleuser`` when they are
 given no command and a hub token (``start-notebook.py``); the runner does the
 same, so stock KubeSpawner pods run unchanged.
 
-Run by the local cluster as ``python -m jupyterhub_gpu.localcluster.podrunner``.
+Run by the local cluster as ``python -m jupyterhub_gpu.dev.localcluster.podrunner``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..hubconfig import CONFIG_D_FILE
-from ..service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
+from ...config.hubconfig import CONFIG_D_FILE
+from ...service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
 from . import build
 from .cluster import LocalCluster, free_port
 
@@ -124,7 +124,7 @@ class LocalHub:
         return (
             textwrap.dedent(
                 f"""
-            # written by jupyterhub_gpu.localcluster.hub
+            # written by jupyterhub_gpu.dev.localcluster.hub
             import os
             c = get_config()  # noqa
             c.JupyterHub.ip = "127.0.0.1"

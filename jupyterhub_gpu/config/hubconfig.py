@@ -14,7 +14,7 @@ z2jh's ``jupyterhub_config.py`` itself, which needs the pod's Kubernetes Service
 variables that a hub-managed service does not inherit. A plain
 ``jupyterhub_config.py`` ends with::
 
-    from jupyterhub_gpu.hubconfig import check_policy
+    from jupyterhub_gpu.config.hubconfig import check_policy
     check_policy(c)
 
 On an error the hub exits with status 1 before it binds any port, printing every
@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from traitlets.config import Config
 
-from .model import PolicyError
+from ..core.model import PolicyError
 from .values import (
     ValuesError,
     check_extra_config,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from traitlets import Bool, Dict, Enum, Unicode, default, observe
 from traitlets.config import Configurable
 
-from .model import PREFIX, Policy, PolicyError, parse_policy, unknown_settings
+from ..core.model import PREFIX, Policy, PolicyError, parse_policy, unknown_settings
 
 
 class GPUPolicy(Configurable):

@@ -22,9 +22,10 @@ from types import SimpleNamespace
 
 from kubernetes_asyncio import client
 
-from .capacity import FlavorCapacity, flavor_capacity
-from .model import Policy
-from .service.kube import KubeAPIError, Reflector, slim_node, slim_pod
+from ..core.capacity import FlavorCapacity, flavor_capacity
+from ..core.model import Policy
+from .client import KubeAPIError
+from .reflector import Reflector, slim_node, slim_pod
 
 #: pods that hold node resources: bound to a node and not finished
 BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"

@@ -342,7 +342,7 @@ class LocalCluster:
             [
                 sys.executable,
                 "-m",
-                "jupyterhub_gpu.localcluster.podrunner",
+                "jupyterhub_gpu.dev.localcluster.podrunner",
                 f"--kubeconfig={kubeconfigs['pod-runner']}",
                 f"--workdir={d / 'pods'}",
             ],

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..config.values import load_values, policy_from_values
+from ..core.model import Policy
+from ..kube.reconciler import Reconciler
 from .localcluster.cluster import (
     ClusterState,
     LocalCluster,
@@ -32,9 +35,6 @@ from .localcluster.cluster import (
     state_root,
 )
 from .localcluster.hub import LocalHub
-from .model import Policy
-from .reconciler import Reconciler
-from .values import load_values, policy_from_values
 
 #: The demo's policy: a z2jh values file (``jupyterhub-gpu check`` works on it).
 DEMO_VALUES = Path(__file__).with_name("demo_values.yaml")
