@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from jupyterhub_gpu.core.admission import IN_QUOTA, OVER_QUOTA, Charge, Ledger, Usage
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.core.selection import Request
+from jupyterhub_gpu.core.selection import Request, base_request, offers
 
 POLICY = parse_policy(
     flavors={
@@ -204,3 +204,57 @@ def test_resync_releases_vanished_pods_counts_unknown_ones_and_keeps_starting_sp
     # the same charges rebuilt from scratch give the same totals
     rebuilt = Ledger.from_charges(POLICY, ledger.charges.values())
     assert rebuilt.groups == ledger.groups
+
+
+caps = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpus": st.integers(0, 2),
+        "cpu": st.sampled_from(["500m", "1", "4"]),
+        "memory": st.sampled_from(["1Gi", "8Gi"]),
+        "servers": st.integers(0, 2),
+        "flavors": st.fixed_dictionaries({}, optional={"h200": st.integers(0, 2)}),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(limit=caps, per_user=caps, parent_limit=caps)
+def test_a_profile_is_offered_exactly_when_admission_could_ever_admit_it(
+    limit, per_user, parent_limit
+):
+    """The profile list and admission ask one cap check: nothing offered is always
+    refused, nothing refused on an empty cluster is offered."""
+    policy = parse_policy(
+        flavors={"h200": {"kind": "gpu"}},
+        profiles={
+            "gpu": {"cpu": 1, "memory": "2Gi", "gpu": {"flavor": "h200"}},
+            "cpu": {"cpu": 1, "memory": "2Gi"},
+        },
+        groups={
+            "dept": {"limit": parent_limit},
+            "lab": {
+                "parent": "dept",
+                "quota": {"gpus": 0},
+                "limit": limit,
+                "per_user": per_user,
+                "profiles": ["gpu", "cpu"],
+            },
+        },
+    )
+    offered = {o.profile.name for o in offers(policy, ["lab"]) if o.group.name == "lab"}
+    for name in ("gpu", "cpu"):
+        wanted = base_request(policy, policy.profiles[name])
+        decision = Ledger().decide(policy, "u1", policy.groups["lab"], wanted)
+        assert (name in offered) == decision.admitted, (name, decision.reason)
+
+
+def test_a_group_allowed_no_servers_is_offered_nothing():
+    policy = parse_policy(
+        profiles={"cpu": {"cpu": 1, "memory": "2Gi"}},
+        groups={
+            "frozen": {"limit": {"servers": 0}, "profiles": ["cpu"]},
+            "one-each": {"per_user": {"servers": 0}, "profiles": ["cpu"]},
+        },
+    )
+    assert offers(policy, ["frozen", "one-each"]) == []

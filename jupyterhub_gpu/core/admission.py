@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from .model import Amounts, Group, Policy
-from .quantities import format_bytes, format_cpu, format_gpus
 from .selection import Request
 
 IN_QUOTA = "in-quota"
@@ -71,26 +70,13 @@ class Decision:
 
 def _exceeded(name: str, used: Usage, request: Request, caps: Amounts) -> str | None:
     """The first cap ``used + request`` would pass, in words, or None."""
-    checks = (
-        ("gpus", used.gpus, request.gpus, caps.gpus, format_gpus, "GPUs"),
-        ("cpu", used.cpu, request.cpu, caps.cpu, format_cpu, "CPUs"),
-        ("memory", used.memory, request.memory, caps.memory, format_bytes, "memory"),
-        ("servers", used.servers, request.servers, caps.servers, str, "servers"),
+    passed = caps.first_passed(request, used)
+    if passed is None:
+        return None
+    return (
+        f"{name} has {passed.in_use} of {passed.cap} {passed.unit} in use; "
+        f"this server needs {passed.need}"
     )
-    for _key, in_use, need, cap, fmt, unit in checks:
-        if cap is not None and need and in_use + need > cap:
-            return (
-                f"{name} has {fmt(in_use)} of {fmt(cap)} {unit} in use; "
-                f"this server needs {fmt(need)}"
-            )
-    for flavor, units in request.devices:
-        cap = caps.flavors.get(flavor)
-        if cap is not None and used.flavors[flavor] + units > cap:
-            return (
-                f"{name} has {used.flavors[flavor]} of {cap} {flavor} in use; "
-                f"this server needs {units}"
-            )
-    return None
 
 
 class Ledger:

@@ -17,10 +17,13 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from .quantities import (
     QuantityError,
+    format_bytes,
+    format_cpu,
+    format_gpus,
     parse_bytes,
     parse_duration,
     parse_millicores,
@@ -165,6 +168,39 @@ class Profile:
     kubespawner_override: Mapping[str, Any]
 
 
+class Totals(Protocol):
+    """What servers hold or ask for: a request, or a group's or user's usage."""
+
+    gpus: Fraction
+    cpu: int
+    memory: int
+    servers: int
+
+    @property
+    def flavors(self) -> Mapping[str, int]: ...
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A cap that ``in_use + need`` passes: which one, and the three numbers in words."""
+
+    unit: str  # "GPUs", "CPUs", "memory", "servers" or a flavor's name
+    in_use: str
+    need: str
+    cap: str
+
+
+@dataclass(frozen=True)
+class _Nothing:
+    """Totals of nothing held: ``first_passed`` without ``in_use``."""
+
+    gpus: Fraction = Fraction(0)
+    cpu: int = 0
+    memory: int = 0
+    servers: int = 0
+    flavors: Mapping[str, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Amounts:
     """A set of caps (quota, limit, per-user); ``None`` means not capped."""
@@ -174,6 +210,32 @@ class Amounts:
     memory: int | None = None  # bytes
     servers: int | None = None
     flavors: Mapping[str, int] = field(default_factory=dict)
+
+    def first_passed(self, need: Totals, in_use: Totals | None = None) -> Passed | None:
+        """The first cap that ``in_use + need`` would pass, or None if all hold.
+
+        The one cap check: selection (could a profile ever be admitted: ``in_use``
+        None), admission (would this server pass a group's quota, limit or a user's
+        caps) and the runtime rules (does a group's usage pass its limit now: the
+        usage as ``need``) all ask it. Only what ``need`` uses is checked, so a server
+        without GPUs is never refused because a group is over its GPU cap.
+        """
+        used = in_use if in_use is not None else _Nothing()
+        checks = (
+            ("GPUs", used.gpus, need.gpus, self.gpus, format_gpus),
+            ("CPUs", used.cpu, need.cpu, self.cpu, format_cpu),
+            ("memory", used.memory, need.memory, self.memory, format_bytes),
+            ("servers", used.servers, need.servers, self.servers, str),
+        )
+        for unit, held, wanted, cap, fmt in checks:
+            if cap is not None and wanted and held + wanted > cap:
+                return Passed(unit, fmt(held), fmt(wanted), fmt(cap))
+        for flavor, wanted in need.flavors.items():
+            cap = self.flavors.get(flavor)
+            held = used.flavors.get(flavor, 0)
+            if cap is not None and wanted and held + wanted > cap:
+                return Passed(flavor, str(held), str(wanted), str(cap))
+        return None
 
     def is_empty(self) -> bool:
         return (

@@ -80,6 +80,11 @@ class Request:
             "devices": dict(self.devices),
         }
 
+    @property
+    def flavors(self) -> dict[str, int]:
+        """Device units per flavor (``Totals``, as a usage has them)."""
+        return dict(self.devices)
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Request:
         return cls(
@@ -147,15 +152,8 @@ def _fits_caps(policy: Policy, group: Group, request: Request) -> bool:
         if level.unlimited:
             continue
         for caps in (level.limit, *((group.per_user,) if level is group else ())):
-            if caps.gpus is not None and request.gpus > caps.gpus:
+            if caps.first_passed(request) is not None:
                 return False
-            if caps.cpu is not None and request.cpu > caps.cpu:
-                return False
-            if caps.memory is not None and request.memory > caps.memory:
-                return False
-            for flavor, units in request.devices:
-                if flavor in caps.flavors and units > caps.flavors[flavor]:
-                    return False
     return True
 
 

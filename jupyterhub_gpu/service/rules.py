@@ -13,8 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from ..core.admission import Charge, Ledger
-from ..core.model import Policy
-from ..core.quantities import format_bytes, format_cpu, format_gpus
+from ..core.model import Amounts, Policy
 from .views import Server
 
 
@@ -53,21 +52,12 @@ def over_limit(policy: Policy, ledger: Ledger) -> dict[str, str]:
     return result
 
 
-def _over(name: str, ledger: Ledger, group: str, limit) -> str | None:
-    used = ledger.usage(group)
-    checks = (
-        ("GPUs", used.gpus, limit.gpus, format_gpus),
-        ("CPUs", used.cpu, limit.cpu, format_cpu),
-        ("memory", used.memory, limit.memory, format_bytes),
-        ("servers", used.servers, limit.servers, str),
-    )
-    for unit, in_use, cap, fmt in checks:
-        if cap is not None and in_use > cap:
-            return f"{name} uses {fmt(in_use)} {unit}, over its limit of {fmt(cap)}"
-    for flavor, cap in limit.flavors.items():
-        if used.flavors.get(flavor, 0) > cap:
-            return f"{name} uses {used.flavors[flavor]} {flavor}, over its limit of {cap}"
-    return None
+def _over(name: str, ledger: Ledger, group: str, limit: Amounts) -> str | None:
+    # the group's whole usage as the need: which cap does it pass on its own
+    passed = limit.first_passed(ledger.usage(group))
+    if passed is None:
+        return None
+    return f"{name} uses {passed.need} {passed.unit}, over its limit of {passed.cap}"
 
 
 def to_stop_for_limit(
