@@ -141,6 +141,47 @@ def test_zero_quota_offers_no_gpu_profile_and_refuses_it():
         select(policy, ["frozen"], {"profile": "frozen--p"})
 
 
+async def test_a_profiles_resources_are_what_the_server_gets_and_at_most_what_it_may_use(
+    tmp_path,
+):
+    """Limits are the guarantees unless the profile raises them; a chart-wide limit
+    (``singleuser.cpu.limit``) widens neither."""
+    path = tmp_path / "values.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "singleuser": {"cpu": {"limit": 64}, "memory": {"limit": "256G"}},
+                "hub": {
+                    "config": {
+                        "KubeSpawner": {"cpu_limit": 64, "mem_limit": "256G"},
+                        "GPUPolicy": {
+                            "profiles": {
+                                "fixed": {"cpu": 4, "memory": "16Gi"},
+                                "burst": {
+                                    "cpu": 2,
+                                    "memory": "4Gi",
+                                    "cpu_limit": 8,
+                                    "memory_limit": "32Gi",
+                                },
+                            },
+                            "everyone": {"profiles": ["fixed", "burst"]},
+                        },
+                    }
+                },
+            }
+        )
+    )
+    fixed = await render_pod([str(path)], "ann", [], "everyone--fixed", {})
+    resources = fixed["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "4.0", "memory": str(16 * 2**30)}
+    assert resources["limits"] == resources["requests"]
+
+    burst = await render_pod([str(path)], "ann", [], "everyone--burst", {})
+    resources = burst["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "2.0", "memory": str(4 * 2**30)}
+    assert resources["limits"] == {"cpu": "8.0", "memory": str(32 * 2**30)}
+
+
 # ---- the three reference clusters --------------------------------------------------
 
 
@@ -205,7 +246,9 @@ async def test_enterprise_pod_lands_in_team_namespace_with_required_labels():
     assert labels["user"] == "eve"
     assert labels["job_type"] == "notebook"
     assert labels["kueue.x-k8s.io/queue-name"] == "analytics"
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == resources["requests"]
+    assert resources["limits"]["nvidia.com/gpu.shared"] == "1"
 
 
 @pytest.mark.parametrize(
@@ -266,7 +309,9 @@ async def test_enterprise_interns_get_one_light_slice_for_four_hours():
     pod = await render_pod(example("enterprise"), "ivy", ["interns"], None, {})
     assert pod["metadata"]["namespace"] == "nb-interns"
     assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "interns"
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == resources["requests"]
+    assert resources["limits"]["nvidia.com/gpu.shared"] == "1"
 
 
 async def test_department_member_without_gpu_group_cannot_forge_a_gpu_spawn():

@@ -58,8 +58,9 @@ class GPUPolicy(Configurable):
     profiles = Dict(
         help="""
         Notebook templates offered to groups, by name: ``display_name``,
-        ``description``, ``cpu`` and ``memory`` (guaranteed; Kubernetes quantities),
-        optional ``cpu_limit`` / ``memory_limit``, ``image``, ``gpu: {flavor, count}``,
+        ``description``, ``cpu`` and ``memory`` (Kubernetes quantities: what the
+        server is guaranteed and, unless ``cpu_limit`` / ``memory_limit`` raise
+        them, at most what it may use), ``image``, ``gpu: {flavor, count}``,
         ``options`` (``gpus: {choices: [1, 2, 4]}``, ``flavor: {choices: [...]}``,
         ``image: {choices: [...]}``; the image option alone may add
         ``unlisted_choice: {validation_regex: ..., display_name: ...}`` so users

@@ -39,9 +39,9 @@ def label_value(text: str) -> str:
 class PodShape:
     namespace: str | None = None
     cpu_guarantee: float = 0
-    cpu_limit: float | None = None
+    cpu_limit: float = 0  # a profile's limits are its guarantees unless it raises them
     mem_guarantee: int = 0
-    mem_limit: int | None = None
+    mem_limit: int = 0
     image: str | None = None
     extended_resources: dict[str, str] = field(default_factory=dict)  # requests == limits
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -85,9 +85,9 @@ def shape(
     result = PodShape(
         namespace=namespace_for(policy, group.name),
         cpu_guarantee=profile.cpu / 1000,
-        cpu_limit=profile.cpu_limit / 1000 if profile.cpu_limit else None,
+        cpu_limit=(profile.cpu_limit or profile.cpu) / 1000,
         mem_guarantee=profile.memory,
-        mem_limit=profile.memory_limit,
+        mem_limit=profile.memory_limit or profile.memory,
         image=selection.image,
     )
     result.labels = {
@@ -152,21 +152,16 @@ def _merge_tolerations(base: list[Any], extra: list[dict[str, Any]]) -> list[Any
 def merge_settings(current: Mapping[str, Any], pod_shape: PodShape) -> dict[str, Any]:
     """KubeSpawner trait values: the shape on top of what the chart configured.
 
-    Resource amounts and the priority class are the policy's alone; selectors,
-    tolerations, labels and extra resources are merged with the chart's.
+    Resource amounts and the priority class are the policy's alone (a profile's
+    limits are its guarantees unless it sets ``cpu_limit`` / ``memory_limit``; the
+    chart's ``singleuser.cpu.limit`` does not widen them); selectors, tolerations,
+    labels and extra resources are merged with the chart's.
     """
-
-    def limit(chart_limit: Any, guarantee: float, own: float | None) -> Any:
-        if own is not None:
-            return own
-        # keep the chart's limit only where it still admits the guarantee
-        return chart_limit if chart_limit is not None and chart_limit >= guarantee else None
-
     settings: dict[str, Any] = {
         "cpu_guarantee": pod_shape.cpu_guarantee,
-        "cpu_limit": limit(current.get("cpu_limit"), pod_shape.cpu_guarantee, pod_shape.cpu_limit),
+        "cpu_limit": pod_shape.cpu_limit,
         "mem_guarantee": pod_shape.mem_guarantee,
-        "mem_limit": limit(current.get("mem_limit"), pod_shape.mem_guarantee, pod_shape.mem_limit),
+        "mem_limit": pod_shape.mem_limit,
         "extra_resource_guarantees": {
             **dict(current.get("extra_resource_guarantees") or {}),
             **pod_shape.extended_resources,
