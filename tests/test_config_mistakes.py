@@ -176,6 +176,26 @@ def test_the_policy_model_follows_changed_settings():
     assert list(policy.model.groups) == ["other"]
 
 
+def test_the_scheduler_may_be_named_alone_in_the_trait_as_in_the_model(tmp_path):
+    by_name = GPUPolicy(**{**GOOD, "scheduler": "volcano"})
+    assert by_name.scheduler == {"name": "volcano"}
+    assert (
+        by_name.model.scheduler
+        == GPUPolicy(**{**GOOD, "scheduler": {"name": "volcano"}}).model.scheduler
+    )
+
+    result = check(tmp_path, {"hub": {"config": {"GPUPolicy": {**GOOD, "scheduler": "kueue"}}}})
+    assert result.returncode == 0, result.stderr
+    assert "scheduler kueue" in result.stdout
+
+    result = check(tmp_path, {"hub": {"config": {"GPUPolicy": {**GOOD, "scheduler": "slurm"}}}})
+    assert result.returncode == 1
+    assert (
+        "hub.config.GPUPolicy.scheduler.name: expected one of default, kai, volcano, kueue, "
+        "got 'slurm'"
+    ) in result.stderr
+
+
 @pytest.mark.k8s
 @pytest.mark.hub
 @pytest.mark.parametrize(

@@ -9,16 +9,18 @@ listing every problem with its key path.
 
 from __future__ import annotations
 
-from traitlets import Bool, Dict, Enum, Unicode, default, observe
+from traitlets import Bool, Dict, Enum, Unicode, Union, default, observe, validate
 from traitlets.config import Configurable
 
 from ..core.model import PREFIX, Policy, PolicyError, parse_policy, unknown_settings
 
 
 class GPUPolicy(Configurable):
-    scheduler = Dict(
+    scheduler = Union(
+        [Unicode(), Dict()],
         help="""
-        The cluster's scheduler and the priority classes pods get.
+        The cluster's scheduler and the priority classes pods get: a mapping,
+        or just the scheduler's name (``scheduler: kai`` is ``{name: kai}``).
 
         ``name`` is ``default`` (kube-scheduler, PriorityClass only), ``kai``
         (``schedulerName: kai-scheduler``, label ``kai.scheduler/queue``),
@@ -127,6 +129,11 @@ class GPUPolicy(Configurable):
     @default("scheduler")
     def _default_scheduler(self) -> dict:
         return {"name": "default"}
+
+    @validate("scheduler")
+    def _scheduler_by_name(self, proposal) -> dict:
+        value = proposal["value"]
+        return {"name": value} if isinstance(value, str) else value
 
     @observe(
         "scheduler",
