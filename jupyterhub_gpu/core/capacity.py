@@ -44,7 +44,6 @@ from .model import Flavor, Policy
 from .quantities import QuantityError, parse_quantity
 
 #: the resource whole devices are advertised under (KAI fractions count these)
-WHOLE_GPU = "nvidia.com/gpu"
 _FINISHED = ("Succeeded", "Failed")
 _UNITS = {
     "gpu": "GPUs",
@@ -83,15 +82,6 @@ class FlavorCapacity:
         if free is None:
             return None
         return free * self.unit_equivalents
-
-
-def counted_resource(flavor: Flavor) -> str | None:
-    """The node resource a flavor's capacity is counted in, or None (DRA)."""
-    if flavor.kind == "dra":
-        return None
-    if flavor.kind == "fraction":
-        return WHOLE_GPU
-    return flavor.resource or WHOLE_GPU
 
 
 def _whole(value: Any) -> int:
@@ -163,7 +153,7 @@ def node_is_usable(node: Mapping[str, Any]) -> bool:
 
 def node_serves(flavor: Flavor, node: Mapping[str, Any]) -> bool:
     """Whether a pod of this flavor could be placed on this node at all."""
-    resource = counted_resource(flavor)
+    resource = flavor.node_resource
     if resource is None or not node_is_usable(node):
         return False
     if _whole(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0)) <= 0:
@@ -197,7 +187,7 @@ def allocated_per_node(
 
 def counted_resources(policy: Policy) -> set[str]:
     """Every node resource the policy's flavors are counted in."""
-    return {r for f in policy.flavors.values() if (r := counted_resource(f))}
+    return {r for f in policy.flavors.values() if (r := f.node_resource)}
 
 
 def flavor_capacity(
@@ -217,7 +207,7 @@ def flavor_capacity(
         allocated = allocated_per_node(pods, counted_resources(policy))
     result = {}
     for name, flavor in policy.flavors.items():
-        resource = counted_resource(flavor)
+        resource = flavor.node_resource
         unit = _UNITS[flavor.kind]
         if resource is None:
             result[name] = FlavorCapacity(

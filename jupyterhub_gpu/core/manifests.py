@@ -147,7 +147,7 @@ def _device_resource(flavor: Flavor) -> str | None:
         return None
     if flavor.kind == "dra":
         return f"{flavor.device_class}.deviceclass.resource.k8s.io/devices"
-    return flavor.resource or "nvidia.com/gpu"
+    return flavor.resource
 
 
 # ---- namespaces and what lives in them ------------------------------------------

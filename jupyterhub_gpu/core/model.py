@@ -110,6 +110,20 @@ class Flavor:
     runtime_class_name: str | None = None
 
     @property
+    def node_resource(self) -> str | None:
+        """The node's extended resource this flavor's units come out of, or None.
+
+        Device kinds: ``resource``, what a pod requests per unit. KAI fractions
+        share whole devices, so they come out of ``nvidia.com/gpu`` though a pod
+        requests none. DRA devices are claimed, not node resources: None.
+        """
+        if self.kind == "dra":
+            return None
+        if self.kind == "fraction":
+            return "nvidia.com/gpu"
+        return self.resource
+
+    @property
     def unit_equivalents(self) -> Fraction:
         """GPU-equivalents one unit of this flavor is charged."""
         if self.kind == "gpu":

@@ -63,7 +63,8 @@ def namespace_for(policy: Policy, group: str) -> str | None:
 def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
     if flavor.kind in ("fraction", "dra"):
         return {}  # KAI annotations / a resource claim, no device request
-    resources = {flavor.resource or "nvidia.com/gpu": str(count)}
+    assert flavor.resource is not None  # every device kind has one (the model's default)
+    resources = {flavor.resource: str(count)}
     if flavor.kind == "hami":
         assert flavor.gpu_memory is not None
         resources["nvidia.com/gpumem"] = str(flavor.gpu_memory)
