@@ -52,6 +52,7 @@ from .core.shaping import (
     namespace_for,
     shape,
 )
+from .kube.client import exception_message
 from .kube.clusterview import ClusterView
 
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
@@ -469,7 +470,9 @@ class GPUKubeSpawner(KubeSpawner):
             await self._release_reservation()
             if e.status == 403:
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
-                raise SpawnRefused(f"Kubernetes refused the server: {_api_message(e)}") from None
+                raise SpawnRefused(
+                    f"Kubernetes refused the server: {exception_message(e)}"
+                ) from None
             raise
         except (aiohttp.ClientError, OSError) as e:
             await self._release_reservation()
@@ -587,7 +590,7 @@ class GPUKubeSpawner(KubeSpawner):
             except ApiException as e:
                 if e.status in (404, 409):  # gone, or a new server's pod has the name now
                     break
-                self.log.warning("Deleting pod %s/%s: %s", namespace, name, _api_message(e))
+                self.log.warning("Deleting pod %s/%s: %s", namespace, name, exception_message(e))
             except (aiohttp.ClientError, OSError, TimeoutError):
                 pass  # still unreachable
             await asyncio.sleep(delay)
@@ -670,13 +673,6 @@ def _kubernetes_reachable():
         yield
     except (aiohttp.ClientError, OSError) as e:
         raise _unreachable(e) from None
-
-
-def _api_message(error: ApiException) -> str:
-    try:
-        return json.loads(error.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return error.reason or f"HTTP {error.status}"
 
 
 def _to_v1_pod(api_client, manifest: dict[str, Any]):

@@ -483,8 +483,10 @@ def test_view_json_is_the_view_with_group_parts_encoded_once(tmp_path):
 
 
 def test_durations_read_as_max_runtime_is_written():
-    from jupyterhub_gpu.service.app import format_duration
+    from jupyterhub_gpu.core.quantities import format_duration, parse_duration
 
+    for written in ("25s", "1m", "1h30m", "8h", "1h1m1s"):
+        assert format_duration(parse_duration(written)) == written
     assert [format_duration(s) for s in (25, 60, 5400, 8 * 3600, 0)] == [
         "25s",
         "1m",

@@ -89,6 +89,14 @@ def parse_number(value: object) -> Fraction:
     return number
 
 
+def format_duration(seconds: int) -> str:
+    """8h, 1h30m, 25s: a duration as the policy writes it (``parse_duration`` reads it)."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
+
+
 def parse_duration(value: object) -> int:
     """Seconds from ``8h``, ``90m``, ``1d12h``, ``3600s`` or a number of seconds."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:

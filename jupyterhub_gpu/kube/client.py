@@ -3,10 +3,12 @@ and the API server's error messages in words a person can act on."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -47,6 +49,20 @@ async def api_client() -> client.ApiClient:
             "no Kubernetes credentials: set KUBECONFIG, or run in a pod with a service account"
         )
     return client.ApiClient()
+
+
+def error_message(body: bytes | str | None, fallback: str) -> str:
+    """The API server's own words from an error response (its Status ``message``)."""
+    try:
+        message = json.loads(body or b"").get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return message or fallback
+
+
+def exception_message(error: ApiException) -> str:
+    """What the API server said when a call raised, e.g. a quota's exceeded message."""
+    return error_message(error.body, error.reason or f"HTTP {error.status}")
 
 
 class KubeAPIError(Exception):

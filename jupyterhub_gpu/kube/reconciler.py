@@ -52,6 +52,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from ..core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
 from ..core.model import Policy
 from ..core.quantities import QuantityError, parse_quantity
+from .client import exception_message
 
 FIELD_MANAGER = "jupyterhub-gpu"
 APPLIED_HASH = "gpu.jupyterhub.org/applied-hash"
@@ -304,11 +305,7 @@ class Reconciler:
     def _error_message(kind: Kind, error: ApiException) -> str:
         if error.status == 404 and kind.fix:
             return f"the API server does not know this kind: {kind.fix}"
-        try:
-            reason = json.loads(error.body).get("message") or error.reason
-        except (TypeError, ValueError):
-            reason = error.reason
-        return f"HTTP {error.status}: {reason}"
+        return f"HTTP {error.status}: {exception_message(error)}"
 
     async def reconcile(self, policy: Policy) -> ReconcileReport:
         """One pass: apply what is missing or drifted, prune what we own beyond the policy.

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .client import KubeAPIError
+from .client import KubeAPIError, error_message
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,10 +93,7 @@ class Reflector:
         if not 200 <= response.status <= 299:
             body = await response.read()
             response.release()
-            try:
-                message = json.loads(body).get("message") or body.decode(errors="replace")
-            except ValueError:
-                message = body.decode(errors="replace")[:300]
+            message = error_message(body, body.decode(errors="replace")[:300])
             raise KubeAPIError(self.what, response.status, message)
         return response
 

@@ -36,7 +36,7 @@ from ..config.hubconfig import config_from_z2jh_values
 from ..config.policy import GPUPolicy
 from ..config.values import ValuesError, service_setting_errors
 from ..core.model import PolicyError
-from ..core.quantities import format_gpus
+from ..core.quantities import format_duration, format_gpus
 from ..core.shaping import GROUP_LABEL
 from ..kube.client import api_client, in_cluster_namespace
 from ..kube.clusterview import BOUND_PODS
@@ -84,14 +84,6 @@ def _raised_by_environ(error: KeyError) -> bool:
         tb = tb.tb_next
     # the frame that raised is os._Environ's (its file may be "<frozen os>")
     return tb is not None and tb.tb_frame.f_globals.get("__name__") == "os"
-
-
-def format_duration(seconds: int) -> str:
-    """8h, 1h30m, 25s: how max_runtime is written."""
-    hours, rest = divmod(int(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
-    return text + (f"{secs}s" if secs or not text else "")
 
 
 def listen_address(host: str | None) -> str:

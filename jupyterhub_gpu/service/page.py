@@ -9,6 +9,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from ..core.quantities import format_duration
+
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem;color:#1d2430;
 background:#f6f7f9}
@@ -33,15 +35,7 @@ margin:.3rem 0;font-size:.9rem}
 
 
 def _duration(seconds: int | None) -> str:
-    if seconds is None:
-        return ""
-    hours, rest = divmod(int(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
+    return "" if seconds is None else format_duration(seconds)
 
 
 def bar(title: str, amount: dict[str, Any], unit: str) -> str:
