@@ -184,7 +184,7 @@ class GPUKubeSpawner(KubeSpawner):
 
     def _namespaces(self, policy: Policy) -> list[str]:
         if policy.namespace_per_group:
-            return [namespace_for(policy, g) for g in [*policy.groups, "everyone"]]
+            return [namespace_for(policy, g.name) for g in policy.all_groups]
         return [self.namespace]
 
     async def _charges_from_pods(self, policy: Policy) -> list[Charge]:

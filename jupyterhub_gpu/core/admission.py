@@ -105,7 +105,7 @@ class Ledger:
         return self.users.get((user, group)) or Usage()
 
     def _chain(self, policy: Policy, group: str) -> list[str]:
-        if group != "everyone" and group not in policy.groups:
+        if policy.find_group(group) is None:
             return [group]  # a group removed from the policy still holds its servers
         return [g.name for g in policy.ancestors(group)]
 

@@ -300,7 +300,20 @@ class Policy:
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def group(self, name: str) -> Group:
+        """The group by name, ``everyone`` included; KeyError if the policy has none."""
         return self.everyone if name == "everyone" else self.groups[name]
+
+    def find_group(self, name: str | None) -> Group | None:
+        """The group by name, ``everyone`` included, or None: no such group (a server
+        may still be charged to a group the policy has since dropped)."""
+        if name == "everyone":
+            return self.everyone
+        return self.groups.get(name) if name is not None else None
+
+    @property
+    def all_groups(self) -> list[Group]:
+        """Every group, then ``everyone``."""
+        return [*self.groups.values(), self.everyone]
 
     def ancestors(self, name: str) -> list[Group]:
         """The group and its parents, nearest first."""

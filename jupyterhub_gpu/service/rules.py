@@ -25,15 +25,10 @@ def overdue(policy: Policy, servers: Iterable[Server], now: datetime) -> list[tu
     """
     result = []
     for server in servers:
-        if server.group is None or server.started is None or server.pending:
+        if server.started is None or server.pending:
             continue
-        if server.group == "everyone":
-            group = policy.everyone
-        elif server.group in policy.groups:
-            group = policy.groups[server.group]
-        else:
-            continue
-        if group.max_runtime is None:
+        group = policy.find_group(server.group)
+        if group is None or group.max_runtime is None:
             continue
         if (now - server.started).total_seconds() > group.max_runtime:
             result.append((server, group.max_runtime))
@@ -43,7 +38,7 @@ def overdue(policy: Policy, servers: Iterable[Server], now: datetime) -> list[tu
 def over_limit(policy: Policy, ledger: Ledger) -> dict[str, str]:
     """Groups whose servers now exceed their limit (e.g. after a policy change), with why."""
     result = {}
-    for group in [*policy.groups.values(), policy.everyone]:
+    for group in policy.all_groups:
         if group.unlimited:
             continue
         reason = _over(group.display_name, ledger, group.name, group.limit)

@@ -100,7 +100,7 @@ def is_policy_admin(policy: Policy, viewer: Viewer) -> bool:
 def visible_groups(policy: Policy, viewer: Viewer) -> list[Group]:
     """The groups this viewer may see, in policy order, ``everyone`` last."""
     if is_policy_admin(policy, viewer):
-        return [*policy.groups.values(), policy.everyone]
+        return policy.all_groups
     return [g for g in policy.groups.values() if g.name in viewer.groups] + [policy.everyone]
 
 
@@ -192,11 +192,7 @@ def waiting_lines(servers: Iterable[Server]) -> dict[str, list[Server]]:
 def server_view(
     policy: Policy, server: Server, now: datetime, position: int | None
 ) -> dict[str, Any]:
-    group = None
-    if server.group == "everyone":
-        group = policy.everyone
-    elif server.group in policy.groups:
-        group = policy.groups[server.group]
+    group = policy.find_group(server.group)
     runtime = (now - server.started).total_seconds() if server.started else None
     max_runtime = group.max_runtime if group else None
     return {
