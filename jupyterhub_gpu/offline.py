@@ -8,12 +8,15 @@ contacted: the spawner's client points at a closed loopback port.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import kube_config
 
 from .config.values import hub_config, load_values, policy_from_config
@@ -50,7 +53,6 @@ async def render_pod(
     """The Pod manifest spawn would create, or ``SpawnRefused`` with the user's message."""
     config = hub_config(load_values(paths))
     policy_from_config(config)  # a policy error is reported as such, before anything else
-    assume_empty_cluster()
     spawner = offline_spawner(config, user, groups)
     spawner.user_options = {**({"profile": profile} if profile else {}), **options}
     await spawner.load_user_options()
@@ -60,31 +62,43 @@ async def render_pod(
     return pod
 
 
-def assume_empty_cluster() -> None:
-    """Spawners in this process see an empty cluster: no server is charged yet."""
-    from .spawner import GPUKubeSpawner, _SharedState
-
-    empty = _SharedState()
-    empty.loaded = True
-    GPUKubeSpawner._shared = empty
-
-
-def offline_spawner(config, user: str, groups: list[str]):
-    """A GPUKubeSpawner for ``user`` whose Kubernetes client can reach nothing."""
-    from .spawner import GPUKubeSpawner
-
+@contextlib.contextmanager
+def _unreachable_cluster() -> Iterator[None]:
+    """KubeSpawner's client set-up pointed at a closed loopback port, for as long as a
+    spawner is made: the process's own Kubernetes configuration is put back after."""
+    saved_location = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    saved_default = Configuration.get_default_copy()
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
         kubeconfig.write_text(yaml.safe_dump(_OFFLINE_KUBECONFIG))
         # read by KubeSpawner's client set-up; KUBECONFIG itself was read at import
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(kubeconfig)
-        hub_user = _Named(
-            name=user,
-            id=1,
-            url=f"/user/{user}/",
-            groups=[_Named(name=g) for g in groups],
+        try:
+            yield
+        finally:
+            kube_config.KUBE_CONFIG_DEFAULT_LOCATION = saved_location
+            Configuration.set_default(saved_default)
+
+
+def offline_spawner(config, user: str, groups: list[str], admission=None):
+    """A GPUKubeSpawner for ``user`` whose Kubernetes client can reach nothing, admitting
+    against ``admission`` (default: its own, of an empty cluster)."""
+    from .spawn_admission import SpawnAdmission
+    from .spawner import GPUKubeSpawner
+
+    hub_user = _Named(
+        name=user,
+        id=1,
+        url=f"/user/{user}/",
+        groups=[_Named(name=g) for g in groups],
+    )
+    config = copy.deepcopy(config)
+    # there is no cluster to watch: say nothing about its capacity
+    config.GPUKubeSpawner.show_cluster_capacity = False
+    with _unreachable_cluster():
+        return GPUKubeSpawner(
+            _mock=True,
+            config=config,
+            user=hub_user,
+            admission=admission or SpawnAdmission.empty_cluster(),
         )
-        config = copy.deepcopy(config)
-        # there is no cluster to watch: say nothing about its capacity
-        config.GPUKubeSpawner.show_cluster_capacity = False
-        return GPUKubeSpawner(_mock=True, config=config, user=hub_user)

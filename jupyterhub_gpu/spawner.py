@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +52,7 @@ from .core.shaping import (
 )
 from .kube.client import exception_message
 from .kube.clusterview import ClusterView
+from .spawn_admission import SpawnAdmission
 
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
 JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
@@ -72,27 +71,6 @@ class SpawnRefused(web.HTTPError):
 
     def __str__(self) -> str:
         return self.message
-
-
-class _SharedState:
-    """What every spawner of this hub shares: the ledger and the waiting lines."""
-
-    def __init__(self) -> None:
-        self.ledger = Ledger()
-        self.loaded = False
-        #: the first rebuild of the ledger from pods, awaited by every spawn that needs it
-        self.loading: asyncio.Future | None = None
-        self.waiting: dict[str, deque[str]] = {}  # group -> server keys, first come first served
-        self.changed = asyncio.Condition()
-        self.cluster_view: ClusterView | None = None
-        #: servers admitted whose start has not finished, and when each server was
-        #: last admitted or started (monotonic): the resync keeps these, as their
-        #: pods may not exist yet or be too new for its listing
-        self.starting: set[str] = set()
-        self.touched: dict[str, float] = {}
-        self.resync_task: asyncio.Task | None = None
-        #: deletions of pods whose stop failed, retried until the pod is gone
-        self.finishing: set[asyncio.Future] = set()
 
 
 class GPUKubeSpawner(KubeSpawner):
@@ -141,7 +119,11 @@ class GPUKubeSpawner(KubeSpawner):
     def _no_options(self) -> dict:
         return {}
 
-    _shared: _SharedState | None = None
+    #: the admission every spawner of this hub shares (``shared_admission``)
+    _hub_admission: SpawnAdmission | None = None
+    #: this spawner's own admission instead, as offline rendering gives it
+    _own_admission: SpawnAdmission | None = None
+    _cluster_view: ClusterView | None = None
     _policies: dict[int, tuple[Any, Policy]] = {}
     #: what the spawn page shows while this spawn waits in its group's line
     _gpu_wait_message: str | None = None
@@ -176,11 +158,21 @@ class GPUKubeSpawner(KubeSpawner):
                 "the GPU policy is misconfigured; an admin must fix it (see the hub log)", 500
             ) from e
 
+    @property
+    def admission(self) -> SpawnAdmission:
+        """The ledger and waiting lines this spawner admits against."""
+        if self._own_admission is not None:
+            return self._own_admission
+        if GPUKubeSpawner._hub_admission is None:
+            GPUKubeSpawner._hub_admission = SpawnAdmission(self.log)
+        return GPUKubeSpawner._hub_admission
+
     @classmethod
-    def _state(cls) -> _SharedState:
-        if GPUKubeSpawner._shared is None:
-            GPUKubeSpawner._shared = _SharedState()
-        return GPUKubeSpawner._shared
+    def reset_shared_state(cls, admission: SpawnAdmission | None = None) -> None:
+        """Start the hub's admission afresh (``admission``, or a new one at the next
+        spawn), as after a hub restart; tests use it between hubs in one process."""
+        GPUKubeSpawner._hub_admission = admission
+        GPUKubeSpawner._cluster_view = None
 
     def _namespaces(self, policy: Policy) -> list[str]:
         if policy.namespace_per_group:
@@ -210,55 +202,31 @@ class GPUKubeSpawner(KubeSpawner):
                     charges.append(charge)
         return charges
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, admission: SpawnAdmission | None = None, **kwargs: Any) -> None:
+        """``admission``: this spawner's own instead of the hub's shared one (offline
+        rendering admits against an empty cluster of its own)."""
+        self._own_admission = admission
         super().__init__(*args, **kwargs)
         # Rebuild the ledger as soon as the hub makes its first GPU spawner (at hub start
         # for running servers, or at a user's first request), not when the first spawn
         # reaches start(): in a storm of spawns JupyterHub's own per-spawn work comes
         # first, and every spawn would wait behind it for the ledger.
-        if not self._state().loaded:
+        if not self.admission.loaded:
             try:
                 policy = self.gpu_policy
             except PolicyError:
                 return  # every spawn reports the broken policy itself (_policy_or_refuse)
-            self._begin_ledger_rebuild(policy)
+            self.admission.begin_rebuild(policy, self._listed_charges, self.ledger_resync_interval)
 
     async def _ledger(self, policy: Policy) -> Ledger:
         """The shared ledger, rebuilt from pod labels the first time it is needed."""
-        state = self._state()
-        if not state.loaded:
-            # shielded: one cancelled spawn must not cancel the rebuild the others await
-            await asyncio.shield(self._begin_ledger_rebuild(policy))
-        return state.ledger
+        return await self.admission.ready_ledger(
+            policy, self._listed_charges, self.ledger_resync_interval
+        )
 
-    def _begin_ledger_rebuild(self, policy: Policy) -> asyncio.Future:
-        """The rebuild of the ledger under way, started unless one is.
-
-        One rebuild every waiting spawn awaits: its end wakes them all in one turn of
-        the event loop, where an asyncio.Lock would hand over to its waiters one turn
-        at a time (a storm right after a hub start queued ~50 spawns behind it for
-        10 s). A failed rebuild answers the spawns awaiting it; the next one retries."""
-        state = self._state()
-        if state.loading is None or state.loading.done():
-            state.loading = asyncio.ensure_future(self._rebuild_ledger(policy))
-            state.loading.add_done_callback(self._report_failed_rebuild)
-        return state.loading
-
-    def _report_failed_rebuild(self, rebuild: asyncio.Future) -> None:
-        if not rebuild.cancelled() and rebuild.exception() is not None:
-            self.log.warning(
-                "GPU ledger rebuild failed (the next spawn retries): %s", rebuild.exception()
-            )
-
-    async def _rebuild_ledger(self, policy: Policy) -> None:
-        state = self._state()
+    async def _listed_charges(self, policy: Policy) -> list[Charge]:
         with _kubernetes_reachable():
-            charges = await self._charges_from_pods(policy)
-        state.ledger = Ledger.from_charges(policy, charges)
-        state.loaded = True
-        if self.ledger_resync_interval > 0:
-            state.resync_task = asyncio.create_task(self._resync_forever())
-        self.log.info("GPU ledger rebuilt from %d running servers", len(charges))
+            return await self._charges_from_pods(policy)
 
     # ---- the profile list ----------------------------------------------------------
 
@@ -297,12 +265,11 @@ class GPUKubeSpawner(KubeSpawner):
         """Free cluster capacity per flavor, or None when it is unknown or turned off."""
         if not self.show_cluster_capacity:
             return None
-        state = self._state()
-        if state.cluster_view is None:
-            state.cluster_view = ClusterView(self.api.api_client, self.log).start()
+        if GPUKubeSpawner._cluster_view is None:
+            view = GPUKubeSpawner._cluster_view = ClusterView(self.api.api_client, self.log).start()
             # the first list of nodes and pods, so the very first page shows capacity
-            await state.cluster_view.wait_ready(self.k8s_api_request_timeout)
-        return state.cluster_view.capacity(policy)
+            await view.wait_ready(self.k8s_api_request_timeout)
+        return GPUKubeSpawner._cluster_view.capacity(policy)
 
     # ---- the spawn path ------------------------------------------------------------
 
@@ -367,81 +334,32 @@ class GPUKubeSpawner(KubeSpawner):
             setattr(self, key, value)
 
     async def _admit(self, policy: Policy, selection: Selection) -> Decision:
-        state = self._state()
-        ledger = await self._ledger(policy)
+        await self._ledger(policy)
         key = self._server_key
-        group = selection.group.name
-        line = state.waiting.setdefault(group, deque())
-        self._gpu_wait_message = None
-        try:
-            while True:
-                first_in_line = not line or line[0] == key
-                if first_in_line:
-                    # check and reserve happen in this one synchronous call: atomic
-                    decision = ledger.admit(
-                        policy, key, self.user.name, selection.group, selection.request
-                    )
-                    if decision.admitted:
-                        self._gpu_reservation = ledger.charges[key]
-                        state.starting.add(key)
-                        state.touched[key] = time.monotonic()
-                        self.log.info(
-                            "GPU admission: %s charged to %s (%s)", key, group, decision.tier
-                        )
-                        return decision
-                    if decision.outcome == "refuse":
-                        raise SpawnRefused(decision.reason)
-                    reason = decision.reason
-                else:
-                    reason = None
-                if key not in line:
-                    line.append(key)
-                position = list(line).index(key) + 1
-                reason = reason or f"{position - 1} spawns ahead of you"
-                self._gpu_wait_message = (
-                    f"Waiting for {selection.group.display_name}: position {position} of "
-                    f"{len(line)} ({reason})"
-                )
-                async with state.changed:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(state.changed.wait(), self.wait_poll_interval)
-        finally:
-            # the line itself stays: a spawn still holding it must keep its place
-            if key in line:
-                line.remove(key)
-            self._gpu_wait_message = None
 
-    async def _resync_forever(self) -> None:
-        state = self._state()
-        while True:
-            await asyncio.sleep(self.ledger_resync_interval)
-            try:
-                policy = self.gpu_policy
-                listed_at = time.monotonic()
-                charges = await self._charges_from_pods(policy)
-            except Exception as e:  # the API server restarting: try again next time
-                self.log.warning("GPU ledger resync skipped: %r", e)
-                continue
-            # spawns under way, and servers admitted or started since the listing
-            keep = state.starting | {k for k, at in state.touched.items() if at >= listed_at}
-            added, released = state.ledger.resync(policy, charges, keep)
-            for key, what in [(k, "counted") for k in added] + [(k, "released") for k in released]:
-                self.log.warning("GPU ledger resync: %s %s (the hub had missed it)", what, key)
-            if released:
-                async with state.changed:
-                    state.changed.notify_all()
-            horizon = time.monotonic() - 10 * max(self.ledger_resync_interval, 1)
-            for key in [k for k, at in state.touched.items() if at < horizon]:
-                del state.touched[key]
+        def show_wait(message: str | None) -> None:
+            self._gpu_wait_message = message
+
+        decision = await self.admission.admit(
+            policy,
+            key,
+            self.user.name,
+            selection.group,
+            selection.request,
+            show_wait=show_wait,
+            poll_interval=self.wait_poll_interval,
+        )
+        if not decision.admitted:
+            raise SpawnRefused(decision.reason)
+        self._gpu_reservation = self.admission.charge(key)
+        self.log.info(
+            "GPU admission: %s charged to %s (%s)", key, selection.group.name, decision.tier
+        )
+        return decision
 
     async def _release(self, only: Charge | None = None) -> None:
         """Free this server's charge (its pod is gone); with ``only``, just that charge."""
-        state = self._state()
-        charge = state.ledger.charges.get(self._server_key) if state.loaded else None
-        if charge is not None and (only is None or charge is only):
-            state.ledger.release(self.gpu_policy, self._server_key)
-            async with state.changed:
-                state.changed.notify_all()
+        await self.admission.release(self.gpu_policy, self._server_key, only)
 
     async def _release_reservation(self) -> None:
         """Free what this start reserved, and nothing else: the key may still carry the
@@ -483,9 +401,7 @@ class GPUKubeSpawner(KubeSpawner):
             raise
         finally:
             self._gpu_starting = False
-            state = self._state()
-            state.starting.discard(self._server_key)
-            state.touched[self._server_key] = time.monotonic()
+            self.admission.start_ended(self._server_key)
         self._gpu_reservation = None  # the server's charge now, released by its stop
         return result
 
@@ -556,9 +472,8 @@ class GPUKubeSpawner(KubeSpawner):
         quota. The deletion names the pod's uid: a new pod of the same name (the user
         started again) is never touched, and its own charge never released.
         """
-        state = self._state()
         key = self._server_key
-        charge = state.ledger.charges.get(key) if state.loaded else None
+        charge = self.admission.charge(key)
         pod = self.pod_reflector.pods.get(key) if getattr(self, "pod_reflector", None) else None
         uid = ((pod or {}).get("metadata") or {}).get("uid")
         self.log.warning(
@@ -568,11 +483,9 @@ class GPUKubeSpawner(KubeSpawner):
             error,
             key,
         )
-        task = asyncio.ensure_future(
+        self.admission.finish_in_background(
             self._delete_until_gone(self.namespace, self.pod_name, uid, charge, now)
         )
-        state.finishing.add(task)
-        task.add_done_callback(state.finishing.discard)
 
     async def _delete_until_gone(
         self, namespace: str, name: str, uid: str | None, charge: Charge | None, now: bool
@@ -595,12 +508,9 @@ class GPUKubeSpawner(KubeSpawner):
                 pass  # still unreachable
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
-        state = self._state()
         key = f"{namespace}/{name}"
-        if charge is not None and state.ledger.charges.get(key) is charge:
-            state.ledger.release(self.gpu_policy, key)
-            async with state.changed:
-                state.changed.notify_all()
+        if charge is not None:
+            await self.admission.release(self.gpu_policy, key, only=charge)
         self.log.info("Pod %s is gone: the stop of %s is complete", key, self._log_name)
 
     async def get_pod_manifest(self):

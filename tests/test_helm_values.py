@@ -30,7 +30,7 @@ from jupyterhub_gpu.core.selection import offers
 from jupyterhub_gpu.core.shaping import namespace_for
 from jupyterhub_gpu.offline import offline_spawner
 from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
-from jupyterhub_gpu.spawner import GPUKubeSpawner, _SharedState
+from jupyterhub_gpu.spawner import GPUKubeSpawner
 
 ROOT = Path(__file__).parents[1]
 VALUES = ROOT / "helm-values"
@@ -250,14 +250,8 @@ def chart_config(paths: list[Path]):
 async def test_the_charts_empty_profile_list_does_not_hide_the_policy(files):
     # the chart writes its default singleuser.profileList ([]) unless base.yaml nulls it
     config = chart_config([VALUES / f for f in files])
-    spawner = offline_spawner(config, "rita", ["research"])
-    empty = _SharedState()
-    empty.loaded = True  # an empty cluster: nothing to read from Kubernetes
-    GPUKubeSpawner._shared = empty
-    try:
-        profiles = await spawner.profile_list(spawner)
-    finally:
-        GPUKubeSpawner._shared = None
+    spawner = offline_spawner(config, "rita", ["research"])  # an empty cluster of its own
+    profiles = await spawner.profile_list(spawner)
     assert [p["slug"] for p in profiles] == [
         "research--research",
         "research--cpu",

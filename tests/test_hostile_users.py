@@ -18,7 +18,7 @@ from hub_helpers import api, fresh_namespace, wait_no_pods
 from jupyterhub_gpu.config.values import policy_from_config
 from jupyterhub_gpu.core.selection import ECHO_LIMIT, Malformed, Refused, select, shown
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from jupyterhub_gpu.offline import assume_empty_cluster, offline_spawner
+from jupyterhub_gpu.offline import offline_spawner
 from jupyterhub_gpu.spawner import SpawnRefused
 from kube_helpers import eventually
 
@@ -126,7 +126,6 @@ def test_any_json_options_are_a_short_refusal_or_a_spawn_kubespawner_accepts(spa
         assert len(message) <= 2 * ECHO_LIMIT + 40, message
 
     # the spawner's whole option path: the same answer, as an HTTP refusal below 500
-    assume_empty_cluster()
     spawner.user_options = options
     refusal = None
     try:

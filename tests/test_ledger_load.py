@@ -17,12 +17,15 @@ import pytest
 from traitlets.config import Config
 
 from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused, _SharedState
+from jupyterhub_gpu.spawn_admission import SpawnAdmission
+from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused
+
+#: the admission every spawner of a test shares, as a hub's spawners do
+ADMISSION: SpawnAdmission
 
 
 @pytest.fixture
 def config():
-    GPUKubeSpawner._shared = _SharedState()  # a hub just started: nothing loaded
     c = Config()
     c.GPUPolicy.update(
         {
@@ -32,8 +35,9 @@ def config():
         }
     )
     c.GPUKubeSpawner.ledger_resync_interval = 0
-    yield c
-    GPUKubeSpawner._shared = None
+    global ADMISSION
+    ADMISSION = SpawnAdmission()  # the hub's one admission, just started: nothing loaded yet
+    return c
 
 
 class HeldListing:
@@ -53,7 +57,7 @@ class HeldListing:
 
 
 async def spawn(config, user: str) -> str:
-    spawner = offline_spawner(config, user, ["lab"])
+    spawner = offline_spawner(config, user, ["lab"], ADMISSION)
     spawner.user_options = {"profile": "lab--p"}
     try:
         await spawner.load_user_options()
@@ -103,8 +107,9 @@ async def test_a_failed_rebuild_answers_every_waiting_spawn_and_the_next_one_ret
 async def test_the_rebuild_begins_when_the_hub_makes_its_first_gpu_spawner(config, monkeypatch):
     listing = HeldListing()
     monkeypatch.setattr(GPUKubeSpawner, "_charges_from_pods", listing)
-    offline_spawner(config, "ann", ["lab"])  # as the hub does at start, or at ann's first request
-    offline_spawner(config, "bob", ["lab"])
+    # as the hub does at start, or at ann's first request
+    offline_spawner(config, "ann", ["lab"], ADMISSION)
+    offline_spawner(config, "bob", ["lab"], ADMISSION)
     await asyncio.sleep(0)
     assert listing.calls == 1  # under way before any spawn reached start(), and only once
     listing.release.set()

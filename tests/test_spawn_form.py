@@ -21,7 +21,7 @@ from traitlets.config import Config
 from browser import log_in
 from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from jupyterhub_gpu.offline import assume_empty_cluster, offline_spawner
+from jupyterhub_gpu.offline import offline_spawner
 from kube_helpers import eventually
 
 #: what an admin puts in a profile's override and no user may read
@@ -65,7 +65,6 @@ def config(fancy: bool) -> Config:
 
 @pytest.mark.parametrize("fancy", [False, True], ids=["kubespawner-form", "fancy-profiles"])
 async def test_the_form_shows_the_users_profiles_and_no_overrides(fancy):
-    assume_empty_cluster()
     spawner = offline_spawner(config(fancy), "ann", ["lab"])
     form = await spawner.get_options_form()
 
@@ -83,7 +82,6 @@ async def test_the_form_shows_the_users_profiles_and_no_overrides(fancy):
 
 
 async def test_the_override_the_form_hides_still_reaches_the_server():
-    assume_empty_cluster()
     spawner = offline_spawner(config(fancy=True), "ann", ["lab"])
     spawner.user_options = {"profile": "lab--small"}
     await spawner.load_user_options()

@@ -445,3 +445,21 @@ def test_offers_are_computed_once_per_policy_and_afresh_for_a_changed_one():
     changed = dataclasses.replace(policy, groups={"lab": smaller})
     assert [k for k, _ in offers(changed, ["lab"])[0].options["gpus"].choices] == ["1"]
     assert [k for k, _ in offers(policy, ["lab"])[0].options["gpus"].choices] == ["1", "4"]
+
+
+async def test_rendering_offline_leaves_the_process_and_the_hubs_admission_as_they_were():
+    """``jupyterhub-gpu pod`` runs the real spawner, yet leaves nothing behind: not the
+    process's Kubernetes configuration, not the ledger a hub in the process would use."""
+    from kubernetes_asyncio.client import Configuration
+    from kubernetes_asyncio.config import kube_config
+
+    from jupyterhub_gpu.spawner import GPUKubeSpawner
+
+    location = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    host = Configuration.get_default_copy().host
+    hub_admission = GPUKubeSpawner._hub_admission
+    pod = await render_pod(example("university"), "sam", ["students"], None, {})
+    assert pod["metadata"]["labels"]["gpu.jupyterhub.org/group"] == "students"
+    assert kube_config.KUBE_CONFIG_DEFAULT_LOCATION == location
+    assert Configuration.get_default_copy().host == host != "https://127.0.0.1:9"
+    assert GPUKubeSpawner._hub_admission is hub_admission

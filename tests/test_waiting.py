@@ -12,14 +12,18 @@ import pytest
 from traitlets.config import Config
 
 from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused, _SharedState
+from jupyterhub_gpu.spawn_admission import SpawnAdmission
+from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused
 from kube_helpers import eventually
+
+#: the hub's one admission, which every spawner of a test shares (an empty cluster)
+ADMISSION: SpawnAdmission
 
 
 @pytest.fixture
 def config():
-    GPUKubeSpawner._shared = _SharedState()
-    GPUKubeSpawner._shared.loaded = True
+    global ADMISSION
+    ADMISSION = SpawnAdmission.empty_cluster()
     c = Config()
     c.GPUPolicy.update(
         {
@@ -30,12 +34,11 @@ def config():
         }
     )
     c.GPUKubeSpawner.wait_poll_interval = 0.05
-    yield c
-    GPUKubeSpawner._shared = None
+    return c
 
 
 def spawner(config, user: str) -> GPUKubeSpawner:
-    s = offline_spawner(config, user, ["lab"])
+    s = offline_spawner(config, user, ["lab"], ADMISSION)
     s.user_options = {"profile": "lab--p"}
     return s
 
@@ -65,7 +68,7 @@ async def test_full_group_queues_in_order_and_admits_when_a_server_stops(config)
     await eventually(cy_first, "cy to move up to position 1", within=5)
     await second._release()
     await asyncio.wait_for(waiting_third, 5)
-    assert GPUKubeSpawner._shared.ledger.usage("lab").gpus == 1
+    assert ADMISSION.ledger.usage("lab").gpus == 1
 
 
 async def test_a_cancelled_wait_leaves_the_line(config):
@@ -76,7 +79,7 @@ async def test_a_cancelled_wait_leaves_the_line(config):
     waiting.cancel()  # the user stops the pending spawn
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert list(GPUKubeSpawner._shared.waiting["lab"]) == []
+    assert list(ADMISSION.waiting["lab"]) == []
     assert second._gpu_wait_message is None
 
 
@@ -85,7 +88,7 @@ async def test_a_profile_larger_than_the_group_is_never_offered_so_never_queued(
     GPUKubeSpawner._policies.clear()
     with pytest.raises(SpawnRefused, match="you are not offered any server"):
         await spawner(config, "ann").load_user_options()
-    assert GPUKubeSpawner._shared.waiting.get("lab", []) == []
+    assert ADMISSION.waiting.get("lab", []) == []
 
 
 async def _message(s: GPUKubeSpawner) -> str | None:
