@@ -408,7 +408,7 @@ def test_watch_events_keep_ledger_and_capacity_equal_to_a_fresh_list(events):
 
 
 def test_listen_address_follows_the_service_url():
-    from jupyterhub_gpu.service.app import listen_address
+    from jupyterhub_gpu.service.startup import listen_address
 
     assert listen_address("127.0.0.1") == "127.0.0.1"
     assert listen_address("localhost") == "127.0.0.1"
@@ -494,3 +494,34 @@ def test_durations_read_as_max_runtime_is_written():
         "8h",
         "0s",
     ]
+
+
+async def test_over_limit_stops_are_announced_once_and_forgotten_with_their_pods():
+    """The runtime rules keep what they announced only while the pod exists."""
+    from jupyterhub_gpu.service.runtime_rules import RuntimeRules
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    state = ServiceState(POLICY)
+    pods = {f"ns/b{i}": pod_json(f"b{i}", f"u{i}", "beta", 1) for i in (1, 2, 3)}
+    state.server_pods_listed({k: server_pod(p) for k, p in pods.items()})
+    state.set_servers([])
+    asked: list[tuple[str, str]] = []
+
+    async def stop(user: str, name: str, reason: str) -> str | None:
+        asked.append((user, reason))
+        return None  # the hub stops it later: the pod stays until then
+
+    runtime_rules = RuntimeRules(POLICY, state, stop, stop_over_limit_after=0)
+    for second in range(3):  # beta is over its limit of 2 GPUs: its youngest server goes
+        await runtime_rules.run(NOW + timedelta(seconds=second))
+    stopping = [n.text for n in state.notices if n.text.startswith("Stopping")]
+    assert len(stopping) == 1, stopping  # announced once, while the hub is asked each run
+    assert len(asked) == 3
+    assert len(set(asked)) == 1
+    (key,) = runtime_rules.announced_pods
+
+    del pods[key]  # the hub stopped it: its pod is gone
+    state.server_pods_listed({k: server_pod(p) for k, p in pods.items()})
+    summary = await runtime_rules.run(NOW + timedelta(seconds=3))
+    assert summary == "0 stopped, 0 group(s) over limit"
+    assert runtime_rules.announced_pods == set()

@@ -460,6 +460,6 @@ async def test_rendering_offline_leaves_the_process_and_the_hubs_admission_as_th
     hub_admission = GPUKubeSpawner._hub_admission
     pod = await render_pod(example("university"), "sam", ["students"], None, {})
     assert pod["metadata"]["labels"]["gpu.jupyterhub.org/group"] == "students"
-    assert kube_config.KUBE_CONFIG_DEFAULT_LOCATION == location
+    assert location == kube_config.KUBE_CONFIG_DEFAULT_LOCATION
     assert Configuration.get_default_copy().host == host != "https://127.0.0.1:9"
     assert GPUKubeSpawner._hub_admission is hub_admission

@@ -1,10 +1,11 @@
 """A live copy of the cluster's nodes and bound pods, for free capacity per flavor.
 
-``ClusterView`` lists and then watches nodes and (cluster-wide) pods that are
-bound to a node and not finished, with the service's ``Reflector`` (slimmed to
-what capacity needs, in the API's JSON form), which is what
-``capacity.flavor_capacity`` reads. It is a thin I/O adapter: the arithmetic is
-in ``capacity``.
+``capacity_watches`` are the two watches capacity is read from: nodes, and
+(cluster-wide) pods that are bound to a node and not finished, each a
+``Reflector`` slimmed to what capacity needs, in the API's JSON form, which is
+what ``core.capacity`` reads. The spawner's ``ClusterView`` runs them for the
+profile list; the service runs the same two behind its page. Thin I/O: the
+arithmetic is in ``core.capacity``.
 
 Reading nodes and pods in every namespace needs RBAC the z2jh chart does not
 grant (``jupyterhub-gpu manifests`` renders it). Without it the view says so
@@ -18,7 +19,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 from kubernetes_asyncio import client
 
@@ -29,6 +32,38 @@ from .reflector import Reflector, slim_node, slim_pod
 
 #: pods that hold node resources: bound to a node and not finished
 BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+def capacity_watches(
+    core: client.CoreV1Api | None,
+    *,
+    on_nodes: Callable[[Reflector], None],
+    on_pods: Callable[[Reflector], None],
+    on_pod_event: Callable[[str, Any, Any], None] | None = None,
+    watch_timeout: int = 300,
+) -> tuple[Reflector, Reflector]:
+    """The node watch and the bound-pod watch (``core`` None: fed by hand, in tests)."""
+
+    def call(name: str) -> Callable[..., Any] | None:
+        return getattr(core, name) if core is not None else None
+
+    nodes = Reflector(
+        "nodes",
+        call("list_node"),
+        transform=slim_node,
+        on_change=on_nodes,
+        watch_timeout=watch_timeout,
+    )
+    pods = Reflector(
+        "bound pods",
+        call("list_pod_for_all_namespaces"),
+        transform=slim_pod,
+        on_change=on_pods,
+        on_event=on_pod_event,
+        watch_timeout=watch_timeout,
+        field_selector=BOUND_PODS,
+    )
+    return nodes, pods
 
 
 class _Watch:
@@ -87,19 +122,8 @@ class ClusterView:
     ) -> None:
         self.refresh = refresh
         self.version = 0  # bumped on every change, so capacity is recomputed only then
-        core = client.CoreV1Api(api_client)
-        nodes = Reflector(
-            "nodes",
-            core.list_node,
-            transform=slim_node,
-            on_change=self._changed,
-        )
-        pods = Reflector(
-            "pods in all namespaces",
-            core.list_pod_for_all_namespaces,
-            transform=slim_pod,
-            on_change=self._changed,
-            field_selector=BOUND_PODS,
+        nodes, pods = capacity_watches(
+            client.CoreV1Api(api_client), on_nodes=self._changed, on_pods=self._changed
         )
         self.nodes = _Watch(nodes, log, forbidden_retry)
         self.pods = _Watch(pods, log, forbidden_retry)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -467,3 +468,24 @@ class Reconciler:
             )
             return
         report.pruned.append(f"{kind.kind} {_name(obj)}")
+
+
+class ReconcilePasses:
+    """Passes of one reconciler as a periodic task runs them: a pass with errors
+    raises (the task retries with backoff and shows it); the log gets every pass
+    that writes, and a pass that only keeps or would write when that changes."""
+
+    def __init__(self, reconciler: Reconciler, log: logging.Logger) -> None:
+        self.reconciler = reconciler
+        self.log = log
+        self._last = ""
+
+    async def run(self, policy: Policy) -> str:
+        report = await self.reconciler.reconcile(policy)
+        if report.errors:
+            raise RuntimeError(report.summary())
+        summary = report.summary()
+        if report.writes or (not report.unchanged_only and summary != self._last):
+            self.log.info("reconcile: %s", summary)
+        self._last = summary
+        return summary

@@ -11,16 +11,13 @@ See docs/service.md for the z2jh configuration, the scopes and the RBAC.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import ipaddress
-import json
+import functools
 import logging
 import os
 import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlparse
 
@@ -32,69 +29,21 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Float, Int, Unicode, default
 from traitlets.config import Application
 
-from ..config.hubconfig import config_from_z2jh_values
 from ..config.policy import GPUPolicy
-from ..config.values import ValuesError, service_setting_errors
+from ..config.values import service_setting_errors
 from ..core.model import PolicyError
-from ..core.quantities import format_duration, format_gpus
 from ..core.shaping import GROUP_LABEL
 from ..kube.client import api_client, in_cluster_namespace
-from ..kube.clusterview import BOUND_PODS
-from ..kube.reconciler import Reconciler
-from ..kube.reflector import Reflector, slim_node, slim_pod
-from . import handlers, metrics, rules
+from ..kube.clusterview import capacity_watches
+from ..kube.reconciler import ReconcilePasses, Reconciler
+from ..kube.reflector import Reflector
+from . import handlers, metrics
 from .hubapi import HubAPI, HubAPIError
+from .runtime_rules import RuntimeRules
+from .startup import default_config_file, listen_address, read_hub_config
 from .state import ServiceState, server_pod
 from .tasks import BackgroundTask
-from .views import Notice, Viewer, usage_view
-
-#: where z2jh mounts the hub's config in the hub container
-Z2JH_CONFIG = "/usr/local/etc/jupyterhub/jupyterhub_config.py"
-#: everything the hub (and so this service) is told about by an admin
-ALL_SEEING = Viewer(name="", admin=True)
-
-
-def default_config_file() -> str:
-    """``$JUPYTERHUB_GPU_CONFIG``, else z2jh's hub config, else ./jupyterhub_config.py."""
-    if os.environ.get("JUPYTERHUB_GPU_CONFIG"):
-        return os.environ["JUPYTERHUB_GPU_CONFIG"]
-    if Path(Z2JH_CONFIG).exists():
-        return Z2JH_CONFIG
-    return "jupyterhub_config.py"
-
-
-def z2jh_helper(path: Path) -> ModuleType:
-    """The chart's ``z2jh`` helper module, loaded from ``path`` itself.
-
-    Not ``import z2jh``: that would take whichever ``z2jh`` is imported already
-    or comes first on the path, not the one beside the hub's config.
-    """
-    spec = importlib.util.spec_from_file_location("z2jh", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"jupyterhub-gpu-service: cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _raised_by_environ(error: KeyError) -> bool:
-    """True when the KeyError is ``os.environ[name]`` of a variable that is not set."""
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    # the frame that raised is os._Environ's (its file may be "<frozen os>")
-    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "os"
-
-
-def listen_address(host: str | None) -> str:
-    """Where to listen for a service URL's host (see ``GPUService.ip``)."""
-    if not host or host == "localhost":
-        return "127.0.0.1"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return ""  # a name others resolve to this pod: every interface
-    return host
+from .views import CachedUsage, Snapshot, Viewer
 
 
 class GPUService(Application):
@@ -276,102 +225,38 @@ class GPUService(Application):
             )
         self.state = ServiceState(self.policy)
         self.tasks: dict[str, BackgroundTask] = {}
-        self.registry, self.stopped_counter = metrics.registry(lambda: self.view(ALL_SEEING))
-        self._over_limit_since: dict[str, datetime] = {}
-        # servers whose max_runtime stop was announced (user, name, started)
-        self._announced: set[tuple[str, str, datetime | None]] = set()
-        self._announced_pods: set[str] = set()
-        self._reconciler: Reconciler | None = None
-        self._last_reconcile = ""
+        self.registry, self.stopped_counter = metrics.registry(self.policy, self.snapshot)
+        self.runtime_rules = RuntimeRules(
+            self.policy, self.state, self._stop, self.stop_over_limit_after
+        )
+        self._reconcile_passes: ReconcilePasses | None = None
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
-        # group name -> (what the view is made of, view); -> (view, its JSON)
-        self._group_cache: dict[str, tuple[Any, dict[str, Any]]] = {}
-        self._group_json: dict[str, tuple[dict[str, Any], str]] = {}
+        self.usage = CachedUsage(self.policy)
 
     def load_hub_config(self, path: Path) -> str:
         """Read the hub's config into ``self.config``; where the policy came from, in words.
 
-        Never an empty policy in place of the hub's: a config that cannot be read
-        stops the service (a service without the policy would prune what the
-        policy created).
+        The command line wins over what the file or the chart values say.
         """
-        folder = path.parent.resolve()
-        if (folder / "z2jh.py").exists():
-            # a z2jh hub pod: the chart's helper beside the config reads the mounted values
-            try:
-                values = config_from_z2jh_values(z2jh_helper(folder / "z2jh.py").get_config)
-            except ValuesError as e:
-                raise SystemExit(f"jupyterhub-gpu-service: {e}") from None
-            if "GPUPolicy" not in values:
-                raise SystemExit(
-                    f"jupyterhub-gpu-service: the chart values, read by {folder / 'z2jh.py'}, "
-                    "have no hub.config.GPUPolicy; the service serves the hub's GPU policy and "
-                    "does not run without one: set hub.config.GPUPolicy (or check that the "
-                    "hub's values Secret is mounted in the hub pod)"
-                )
-            values.merge(self.cli_config)  # the command line wins, as over a config file
-            self.update_config(values)
-            return "the chart values (hub.config)"
-        if "POD_NAMESPACE" not in os.environ and in_cluster_namespace():
-            # a hub config may read it (z2jh's does); a managed service does not inherit it
-            os.environ["POD_NAMESPACE"] = in_cluster_namespace() or ""
-        self.raise_config_file_errors = True
-        try:
-            self.load_config_file(path.name, path=str(folder))
-        except Exception as e:
-            if isinstance(e, KeyError) and _raised_by_environ(e):
-                raise SystemExit(
-                    f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
-                    f"the environment variable {e} is not set. A hub-managed service gets only "
-                    "JupyterHub's variables: pass it in the service's `environment` "
-                    "(c.JupyterHub.services)"
-                ) from None
-            raise SystemExit(
-                f"jupyterhub-gpu-service: the hub's config file {path} failed to load: "
-                f"{type(e).__name__}: {e}"
-            ) from None
-        if "GPUPolicy" not in self.config:
-            raise SystemExit(
-                f"jupyterhub-gpu-service: the hub's config file {path} sets no GPUPolicy; the "
-                "service serves the hub's GPU policy and does not run without one: pass the "
-                "hub's own config file (--config PATH or $JUPYTERHUB_GPU_CONFIG)"
-            )
-        return str(path)
+        loaded, source = read_hub_config(path)
+        loaded.merge(self.cli_config)
+        self.update_config(loaded)
+        return source
 
     # ---- views ---------------------------------------------------------------------
 
     def task_statuses(self) -> list[dict[str, Any]]:
         return [t.status.to_json() for t in self.tasks.values()]
 
+    def snapshot(self) -> Snapshot:
+        return self.state.snapshot(self.task_statuses())
+
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
-        snapshot = self.state.snapshot(self.task_statuses())
-        return usage_view(
-            self.policy,
-            snapshot,
-            viewer,
-            datetime.now(UTC),
-            group_cache=self._group_cache,
-            **paging,
-        )
+        return self.usage.view(self.snapshot(), viewer, datetime.now(UTC), **paging)
 
     def view_json(self, viewer: Viewer, **paging: int) -> str:
-        """``view`` as JSON, each group's part encoded once per change of that group.
-
-        An admin's view of 500 groups is mostly group views, the same for every
-        viewer until the group changes; encoding each once takes most of the
-        cost out of repeated requests.
-        """
-        view = self.view(viewer, **paging)
-        groups = view.pop("groups")
-        parts = []
-        for group in groups:
-            cached = self._group_json.get(group["name"])
-            if cached is None or cached[0] is not group:
-                cached = self._group_json[group["name"]] = (group, json.dumps(group))
-            parts.append(cached[1])
-        rest = json.dumps(view)
-        return f'{rest[:-1]}, "groups": [{",".join(parts)}]}}'
+        return self.usage.json(self.snapshot(), viewer, datetime.now(UTC), **paging)
 
     # ---- background tasks ----------------------------------------------------------
 
@@ -388,47 +273,30 @@ class GPUService(Application):
     def make_reflectors(self, core: client.CoreV1Api | None) -> list[Reflector]:
         """The three watches, wired to the state (``core`` None: fed by hand, as in tests)."""
         state = self.state
-
-        def call(name: str) -> Callable[..., Any] | None:
-            return getattr(core, name) if core is not None else None
-
-        if self.policy.namespace_per_group:
+        if core is None:
+            list_servers = None
+        elif self.policy.namespace_per_group:
             # servers live in a namespace per group: one cluster-wide watch
-            list_servers = call("list_pod_for_all_namespaces")
+            list_servers = core.list_pod_for_all_namespaces
         else:
-
-            def list_servers(**kw: Any) -> Any:
-                assert core is not None
-                return core.list_namespaced_pod(self.namespace, **kw)
-
-        return [
-            Reflector(
-                "server pods",
-                list_servers,
-                transform=server_pod,
-                on_change=lambda r: state.server_pods_listed(r.items),
-                on_event=state.server_pod_event,
-                watch_timeout=self.watch_timeout,
-                label_selector=GROUP_LABEL,
-            ),
-            Reflector(
-                "nodes",
-                call("list_node"),
-                transform=slim_node,
-                on_change=lambda r: state.nodes_changed(r.items),
-                watch_timeout=self.watch_timeout,
-            ),
-            Reflector(
-                "bound pods",
-                call("list_pod_for_all_namespaces"),
-                transform=slim_pod,
-                on_change=lambda r: state.bound_pods_listed(r.items),
-                on_event=state.bound_pod_event,
-                watch_timeout=self.watch_timeout,
-                # capacity needs what is bound to a node and not finished, in any namespace
-                field_selector=BOUND_PODS,
-            ),
-        ]
+            list_servers = functools.partial(core.list_namespaced_pod, self.namespace)
+        servers = Reflector(
+            "server pods",
+            list_servers,
+            transform=server_pod,
+            on_change=lambda r: state.server_pods_listed(r.items),
+            on_event=state.server_pod_event,
+            watch_timeout=self.watch_timeout,
+            label_selector=GROUP_LABEL,
+        )
+        nodes, bound_pods = capacity_watches(
+            core,
+            on_nodes=lambda r: state.nodes_changed(r.items),
+            on_pods=lambda r: state.bound_pods_listed(r.items),
+            on_pod_event=state.bound_pod_event,
+            watch_timeout=self.watch_timeout,
+        )
+        return [servers, nodes, bound_pods]
 
     async def _setup_kubernetes(self) -> None:
         self.kube = await api_client()
@@ -449,53 +317,7 @@ class GPUService(Application):
 
     async def apply_rules(self) -> str:
         """Stop servers past ``max_runtime``; report (optionally stop) groups over limit."""
-        state = self.state
-        if state.servers is None:
-            raise RuntimeError("no server list from the hub yet (see the hub-servers task)")
-        if state.server_pods is None:
-            raise RuntimeError("server pods not listed yet (see the watch server pods task)")
-        now = datetime.now(UTC)
-        errors: list[str] = []
-        stopped = 0
-        overdue = rules.overdue(self.policy, state.servers, now)
-        # say it once per server, when asking the hub to stop it: the hub may
-        # finish the stop after this call returns, or after a retry
-        current = {(s.user, s.name, s.started) for s, _ in overdue}
-        self._announced &= current
-        for server, limit in overdue:
-            if (server.user, server.name, server.started) in self._announced:
-                continue
-            self._announced.add((server.user, server.name, server.started))
-            runtime = int((now - server.started).total_seconds()) if server.started else 0
-            state.notice(
-                Notice(
-                    at=now,
-                    text=f"Stopping {server.label}'s server in {server.group}: it ran "
-                    f"{runtime // 60}m {runtime % 60:02d}s, past the group's max_runtime of "
-                    f"{format_duration(limit)}",
-                    group=server.group,
-                    user=server.user,
-                )
-            )
-        results = await asyncio.gather(
-            *(self._stop(s.user, s.name, "max_runtime") for s, _ in overdue)
-        )
-        errors += [r for r in results if r]
-        stopped += sum(1 for r in results if r is None)
-        over = rules.over_limit(self.policy, state.ledger)
-        for group, reason in over.items():
-            if group not in self._over_limit_since:
-                self._over_limit_since[group] = now
-                state.notice(Notice(at=now, text=f"Over limit: {reason}", group=group))
-        for group in list(self._over_limit_since):
-            if group not in over:
-                del self._over_limit_since[group]
-        state.set_over_limit(over)
-        if self.stop_over_limit_after is not None:
-            stopped += await self._stop_over_limit(now, errors)
-        if errors:
-            raise RuntimeError(f"{len(errors)} stop(s) failed; first: {errors[0]}")
-        return f"{stopped} stopped, {len(over)} group(s) over limit"
+        return await self.runtime_rules.run(datetime.now(UTC))
 
     async def _stop(self, user: str, name: str, reason: str) -> str | None:
         """Ask the hub to stop a server; the error in words, or None when done."""
@@ -509,56 +331,20 @@ class GPUService(Application):
         self.stopped_counter.labels(reason).inc()
         return None
 
-    async def _stop_over_limit(self, now: datetime, errors: list[str]) -> int:
-        state = self.state
-        stopped = 0
-        created = {k: p.created for k, p in (state.server_pods or {}).items() if p.created}
-        for group, since in self._over_limit_since.items():
-            if (now - since).total_seconds() < (self.stop_over_limit_after or 0):
-                continue
-            for charge in rules.to_stop_for_limit(self.policy, state.ledger, group, created):
-                pod = (state.server_pods or {}).get(charge.key)
-                if pod is None or pod.user is None:
-                    continue
-                if charge.key not in self._announced_pods:
-                    self._announced_pods.add(charge.key)
-                    grace = format_duration(int(self.stop_over_limit_after or 0))
-                    state.notice(
-                        Notice(
-                            at=now,
-                            text=f"Stopping {pod.user}'s server in {group} "
-                            f"({format_gpus(charge.request.gpus)} GPUs): the group stayed over "
-                            f"its limit for {grace}",
-                            group=group,
-                            user=pod.user,
-                        )
-                    )
-                error = await self._stop(pod.user, pod.servername, "over_limit")
-                if error:
-                    errors.append(error)
-                else:
-                    stopped += 1
-        return stopped
-
     async def reconcile(self) -> str:
         """One reconcile pass; a pass with errors raises, so it is retried with backoff."""
-        if self._reconciler is None:
-            self._reconciler = Reconciler(
-                self.kube,
-                hub_namespace=self.namespace,
-                service_account=self.hub_service_account,
-                prune_namespaces=self.prune_namespaces,
-                dry_run=self.reconcile_dry_run,
+        if self._reconcile_passes is None:
+            self._reconcile_passes = ReconcilePasses(
+                Reconciler(
+                    self.kube,
+                    hub_namespace=self.namespace,
+                    service_account=self.hub_service_account,
+                    prune_namespaces=self.prune_namespaces,
+                    dry_run=self.reconcile_dry_run,
+                ),
+                self.log,
             )
-        report = await self._reconciler.reconcile(self.policy)
-        if report.errors:
-            raise RuntimeError(report.summary())
-        summary = report.summary()
-        # every pass that writes; a pass that keeps or would write, when that changes
-        if report.writes or (not report.unchanged_only and summary != self._last_reconcile):
-            self.log.info("reconcile: %s", summary)
-        self._last_reconcile = summary
-        return summary
+        return await self._reconcile_passes.run(self.policy)
 
     # ---- the web app ---------------------------------------------------------------
 

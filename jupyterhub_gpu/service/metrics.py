@@ -15,22 +15,30 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from fractions import Fraction
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.model import Policy
+from .views import Snapshot, waiting_lines
+
 PREFIX = "jupyterhub_gpu"
 
 
+def _number(value: Fraction | int) -> float:
+    return float(value)
+
+
 class ServiceCollector(Collector):
-    def __init__(self, view: Callable[[], dict[str, Any]]) -> None:
-        """``view`` returns the admin's usage view (every group) at scrape time."""
-        self.view = view
+    def __init__(self, policy: Policy, snapshot: Callable[[], Snapshot]) -> None:
+        """``snapshot`` returns what the watches and pollers hold at scrape time."""
+        self.policy = policy
+        self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        view = self.view()
+        snapshot = self.snapshot()
         gauges = {
             key: GaugeMetricFamily(f"{PREFIX}_{key}", help_text, labels=labels)
             for key, help_text, labels in (
@@ -53,23 +61,30 @@ class ServiceCollector(Collector):
                 ),
             )
         }
-        for group in view["groups"]:
-            name = group["name"]
-            for key in ("allocated", "quota", "limit"):
-                value = group["gpus"]["used" if key == "allocated" else key]
-                if value is not None:
-                    gauges[f"group_gpus_{key}"].add_metric([name], value)
-                for flavor in group["flavors"]:
-                    value = flavor["used" if key == "allocated" else key]
-                    if value is not None:
-                        gauges[f"group_flavor_{key}"].add_metric([name, flavor["flavor"]], value)
-            gauges["group_servers"].add_metric([name], group["servers"]["used"])
-            gauges["group_waiting"].add_metric([name], group["waiting"])
-        for flavor in view["capacity"]["flavors"]:
+        lines = snapshot.waiting
+        if lines is None:
+            lines = waiting_lines(snapshot.servers)
+        for group in self.policy.all_groups:
+            name, usage = group.name, snapshot.ledger.usage(group.name)
+            for key, amounts in (("quota", group.quota), ("limit", group.limit)):
+                if amounts.gpus is not None:
+                    gauges[f"group_gpus_{key}"].add_metric([name], _number(amounts.gpus))
+                for flavor, units in amounts.flavors.items():
+                    gauges[f"group_flavor_{key}"].add_metric([name, flavor], units)
+            gauges["group_gpus_allocated"].add_metric([name], _number(usage.gpus))
+            flavors = set(usage.flavors) | set(group.quota.flavors) | set(group.limit.flavors)
+            for flavor in sorted(flavors):
+                gauges["group_flavor_allocated"].add_metric(
+                    [name, flavor], usage.flavors.get(flavor, 0)
+                )
+            gauges["group_servers"].add_metric([name], usage.servers)
+            gauges["group_waiting"].add_metric([name], len(lines.get(name, ())))
+        for flavor, capacity in (snapshot.capacity or {}).items():
             for key in ("allocatable", "allocated", "free"):
-                if flavor[key] is not None:
-                    gauges[f"flavor_capacity_{key}"].add_metric([flavor["flavor"]], flavor[key])
-        for task in view["tasks"]:
+                value = getattr(capacity, key)
+                if value is not None:
+                    gauges[f"flavor_capacity_{key}"].add_metric([flavor], value)
+        for task in snapshot.tasks:
             gauges["task_consecutive_failures"].add_metric(
                 [task["name"]], task["consecutive_failures"]
             )
@@ -80,10 +95,10 @@ class ServiceCollector(Collector):
         yield from gauges.values()
 
 
-def registry(view: Callable[[], dict[str, Any]]) -> tuple[CollectorRegistry, Counter]:
+def registry(policy: Policy, snapshot: Callable[[], Snapshot]) -> tuple[CollectorRegistry, Counter]:
     """A private registry (nothing process-global) and the stop counter."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ServiceCollector(view))
+    reg.register(ServiceCollector(policy, snapshot))
     stopped = Counter(
         f"{PREFIX}_servers_stopped",
         "servers the runtime rules stopped",
