@@ -1,4 +1,4 @@
-"""What a user gets when a spawn cannot go ahead, through a real hub (issue 3's failure paths).
+"""What a user gets when a spawn cannot go ahead, through a real hub: the failure paths.
 
 Each case gives a one-line reason in the REST response or on the spawn page's
 progress, releases the reservation (the next spawn of the same group fits), and
