@@ -187,8 +187,9 @@ def _bounded_options(policy: Policy, group: Group, profile: Profile) -> dict[str
 
 def member_groups(policy: Policy, user_groups: Iterable[str]) -> list[Group]:
     """The policy groups a user belongs to (in policy order), then everyone."""
-    names = set(user_groups)
-    return [g for g in policy.groups.values() if g.name in names] + [policy.everyone]
+    order = policy.group_order
+    names = sorted({n for n in user_groups if n in order}, key=order.__getitem__)
+    return [policy.groups[n] for n in names] + [policy.everyone]
 
 
 def offers(policy: Policy, user_groups: Iterable[str]) -> list[Offer]:

@@ -28,6 +28,7 @@ from ..core.admission import Ledger, Usage
 from ..core.capacity import FlavorCapacity
 from ..core.model import Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_gpus
+from ..core.selection import member_groups
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def visible_groups(policy: Policy, viewer: Viewer) -> list[Group]:
     """The groups this viewer may see, in policy order, ``everyone`` last."""
     if is_policy_admin(policy, viewer):
         return policy.all_groups
-    return [g for g in policy.groups.values() if g.name in viewer.groups] + [policy.everyone]
+    return member_groups(policy, viewer.groups)
 
 
 def _amount(used: Any, quota: Any, limit: Any, fmt) -> dict[str, Any]:
