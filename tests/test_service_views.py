@@ -355,24 +355,11 @@ def pod_json(name: str, user: str, group: str, gpus: int, *, phase: str = "Runni
 )
 def test_watch_events_keep_ledger_and_capacity_equal_to_a_fresh_list(events):
     """Event-by-event updates end where a restarted service's full list starts."""
-    from jupyterhub_gpu.kube.reflector import Reflector, slim_pod
+    from jupyterhub_gpu.kube.reflector import slim_pod
     from jupyterhub_gpu.service.state import ServiceState, server_pod
 
     live = ServiceState(POLICY)
-    pods = Reflector(
-        "server pods",
-        None,
-        transform=server_pod,
-        on_change=lambda r: live.server_pods_listed(r.items),
-        on_event=live.server_pod_event,
-    )
-    bound = Reflector(
-        "bound pods",
-        None,
-        transform=slim_pod,
-        on_change=lambda r: live.bound_pods_listed(r.items),
-        on_event=live.bound_pod_event,
-    )
+    pods, _, bound = live.watches(None, None)  # the service's own watches, fed by hand
     node = {
         "metadata": {"name": "n0", "labels": {}},
         "spec": {},

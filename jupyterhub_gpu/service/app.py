@@ -32,16 +32,14 @@ from traitlets.config import Application
 from ..config.policy import GPUPolicy
 from ..config.values import service_setting_errors
 from ..core.model import PolicyError
-from ..core.shaping import GROUP_LABEL
 from ..kube.client import api_client, in_cluster_namespace
-from ..kube.clusterview import capacity_watches
 from ..kube.reconciler import ReconcilePasses, Reconciler
 from ..kube.reflector import Reflector
 from . import handlers, metrics
 from .hubapi import HubAPI, HubAPIError
 from .runtime_rules import RuntimeRules
 from .startup import default_config_file, listen_address, read_hub_config
-from .state import ServiceState, server_pod
+from .state import ServiceState
 from .tasks import BackgroundTask
 from .views import CachedUsage, Snapshot, Viewer
 
@@ -273,6 +271,7 @@ class GPUService(Application):
     def make_reflectors(self, core: client.CoreV1Api | None) -> list[Reflector]:
         """The three watches, wired to the state (``core`` None: fed by hand, as in tests)."""
         state = self.state
+        list_servers: Callable[..., Any] | None
         if core is None:
             list_servers = None
         elif self.policy.namespace_per_group:
@@ -280,23 +279,7 @@ class GPUService(Application):
             list_servers = core.list_pod_for_all_namespaces
         else:
             list_servers = functools.partial(core.list_namespaced_pod, self.namespace)
-        servers = Reflector(
-            "server pods",
-            list_servers,
-            transform=server_pod,
-            on_change=lambda r: state.server_pods_listed(r.items),
-            on_event=state.server_pod_event,
-            watch_timeout=self.watch_timeout,
-            label_selector=GROUP_LABEL,
-        )
-        nodes, bound_pods = capacity_watches(
-            core,
-            on_nodes=lambda r: state.nodes_changed(r.items),
-            on_pods=lambda r: state.bound_pods_listed(r.items),
-            on_pod_event=state.bound_pod_event,
-            watch_timeout=self.watch_timeout,
-        )
-        return [servers, nodes, bound_pods]
+        return state.watches(list_servers, core, watch_timeout=self.watch_timeout)
 
     async def _setup_kubernetes(self) -> None:
         self.kube = await api_client()

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
+from kubernetes_asyncio import client
+
 from ..core.admission import Charge, Ledger
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.model import Policy
-from ..core.shaping import PROFILE_LABEL, charge_from_pod
+from ..core.shaping import GROUP_LABEL, PROFILE_LABEL, charge_from_pod
+from ..kube.clusterview import capacity_watches
+from ..kube.reflector import Reflector
 from .views import Notice, Server, Snapshot, waiting_lines
 
 log = logging.getLogger("jupyterhub_gpu.service")
@@ -95,6 +99,32 @@ class ServiceState:
         self._capacity: dict[str, FlavorCapacity] | None = None
         self._by_user: dict[str, list[Server]] = {}
         self._pending: list[Server] = []
+
+    def watches(
+        self,
+        list_servers: Callable[..., Any] | None,
+        core: client.CoreV1Api | None,
+        watch_timeout: int = 300,
+    ) -> list[Reflector]:
+        """The server-pod, node and bound-pod watches, each feeding this state
+        (``core`` and ``list_servers`` None: fed by hand, as in tests)."""
+        servers = Reflector(
+            "server pods",
+            list_servers,
+            transform=server_pod,
+            on_change=lambda r: self.server_pods_listed(r.items),
+            on_event=self.server_pod_event,
+            watch_timeout=watch_timeout,
+            label_selector=GROUP_LABEL,
+        )
+        nodes, bound_pods = capacity_watches(
+            core,
+            on_nodes=lambda r: self.nodes_changed(r.items),
+            on_pods=lambda r: self.bound_pods_listed(r.items),
+            on_pod_event=self.bound_pod_event,
+            watch_timeout=watch_timeout,
+        )
+        return [servers, nodes, bound_pods]
 
     # ---- server pods -----------------------------------------------------------------
 
