@@ -63,7 +63,7 @@ def _service_traits() -> str:
 
 def _policy_keys() -> str:
     """Tables of the keys the policy accepts, from the parser's own allow-lists."""
-    from jupyterhub_gpu import model
+    from jupyterhub_gpu.core import model
 
     def keys(names) -> str:
         return ", ".join(f"`{n}`" for n in sorted(names))
@@ -95,12 +95,24 @@ def _policy_keys() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _node_pools(example: str) -> str:
+    """What ``jupyterhub-gpu demo`` simulates for an example's values (--print-node-pools)."""
+    from jupyterhub_gpu.dev.demo import plan_demo, print_node_pools
+
+    values = [HERE.parent / "helm-values/base.yaml", HERE.parent / f"helm-values/{example}.yaml"]
+    return print_node_pools(plan_demo([str(v) for v in values]))
+
+
 generated = HERE / "_generated"
 generated.mkdir(exist_ok=True)
 for name, text in {
     "spawner-traits.md": _spawner_traits(),
     "service-traits.md": _service_traits(),
     "policy-keys.md": _policy_keys(),
+    **{
+        f"node-pools-{example}.yaml": _node_pools(example)
+        for example in ("university", "department", "enterprise")
+    },
 }.items():
     path = generated / name
     if not path.exists() or path.read_text() != text:  # unchanged files keep Sphinx's cache

@@ -11,7 +11,6 @@ import contextlib
 import json
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,10 +23,12 @@ class UserError(Exception):
 def _node_pools(path: str | None) -> dict | None:
     if path is None:
         return None
+    from .dev.localcluster.nodepools import NodePoolError, read_node_pools
+
     try:
-        return yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"--node-pools {path}: {e}") from e
+        return read_node_pools(path)
+    except NodePoolError as e:
+        raise UserError(f"--node-pools {e}") from None
 
 
 def _dev_tools():
@@ -110,16 +111,9 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .config.values import hub_config, load_values, policy_from_values, service_setting_errors
-    from .core.model import PolicyError
+    from .config.values import checked_values
 
-    service_errors = service_setting_errors(hub_config(load_values(args.values)))
-    try:
-        policy = policy_from_values(args.values)
-    except PolicyError as e:  # every mistake in one report
-        raise PolicyError(e.errors + service_errors) from None
-    if service_errors:
-        raise PolicyError(service_errors)
+    _, policy = checked_values(args.values)
     print(
         f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"
@@ -187,10 +181,15 @@ def cmd_manifests(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _dev_tools()
-    from .dev.demo import run_demo
+    from .dev.demo import plan_demo, print_node_pools, run_demo
 
     with _dev_errors():
-        return run_demo(bin_dir=args.bin_dir, port=args.port)
+        # every mistake in the values or the node pools stops it before anything starts
+        plan = plan_demo(args.values, args.node_pools)
+        if args.print_node_pools:
+            print(print_node_pools(plan), end="")
+            return 0
+        return run_demo(plan, bin_dir=args.bin_dir, port=args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,7 +245,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.set_defaults(func=cmd_manifests)
 
-    d = sub.add_parser("demo", help="the local cluster and a real hub to try it on")
+    d = sub.add_parser(
+        "demo",
+        help="the local cluster and a real hub to try a policy on (the built-in one, or yours)",
+    )
+    d.add_argument(
+        "values",
+        nargs="*",
+        help=f"{values_help}; none: the built-in example policy",
+    )
+    d.add_argument(
+        "--node-pools",
+        help="a YAML file of simulated node pools (default: derived from the policy's flavors)",
+    )
+    d.add_argument(
+        "--print-node-pools",
+        action="store_true",
+        help="print the simulated node pools the demo would start, and start nothing",
+    )
     d.add_argument("--bin-dir", help=bin_dir_help)
     d.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1")
     d.set_defaults(func=cmd_demo)

@@ -62,3 +62,13 @@ async def priority_class_objects(kube):
 
 # headless Chromium fixtures (`browser`, `page`) for page tests
 pytest_plugins = ["browser"]
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Build (or find) what the demo needs first, so its start-up timeout is about starting."""
+    from jupyterhub_gpu.dev.localcluster.build import ensure_binaries
+    from jupyterhub_gpu.dev.localcluster.hub import ensure_chp
+
+    ensure_binaries()
+    ensure_chp()

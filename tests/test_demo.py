@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,11 +23,10 @@ import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from browser import log_in
-from jupyterhub_gpu.dev.demo import DEMO_USERS, DEMO_VALUES, stop_leftover_hub
+from demo_helpers import Demo
+from jupyterhub_gpu.dev.demo import DEMO_VALUES, plan_demo
 from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.build import ensure_binaries
-from jupyterhub_gpu.dev.localcluster.cluster import ClusterState, LocalCluster, free_port
-from jupyterhub_gpu.dev.localcluster.hub import ensure_chp
+from jupyterhub_gpu.dev.localcluster.cluster import free_port
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
 
 PASSWORD = "jupyterhub-gpu"
@@ -36,85 +34,8 @@ PASSWORD = "jupyterhub-gpu"
 SPAWN_TIMEOUT_MS = 240_000
 PAGE_TIMEOUT_MS = 60_000
 REFUSAL = "Students has 0.25 of 0.25 GPUs in use; this server needs 0.25"
-
-
-class Demo:
-    """The demo subprocess and the lines it printed (stdout and stderr, in order)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.lines: list[str] = []
-        # read from what it prints, once it is up
-        self.url = ""
-        self.kubeconfig = self.cluster_dir = self.hub_dir = None
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub_gpu.cli", "demo", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if match := re.search(pattern, line):
-                    return match
-            if self.process.poll() is not None:
-                self._reader.join(5)
-                raise AssertionError(
-                    f"the demo exited ({self.process.returncode}) before printing "
-                    f"{pattern!r}:\n{self.output}"
-                )
-            time.sleep(0.2)
-        raise AssertionError(f"the demo printed no {pattern!r} in {timeout}s:\n{self.output}")
-
-    def wait_until_up(self, timeout: float = 240) -> Demo:
-        """Wait for the banner; note the URL and the folders it names."""
-        url = self.wait_for(r"is running at (http://\S+)/hub/login", timeout).group(1)
-        assert url == f"http://127.0.0.1:{self.port}"
-        self.url = url
-        self.kubeconfig = Path(self.wait_for(r"export KUBECONFIG=(\S+)", timeout=5).group(1))
-        self.cluster_dir = self.kubeconfig.parent.parent
-        self.hub_dir = Path(self.wait_for(r"hub log: (\S+)", timeout=5).group(1)).parent
-        return self
-
-    def interrupt(self, timeout: float = 180, sig: int = signal.SIGINT) -> int:
-        """Ctrl-C, as in a terminal (or another signal); the exit status."""
-        self.process.send_signal(sig)
-        returncode = self.process.wait(timeout)
-        self._reader.join(10)
-        return returncode
-
-    def make_sure_it_is_gone(self) -> None:
-        """After a failed test: nothing of this demo may stay running for the next one."""
-        if self.process.poll() is None:
-            try:
-                self.interrupt()
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        if self.hub_dir and self.hub_dir.exists():
-            stop_leftover_hub(self.hub_dir)
-        if self.cluster_dir and (self.cluster_dir / "state.json").exists():
-            LocalCluster(ClusterState.load(self.cluster_dir)).down()
-
-
-@pytest.fixture(scope="module")
-def built():
-    """Build (or find) what the demo needs first, so its start-up timeout is about starting."""
-    ensure_binaries()
-    ensure_chp()
+#: the built-in demo's users and their groups
+DEMO_USERS = plan_demo().users
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +85,14 @@ async def offered(page) -> tuple[list[str], str]:
 
 GROUP_NAMES = {"research": "Research", "students": "Students", "test": "Test (admins)"}
 EXPECTED = {
-    "researcher": ["research--research", "research--cpu", "everyone--cpu"],
+    "research-1": ["research--research", "research--cpu", "everyone--cpu"],
+    "research-2": ["research--research", "research--cpu", "everyone--cpu"],
     # one GPU profile, the students'; plus the CPU profile everyone gets
-    "student1": ["students--student", "everyone--cpu"],
-    "student2": ["students--student", "everyone--cpu"],
+    "students-1": ["students--student", "everyone--cpu"],
+    "students-2": ["students--student", "everyone--cpu"],
+    "test-1": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+    "test-2": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+    # the hub admin, in the policy's admin group
     "admin": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
     "nogroup": ["everyone--cpu"],
 }
@@ -227,14 +152,14 @@ async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, de
         else:
             assert f"{name}:" not in text, f"{user} sees {name}'s profiles:\n{text}"
     assert "Everyone: CPU only" in text
-    if user == "researcher":
+    if user.startswith("research-"):
         assert "Research: Research" in text
         assert "Research: 24 of 24 GPUs free" in text  # the burst limit, live
         assert "cluster: 12 of 12 GPUs free" in text  # the local H200 nodes
         assert gpu_choices == ["1", "2", "4"]
     else:
         assert gpu_choices == []
-    if user.startswith("student"):
+    if user.startswith("students-"):
         assert "Students: Student GPU" in text
         assert "1 x H200 (time-sliced, 1/4)" in text
         # nobody has started a server yet: the group's quota and the time-sliced node
@@ -276,36 +201,36 @@ async def user_pods(demo: Demo) -> list[str]:
 @pytest.mark.k8s
 @pytest.mark.hub
 async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(browser, demo):
-    async with logged_in(browser, demo, "student1") as page:
+    async with logged_in(browser, demo, "students-1") as page:
         await page.check("#profile-item-students--student")
         await page.click("#spawn_form button[type=submit]")
         # through spawn-pending to the single-user server, behind the hub's proxy
         try:
-            await page.wait_for_url(f"{demo.url}/user/student1/lab**", timeout=SPAWN_TIMEOUT_MS)
+            await page.wait_for_url(f"{demo.url}/user/students-1/lab**", timeout=SPAWN_TIMEOUT_MS)
             await page.wait_for_selector("#jp-main-dock-panel", timeout=SPAWN_TIMEOUT_MS)
         except PlaywrightTimeout:
             raise AssertionError(await what_went_wrong(page, demo)) from None
         assert "JupyterLab" in await page.title()
-    assert await user_pods(demo) == ["jupyter-student1"]
+    assert await user_pods(demo) == ["jupyter-students-1"]
     # the server is a real process the demo's cluster started: jupyterhub-singleuser
     commands = [cmdline(pid) for pid in processes_under(demo.process.pid)]
     assert any("jupyterhub-singleuser" in c for c in commands), commands
 
-    async with logged_in(browser, demo, "student2") as page:
-        # live: student1's server holds the quota and one of the 16 replicas
+    async with logged_in(browser, demo, "students-2") as page:
+        # live: students-1's server holds the quota and one of the 16 replicas
         await shown_after_reloads(page, "Students: 0 of 0.25 GPUs free")
         await shown_after_reloads(page, "cluster: 15 of 16 shared GPUs free")
         await page.check("#profile-item-students--student")
         await page.click("#spawn_form button[type=submit]")
         # the spawn page shows the one-line refusal (or spawn-pending does, when slow)
         await page.get_by_text(REFUSAL).wait_for(timeout=SPAWN_TIMEOUT_MS)
-        assert "/user/student2" not in page.url
+        assert "/user/students-2" not in page.url
         # coming back later, the pending page still says why the last attempt failed
-        await page.goto(f"{demo.url}/hub/spawn-pending/student2")
+        await page.goto(f"{demo.url}/hub/spawn-pending/students-2")
         await page.get_by_text(REFUSAL).wait_for()
-    assert await user_pods(demo) == ["jupyter-student1"]  # no pod was created
-    # the usage dashboard shows student2 their group's use, and nothing of research
-    async with logged_in(browser, demo, "student2") as page:
+    assert await user_pods(demo) == ["jupyter-students-1"]  # no pod was created
+    # the usage dashboard shows students-2 their group's use, and nothing of research
+    async with logged_in(browser, demo, "students-2") as page:
         await page.goto(f"{demo.url}/services/gpu/")
         await page.wait_for_selector(".card[data-group=students]")
         text = await page.inner_text("body")

@@ -198,3 +198,17 @@ def policy_from_values(paths: list[str | Path]) -> Policy:
     if errors:
         raise PolicyError(errors)
     return policy
+
+
+def checked_values(paths: list[str | Path]) -> tuple[dict[str, Any], Policy]:
+    """The merged values and their policy, as ``jupyterhub-gpu check`` checks them:
+    a ``PolicyError`` lists every mistake, the service's settings included."""
+    values = load_values(paths)
+    service_errors = service_setting_errors(hub_config(values))
+    try:
+        policy = policy_from_values(paths)
+    except PolicyError as e:  # every mistake in one report
+        raise PolicyError(e.errors + service_errors) from None
+    if service_errors:
+        raise PolicyError(service_errors)
+    return values, policy

@@ -1,13 +1,16 @@
-"""``jupyterhub-gpu demo``: the local cluster and a real hub with the GPU policy.
+"""``jupyterhub-gpu demo [VALUES...]``: the local cluster and a real hub with a GPU policy.
 
-Builds (or reuses) the local cluster, creates the cluster objects the policy's
-pods need, starts a real JupyterHub with configurable-http-proxy and
-``GPUKubeSpawner`` configured from ``demo_values.yaml`` through the same
-``hub.config`` path z2jh uses, and the GPU service (``jupyterhub-gpu-service``
-at /services/gpu/) hub-managed, with demo users in each group who log in with a
-shared password. Prints the URL and the logins; Ctrl-C (or SIGTERM, or closing
-the terminal) stops the hub, its servers and the cluster, and removes their
-folders; what a demo killed outright left, the next demo removes.
+With no values files it runs the built-in example (``demo_values.yaml``); with
+them, the admin's own values, merged in order like ``helm -f`` and checked like
+``jupyterhub-gpu check`` before anything starts. It builds (or reuses) the local
+cluster with simulated nodes that offer every flavor of the policy (or the
+``--node-pools`` file's), creates the cluster objects the policy implies,
+starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
+configured from ``hub.config`` the way z2jh does, and the GPU service at
+/services/gpu/, with two demo users in each group who log in with a shared
+password. Prints the URL, the logins and an admin API token; Ctrl-C (or SIGTERM,
+or closing the terminal) stops the hub, its servers and the cluster, and removes
+their folders; what a demo killed outright left, the next demo removes.
 """
 
 from __future__ import annotations
@@ -21,13 +24,19 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config.values import load_values, policy_from_values
+import yaml
+
+from ..config.values import checked_values
 from ..core.model import Policy
+from ..core.selection import offers
 from ..kube.reconciler import Reconciler
+from .localcluster import crds
 from .localcluster.cluster import (
+    DEFAULT_NODE_POOLS,
     ClusterState,
     LocalCluster,
     _alive,
@@ -35,49 +44,237 @@ from .localcluster.cluster import (
     state_root,
 )
 from .localcluster.hub import LocalHub
+from .localcluster.nodepools import NodePoolError, read_node_pools, render_nodes
+from .localcluster.policy_pools import node_pools_for, without_nodes
 
 #: The demo's policy: a z2jh values file (``jupyterhub-gpu check`` works on it).
 DEMO_VALUES = Path(__file__).with_name("demo_values.yaml")
 
-#: user -> JupyterHub groups; one user per role of the university policy
-DEMO_USERS: dict[str, list[str]] = {
-    "researcher": ["research"],
-    "student1": ["students"],
-    "student2": ["students"],
-    "admin": ["test"],
-    "nogroup": [],
-}
-DEMO_ADMINS = ("admin",)
-#: where the hub runs and spawns (the policy has no namespace per group)
+DEMO_ADMIN = "admin"
+#: where the hub runs and spawns (a policy's namespace per group is kept)
 HUB_NAMESPACE = "default"
-#: what each login shows off, for the banner
-DEMO_ROLES = {
-    "researcher": "research profiles: 1, 2 or 4 H200s, an A100 or a MIG slice",
-    "student1": "the student GPU (a time-sliced H200 replica)",
-    "student2": "...and is refused: the students' quota fits one server",
-    "admin": "every profile, unlimited (the test queue); hub admin",
-    "nogroup": "in no group: only everyone's CPU profile",
-}
+#: the schedulers the local cluster does not run: kube-scheduler answers to their
+#: name (``schedulerName``), and the pods keep every label and annotation
+STAND_IN_SCHEDULERS = {"kai": "kai-scheduler", "volcano": "volcano"}
 
 
 class DemoError(RuntimeError):
     """The demo cannot start; the message says what to do."""
 
 
-def demo_policy(values: Path = DEMO_VALUES) -> tuple[dict[str, Any], Policy]:
-    """``hub.config.GPUPolicy`` from the values file, and the checked policy it gives."""
-    policy = policy_from_values([values])  # a PolicyError stops the demo before anything starts
-    return load_values([values])["hub"]["config"]["GPUPolicy"], policy
+def demo_users(policy: Policy) -> dict[str, list[str]]:
+    """``<group>-1`` and ``<group>-2`` in each group, ``admin`` (a hub admin, and in
+    the policy's admin groups) and ``nogroup`` (in none): user -> JupyterHub groups."""
+    users: dict[str, list[str]] = {}
+    for name in policy.groups:
+        # JupyterHub names users in lower case; group names stay as the policy has them
+        for n in (1, 2):
+            users[f"{name.lower()}-{n}"] = [name]
+    users[DEMO_ADMIN] = [g.name for g in policy.groups.values() if g.admin]
+    users["nogroup"] = []
+    return users
+
+
+#: hub.config.JupyterHub settings the demo keeps for itself: where the hub and its
+#: proxy listen, its database and files, its services and roles, who may log in
+_HUB_OWNED = frozenset(
+    [
+        "ip",
+        "port",
+        "bind_url",
+        "base_url",
+        "hub_ip",
+        "hub_port",
+        "hub_bind_url",
+        "hub_connect_ip",
+        "hub_connect_url",
+        "db_url",
+        "cookie_secret_file",
+        "pid_file",
+        "cleanup_servers",
+        "services",
+        "load_roles",
+        "load_groups",
+        "authenticator_class",
+        "proxy_class",
+        "internal_ssl",
+        "ssl_cert",
+        "ssl_key",
+    ]
+)
+
+#: singleuser.* settings the demo honours, as the chart maps them to KubeSpawner
+_SINGLEUSER = {
+    "defaultUrl": "default_url",
+    "extraEnv": "environment",
+    "extraLabels": "extra_labels",
+    "nodeSelector": "node_selector",
+    "extraTolerations": "tolerations",
+    "startTimeout": "start_timeout",
+    "image": "image",
+}
+
+
+def _singleuser_setting(key: str, value: Any) -> Any:
+    if key == "image" and isinstance(value, dict):
+        return f"{value.get('name')}:{value.get('tag', 'latest')}"
+    if key == "extraEnv" and isinstance(value, dict):
+        # z2jh takes a string, or an EnvVar's {value: ...}; valueFrom needs the cluster's
+        return {
+            k: v if isinstance(v, str) else v.get("value")
+            for k, v in value.items()
+            if isinstance(v, str) or (isinstance(v, dict) and "value" in v)
+        }
+    return value
+
+
+@dataclass
+class DemoPlan:
+    """What a demo runs, decided and checked before anything starts."""
+
+    #: the values files (the built-in example when none was given)
+    values_files: list[Path]
+    policy: Policy
+    #: hub.config.GPUPolicy as the values have it
+    policy_values: dict[str, Any]
+    #: the rest of hub.config as the hub runs it (GPUService apart)
+    hub_config: dict[str, Any]
+    service_settings: dict[str, Any]
+    users: dict[str, list[str]]
+    node_pools: dict[str, Any]
+    #: where the nodes came from, in words
+    node_pools_source: str
+    #: scheduler names kube-scheduler answers to for schedulers the cluster lacks
+    stand_ins: tuple[str, ...] = ()
+    #: the scheduler whose CRDs the cluster gets (its queues are created for real)
+    crds: str | None = None
+    #: one line each: what the demo does differently from a real deployment
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_demo(values: list[str] | None = None, node_pools_file: str | None = None) -> DemoPlan:
+    """The demo of these values files (none: the built-in example); ``PolicyError``
+    with every mistake, or ``DemoError``, before anything starts."""
+    files = [Path(v) for v in values] if values else [DEMO_VALUES]
+    merged, policy = checked_values(files)
+    sections = dict((merged.get("hub") or {}).get("config") or {})
+    policy_values = dict(sections.pop("GPUPolicy"))
+    service_settings = dict(sections.pop("GPUService", None) or {})
+    notes: list[str] = []
+    hub_config, replaced = _demo_hub_config(sections)
+    if replaced:
+        notes.append(
+            "logins: the demo's password instead of " + ", ".join(replaced) + " (they need "
+            "an identity provider); the rest of hub.config is the values'"
+        )
+    spawner, honoured, ignored = _singleuser(merged.get("singleuser") or {})
+    if spawner:
+        hub_config.setdefault("KubeSpawner", {}).update(spawner)
+    if honoured:
+        notes.append("singleuser: honoured " + ", ".join(honoured))
+    if ignored:
+        notes.append(
+            "singleuser: not honoured " + ", ".join(ignored) + " (policy profiles set the "
+            "resources; the local pod runner runs this machine's jupyterhub-singleuser)"
+        )
+    if node_pools_file:
+        try:
+            node_pools = read_node_pools(node_pools_file)
+        except NodePoolError as e:
+            raise DemoError(f"--node-pools {e}") from None
+        source = node_pools_file
+    elif not values:
+        # the built-in example is fitted to the local cluster's own node pools
+        node_pools = read_node_pools(DEFAULT_NODE_POOLS)
+        source = f"the local cluster's own ({DEFAULT_NODE_POOLS.name})"
+    else:
+        node_pools = node_pools_for(policy)
+        source = "derived from the policy's flavors"
+        notes += [f"no simulated nodes for {line}" for line in without_nodes(policy)]
+        selector = spawner.get("node_selector") or {}
+        for pool in node_pools["node_pools"].values() if selector else ():
+            # singleuser.nodeSelector applies to every server: every node carries it
+            pool["labels"] = {**pool.get("labels", {}), **selector}
+    scheduler = policy.scheduler.name
+    names = {f.scheduler_name for f in policy.flavors.values() if f.scheduler_name}
+    if scheduler in STAND_IN_SCHEDULERS:
+        names.add(STAND_IN_SCHEDULERS[scheduler])
+    stand_ins = tuple(sorted(names))
+    if scheduler != "default":
+        notes.append(
+            f"scheduler: the local cluster runs no {scheduler}; kube-scheduler places the "
+            f"pods, which keep every {scheduler} label and annotation, and the {scheduler} "
+            "queues are created from its CRDs"
+        )
+    return DemoPlan(
+        values_files=files,
+        policy=policy,
+        policy_values=policy_values,
+        hub_config=hub_config,
+        service_settings=service_settings,
+        users=demo_users(policy),
+        node_pools=node_pools,
+        node_pools_source=source,
+        stand_ins=stand_ins,
+        crds=scheduler if scheduler != "default" else None,
+        notes=notes,
+    )
+
+
+def _demo_hub_config(sections: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """hub.config without what the demo owns (logins, addresses, files); what it
+    replaced, as key paths."""
+    kept: dict[str, Any] = {}
+    replaced: list[str] = []
+    for section, settings in sections.items():
+        if "Authenticator" in section or section == "ConfigurableHTTPProxy":
+            replaced.append(f"hub.config.{section}")
+            continue
+        if section == "JupyterHub" and isinstance(settings, dict):
+            owned = sorted(set(settings) & _HUB_OWNED)
+            if "authenticator_class" in owned:
+                replaced.append(
+                    f"hub.config.JupyterHub.authenticator_class ({settings['authenticator_class']})"
+                )
+            settings = {k: v for k, v in settings.items() if k not in _HUB_OWNED}
+        kept[section] = settings
+    return kept, replaced
+
+
+def _singleuser(singleuser: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """KubeSpawner settings from singleuser.* as the chart maps them; the keys
+    honoured and the keys set but not honoured, as key paths."""
+    settings: dict[str, Any] = {}
+    honoured: list[str] = []
+    ignored: list[str] = []
+    for key, value in singleuser.items():
+        if key == "profileList" and not value:
+            continue  # the chart's default, and what base.yaml sets
+        if key in _SINGLEUSER and value not in (None, {}, []):
+            settings[_SINGLEUSER[key]] = _singleuser_setting(key, value)
+            honoured.append(f"singleuser.{key}")
+        else:
+            ignored.append(f"singleuser.{key}")
+    return settings, honoured, ignored
+
+
+def print_node_pools(plan: DemoPlan) -> str:
+    """The node pools a demo of this plan starts, as YAML (``--print-node-pools``)."""
+    header = f"# simulated node pools, {plan.node_pools_source}\n"
+    return header + yaml.safe_dump(plan.node_pools, sort_keys=False)
 
 
 # ---- cluster objects ------------------------------------------------------------
 
 
-async def reconcile_once(cluster: LocalCluster, policy: Policy) -> list[str]:
-    """Create the objects the policy implies (for this policy: the PriorityClasses its
-    pods name) with the service's reconciler, once; what it created."""
+async def reconcile_once(cluster: LocalCluster, plan: DemoPlan) -> list[str]:
+    """Create the objects the policy implies (priority classes, namespaces, quotas,
+    queues: what its pods need) with the service's reconciler, once; what it created.
+    The scheduler's CRDs come first, so its queues are real objects."""
     async with cluster.api() as api:
-        report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(policy)
+        if plan.crds:
+            await crds.install(api, plan.crds)
+        report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(plan.policy)
     if not report.ok:
         raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
     return report.created
@@ -86,19 +283,35 @@ async def reconcile_once(cluster: LocalCluster, policy: Policy) -> list[str]:
 # ---- running it -------------------------------------------------------------------
 
 
-def banner(hub: LocalHub, cluster: LocalCluster) -> str:
-    width = max(map(len, DEMO_USERS))
-    rows = "\n".join(
-        f"    {user:<{width}}  {', '.join(groups) or '-':<9}  {DEMO_ROLES[user]}"
-        for user, groups in DEMO_USERS.items()
+def user_table(plan: DemoPlan) -> list[tuple[str, str, str]]:
+    """(user, groups, what they are offered) for each demo user."""
+    rows = []
+    for user, groups in plan.users.items():
+        slugs = [o.slug for o in offers(plan.policy, groups)]
+        role = " (hub admin)" if user == DEMO_ADMIN else ""
+        rows.append((user, ", ".join(groups) or "-", (", ".join(slugs) or "nothing") + role))
+    return rows
+
+
+def banner(plan: DemoPlan, hub: LocalHub, cluster: LocalCluster) -> str:
+    rows = user_table(plan)
+    width = max(len(r[0]) for r in rows)
+    group_width = max(9, *(len(r[1]) for r in rows))
+    table = "\n".join(
+        f"    {user:<{width}}  {groups:<{group_width}}  {sees}" for user, groups, sees in rows
     )
+    values = " ".join(str(v) for v in plan.values_files)
     return (
         f"\nJupyterHub with the GPU policy is running at {hub.url}/hub/login\n\n"
         f"  log in as (password for all: {hub.password}):\n"
-        f"    {'user':<{width}}  {'groups':<9}  sees\n{rows}\n\n"
-        f"  usage dashboard: {hub.service_url}\n\n"
-        f"  policy:  {DEMO_VALUES}\n"
-        f"           (`jupyterhub-gpu profiles {DEMO_VALUES} --groups students`)\n"
+        f"    {'user':<{width}}  {'groups':<{group_width}}  offered\n{table}\n\n"
+        f"  usage dashboard: {hub.service_url}\n"
+        f"  REST API as an admin:\n"
+        f"    export JUPYTERHUB_API_URL={hub.url}/hub/api\n"
+        f"    export JUPYTERHUB_API_TOKEN={hub.api_token}\n\n"
+        f"  policy:  {values}\n"
+        f"           (`jupyterhub-gpu profiles {values} --groups GROUP`)\n"
+        f"  nodes:   {len(render_nodes(plan.node_pools))} simulated, {plan.node_pools_source}\n"
         f"  kubectl: export KUBECONFIG={cluster.state.kubeconfig}\n"
         f"  hub log: {hub.directory / 'jupyterhub.log'}\n\n"
         "Press Ctrl-C to stop everything.\n"
@@ -163,11 +376,12 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
+def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> int:
     def say(message: str) -> None:
         print(f"[demo] {message}", file=sys.stderr, flush=True)
 
-    policy_values, policy = demo_policy()
+    for note in plan.notes:
+        say(note)
     clean_leftovers(say)  # before the port check: a leftover hub may hold the port
     _check_port_free(port)
     # SIGTERM and a closed terminal (SIGHUP) stop the demo as cleanly as Ctrl-C does
@@ -177,28 +391,38 @@ def run_demo(bin_dir: str | None = None, port: int = 8000) -> int:
     hub: LocalHub | None = None
     try:
         # a Ctrl-C while it starts: create() removes what it started, then re-raises
-        cluster = LocalCluster.create(name="demo", bin_dir=bin_dir, progress=say)
+        cluster = LocalCluster.create(
+            name="demo",
+            bin_dir=bin_dir,
+            progress=say,
+            node_pools=plan.node_pools,
+            stand_in_schedulers=plan.stand_ins,
+        )
         _mark(cluster, None)
-        created = asyncio.run(reconcile_once(cluster, policy))
+        created = asyncio.run(reconcile_once(cluster, plan))
         say(f"reconciled the policy's cluster objects: created {', '.join(created) or 'none'}")
         hub = LocalHub(
             cluster,
             namespace=HUB_NAMESPACE,
-            users=DEMO_USERS,
-            admin_users=DEMO_ADMINS,
+            users=plan.users,
+            admin_users=(DEMO_ADMIN,),
             port=port,
-            policy=policy_values,
+            policy=plan.policy_values,
+            hub_config=plan.hub_config,
+            service_settings=plan.service_settings,
+            # hub.config as z2jh lays it out in a hub pod, read through its helper
+            z2jh_layout=True,
             # the GPU service at /services/gpu/: dashboard, usage API, runtime rules,
             # and the reconciler keeping the policy's objects in the cluster
             gpu_service=True,
         )
         _mark(cluster, hub)
-        say(f"starting JupyterHub with GPUKubeSpawner and {DEMO_VALUES.name} on port {port}")
+        say(f"starting JupyterHub with GPUKubeSpawner and the policy on port {port}")
         try:
             hub.start(timeout=180)
         except RuntimeError as e:
             raise DemoError(str(e)) from None
-        print(banner(hub, cluster), flush=True)
+        print(banner(plan, hub, cluster), flush=True)
         while hub.process.poll() is None:
             time.sleep(0.5)
         tail = hub.log_path.read_text(errors="replace")[-3000:]

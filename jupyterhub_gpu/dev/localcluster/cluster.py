@@ -117,6 +117,9 @@ class ClusterState:
     versions: dict[str, str] = field(default_factory=dict)
     #: kwok's --cidr (states saved before it was chosen per cluster used this one)
     pod_cidr: str = "127.64.0.1/16"
+    #: scheduler names kube-scheduler also answers to, placing their pods as its own
+    #: (stand-ins for schedulers this cluster does not run, e.g. kai-scheduler)
+    stand_in_schedulers: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -191,8 +194,14 @@ class LocalCluster:
         node_pools: dict | None = None,
         progress: ProgressFn | None = None,
         start_timeout: float = 60,
+        stand_in_schedulers: tuple[str, ...] = (),
     ) -> LocalCluster:
-        """Build (or reuse) the binaries and start a fresh cluster; return when it is Ready."""
+        """Build (or reuse) the binaries and start a fresh cluster; return when it is Ready.
+
+        ``stand_in_schedulers``: scheduler names (``schedulerName`` of pods) that
+        kube-scheduler places as its own, for a policy whose scheduler the cluster
+        does not run: every label and annotation stays, the placement is the default's.
+        """
         progress = progress or (lambda m: print(f"[cluster] {m}", file=sys.stderr, flush=True))
         binaries = build.ensure_binaries(bin_dir, progress=progress)
         description = node_pools or yaml.safe_load(DEFAULT_NODE_POOLS.read_text())
@@ -211,6 +220,7 @@ class LocalCluster:
             ports=ports,
             versions=build.versions(),
             pod_cidr=choose_pod_cidr(pod_addresses_in_use()),
+            stand_in_schedulers=list(stand_in_schedulers),
         )
         cluster = cls(state)
         try:
@@ -235,6 +245,24 @@ class LocalCluster:
             )
         self.state.pids[role] = proc.pid
         self.state.save()
+
+    def _scheduler_config(self, kubeconfig: Path | str) -> list[str]:
+        """kube-scheduler's --config when it also answers to stand-in scheduler names."""
+        if not self.state.stand_in_schedulers:
+            return []
+        config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "leaderElection": {"leaderElect": False},
+            "profiles": [
+                {"schedulerName": name}
+                for name in ["default-scheduler", *self.state.stand_in_schedulers]
+            ],
+        }
+        path = self.state.path / "scheduler-config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return [f"--config={path}"]
 
     def _start(self, bins: Path, nodes: list[dict], progress: ProgressFn, timeout: float) -> None:
         started = time.monotonic()
@@ -307,7 +335,11 @@ class LocalCluster:
             (
                 "kube-scheduler",
                 kubeconfigs["scheduler"],
-                [f"--secure-port={p['scheduler']}", "--cert-dir=" + str(d / "scheduler")],
+                [
+                    f"--secure-port={p['scheduler']}",
+                    "--cert-dir=" + str(d / "scheduler"),
+                    *self._scheduler_config(kubeconfigs["scheduler"]),
+                ],
             ),
         ):
             self._spawn(

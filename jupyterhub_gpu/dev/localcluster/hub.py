@@ -106,6 +106,8 @@ class LocalHub:
     z2jh_layout: bool = False
     #: hub.config.GPUService: the service's settings
     service_settings: dict = field(default_factory=dict)
+    #: more hub.config sections (z2jh layout), applied as z2jh applies hub.config
+    hub_config: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-"))
@@ -236,7 +238,8 @@ class LocalHub:
 
     def _policy_config(self) -> str:
         if self.z2jh_layout:
-            config: dict = {"KubeSpawner": {"namespace": self.namespace}}
+            config: dict = {section: dict(s) for section, s in self.hub_config.items()}
+            config.setdefault("KubeSpawner", {})["namespace"] = self.namespace
             if self.policy is not None:
                 config["GPUPolicy"] = self.policy
             config["GPUService"] = self.service_settings
@@ -276,7 +279,7 @@ class LocalHub:
         """
         hub = values["hub"]
         if "GPUPolicy" in hub["config"]:  # with a policy the hub runs GPUKubeSpawner
-            hub["config"]["JupyterHub"] = {"spawner_class": "gpu-kubespawner"}
+            hub["config"].setdefault("JupyterHub", {})["spawner_class"] = "gpu-kubespawner"
         if self.gpu_service:
             service, roles = self._service_entry()
             hub["services"] = {service.pop("name"): service}

@@ -18,9 +18,12 @@ looks the way it does on a real cluster::
 
 ``sharing: time-slicing`` with ``replicas`` (and ``rename: true`` for
 ``nvidia.com/gpu.shared``) or ``sharing: mps`` model the device plugin's sharing
-modes; ``mig.strategy: single`` exposes slices as ``nvidia.com/gpu``.
+modes; ``mig.strategy: single`` exposes slices as ``nvidia.com/gpu``;
+``hami_split: N`` models HAMi's device plugin (each device as N shares, with
+``nvidia.com/gpumem`` and ``nvidia.com/gpucores``).
 
-Pure functions only: no I/O.
+Pure functions, but for ``read_node_pools``, which reads a description from a file
+and names the line of a mistake.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 #: Nodes carrying this annotation are the ones kwok manages.
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
@@ -79,7 +85,11 @@ def gpu_resources_and_labels(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The extended resources and GFD labels one node of a GPU pool advertises."""
     path = f"node_pools.{pool}.gpu"
-    _check_keys(path, gpu, {"product", "memory", "count", "sharing", "replicas", "rename", "mig"})
+    _check_keys(
+        path,
+        gpu,
+        {"product", "memory", "count", "sharing", "replicas", "rename", "mig", "hami_split"},
+    )
     product = _require(f"{pool}.gpu", gpu, "product", str)
     memory = _require(f"{pool}.gpu", gpu, "memory", int)
     count = _require(f"{pool}.gpu", gpu, "count", int)
@@ -128,6 +138,17 @@ def gpu_resources_and_labels(
                 labels["nvidia.com/gpu.product"] = f"{product}-MIG-{profile}"
                 labels["nvidia.com/gpu.count"] = str(n)
         labels["nvidia.com/mig.config"] = "custom"
+    elif gpu.get("hami_split") is not None:
+        # HAMi's device plugin: each device split in shares, with its memory and cores
+        split = gpu["hami_split"]
+        if sharing != "none" or not isinstance(split, int) or split < 1:
+            raise NodePoolError(
+                f"{path}.hami_split: expected a whole number >= 1 without sharing, got {split!r}"
+            )
+        resources["nvidia.com/gpu"] = str(count * split)
+        resources["nvidia.com/gpumem"] = str(count * memory)
+        resources["nvidia.com/gpucores"] = str(count * 100)
+        labels["gpu"] = "on"  # the label HAMi's scheduler extender selects nodes by
     elif sharing == "none":
         resources["nvidia.com/gpu"] = str(count)
     elif gpu.get("rename", True):
@@ -201,3 +222,45 @@ def render_nodes(
                 }
             )
     return nodes
+
+
+def _line_of(text: str, key_path: str) -> int | None:
+    """The line (1-based) of the deepest key of ``key_path`` found in the YAML text."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for key in key_path.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if key_node.value == key:
+                line, node = key_node.start_mark.line + 1, value_node
+                break
+        else:
+            break
+    return line
+
+
+def read_node_pools(path: str | Path) -> dict[str, Any]:
+    """A node pool description from a YAML file, checked; ``NodePoolError`` names the
+    file and the line of the first mistake."""
+    try:
+        text = Path(path).read_text()
+        description = yaml.safe_load(text)
+    except OSError as e:
+        raise NodePoolError(f"{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise NodePoolError(f"{where}: not YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(description, Mapping):
+        raise NodePoolError(f"{path}:1: expected a mapping with node_pools, got {description!r}")
+    try:
+        render_nodes(description)
+    except NodePoolError as e:
+        key_path = str(e).split(":", 1)[0]
+        line = _line_of(text, key_path)
+        raise NodePoolError(f"{path}:{line or 1}: {e}") from None
+    return dict(description)

@@ -1,0 +1,174 @@
+"""Simulated node pools derived from a policy: the hardware its flavors describe.
+
+For every flavor, a pool of nodes that offers it the way real hardware would,
+in the node pool format of ``nodepools`` (which renders GPU Feature Discovery's
+labels and the device plugins' resources): whole GPUs under their product label,
+MIG slices in the mixed or the single strategy, time-sliced or MPS replicas
+(renamed to ``nvidia.com/gpu.shared`` or not), whole GPUs with their device
+memory for KAI fractions, HAMi's split devices with their memory and cores. Each
+pool has enough devices for every group that may use the flavor to reach its
+limit at once (up to ``MAX_NODES`` nodes a pool); every GPU node carries the
+usual ``nvidia.com/gpu`` taint. A CPU pool holds the CPU-only servers.
+
+Pure: the policy in, a node pool description out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+from ...core.model import Flavor, Group, Policy
+
+#: GPUs on one simulated node, as on the usual 8-GPU servers
+GPUS_PER_NODE = 8
+#: a pool never grows past this many nodes, however large the limits
+MAX_NODES = 16
+#: device memory (MiB) of a GPU whose model the policy does not name: an 80 GB part
+DEFAULT_MEMORY = 81920
+DEFAULT_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+#: HAMi splits each device into this many shares by default (deviceSplitCount)
+HAMI_SPLIT = 10
+#: node_selector keys the pool's GPU description sets itself (GFD's labels)
+_GFD_KEYS = ("nvidia.com/gpu.product", "nvidia.com/gpu.sharing-strategy")
+SHARED_KINDS = ("timeslice", "mps", "fraction", "hami")
+
+
+def _largest_requests(policy: Policy, group: Group) -> dict[str, int]:
+    """Per flavor, the most units one server of this group can ask for."""
+    largest: dict[str, int] = defaultdict(int)
+    for name in group.profiles:
+        profile = policy.profiles[name]
+        if profile.gpu is None:
+            continue
+        counts = [profile.gpu.count]
+        flavors = [profile.gpu.flavor]
+        for option_name, option in profile.options.items():
+            if option_name == "gpus":
+                counts += [int(value) for _, value in option.choices]
+            elif option_name == "flavor":
+                flavors += [str(value) for _, value in option.choices]
+        for flavor in flavors:
+            units = 1 if policy.flavors[flavor].kind in SHARED_KINDS else max(counts)
+            largest[flavor] = max(largest[flavor], units)
+    return largest
+
+
+def units_needed(policy: Policy) -> dict[str, int]:
+    """Per flavor, the units every group that may use it can hold at once: its
+    limit (in this flavor's units), or one largest server for an unlimited group."""
+    needed: dict[str, int] = defaultdict(int)
+    for group in policy.all_groups:
+        for name, largest in _largest_requests(policy, group).items():
+            flavor = policy.flavors[name]
+            caps = []
+            if not group.unlimited:
+                for level in policy.ancestors(group.name):
+                    if level.limit.gpus is not None:
+                        caps.append(math.floor(level.limit.gpus / flavor.unit_equivalents))
+                    if name in level.limit.flavors:
+                        caps.append(level.limit.flavors[name])
+            needed[name] += max(min(caps), largest) if caps else largest
+    return dict(needed)
+
+
+def _product(flavor: Flavor) -> str:
+    product = flavor.product or flavor.node_selector.get("nvidia.com/gpu.product")
+    if not product:
+        if flavor.kind == "mig" and flavor.mig_profile:
+            # a GPU model that has this MIG profile
+            return MIG_PRODUCTS[_mig_memory(flavor.mig_profile)]
+        return DEFAULT_PRODUCT
+    # the labels GFD gives shared and single-strategy MIG devices are the product's
+    # own with a suffix; the pool describes the product, and nodepools adds it back
+    for suffix in ("-SHARED", f"-MIG-{flavor.mig_profile}"):
+        if product.endswith(suffix):
+            return product[: -len(suffix)]
+    return product
+
+
+def _device_memory(flavor: Flavor, product: str) -> int:
+    """MiB of one device: the flavor's ``device_memory``, else what the model has."""
+    if flavor.device_memory:
+        return flavor.device_memory
+    if flavor.kind == "mig" and flavor.mig_profile:
+        return _mig_memory(flavor.mig_profile)
+    size = re.search(r"(\d+)GB", product)
+    if size:
+        return int(size.group(1)) * 1024
+    if "H200" in product:
+        return 143771  # H200 NVL, as GFD reports it
+    return DEFAULT_MEMORY
+
+
+def _mig_memory(profile: str) -> int:
+    """The device memory (MiB) of the GPU a MIG profile comes from: 7g.80gb -> 80 GB."""
+    slices, size = profile.split("g.", 1)
+    gigabytes = int(size.split("gb", 1)[0])
+    return 40960 if gigabytes / int(slices) * 7 <= 40 else 81920
+
+
+#: a GPU model with MIG, by its device memory
+MIG_PRODUCTS = {40960: "NVIDIA-A100-SXM4-40GB", 81920: "NVIDIA-H100-80GB-HBM3"}
+
+
+def pool_for(flavor: Flavor, units: int) -> dict[str, Any] | None:
+    """One pool that offers ``units`` of this flavor, or None (DRA: no node resources)."""
+    product = _product(flavor)
+    gpu: dict[str, Any] = {
+        "product": product,
+        "memory": _device_memory(flavor, product),
+        "count": GPUS_PER_NODE,
+    }
+    per_node = GPUS_PER_NODE
+    if flavor.kind == "dra":
+        return None
+    if flavor.kind == "mig":
+        assert flavor.mig_profile is not None
+        instances = GPUS_PER_NODE * (7 // int(flavor.mig_profile[0]))
+        gpu["mig"] = {
+            "strategy": flavor.mig_strategy or "mixed",
+            "devices": {flavor.mig_profile: instances},
+        }
+        per_node = instances
+    elif flavor.kind in ("timeslice", "mps"):
+        gpu["sharing"] = "time-slicing" if flavor.kind == "timeslice" else "mps"
+        gpu["replicas"] = flavor.replicas
+        gpu["rename"] = flavor.resource == "nvidia.com/gpu.shared"
+        per_node = GPUS_PER_NODE * flavor.replicas
+    elif flavor.kind == "fraction":
+        # pods ask for no device: units are fractions of whole GPUs
+        per_node = math.floor(GPUS_PER_NODE / flavor.unit_equivalents)
+        gpu["memory"] = max(gpu["memory"], flavor.gpu_memory or 0)
+    elif flavor.kind == "hami":
+        gpu["hami_split"] = HAMI_SPLIT
+        per_node = GPUS_PER_NODE * HAMI_SPLIT
+    labels = {k: v for k, v in flavor.node_selector.items() if k not in _GFD_KEYS}
+    nodes = min(max(math.ceil(units / per_node), 1), MAX_NODES)
+    pool: dict[str, Any] = {"count": nodes, "cpu": 64, "memory": "512Gi", "gpu": gpu}
+    if labels:
+        pool["labels"] = labels
+    return pool
+
+
+def node_pools_for(policy: Policy) -> dict[str, Any]:
+    """The node pool description (``node_pools: {...}``) that offers every flavor."""
+    needed = units_needed(policy)
+    pools: dict[str, Any] = {"cpu": {"count": 2, "cpu": 32, "memory": "128Gi"}}
+    for name, flavor in policy.flavors.items():
+        pool = pool_for(flavor, needed.get(name, 0))
+        if pool is not None:
+            pools[f"flavor-{name}"] = pool
+    return {"node_pools": pools}
+
+
+def without_nodes(policy: Policy) -> list[str]:
+    """The flavors the derived pools cannot offer, each with why."""
+    return [
+        f"{name}: DRA devices are claimed through ResourceSlices, which simulated nodes "
+        "do not publish"
+        for name, flavor in policy.flavors.items()
+        if flavor.kind == "dra"
+    ]

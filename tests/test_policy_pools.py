@@ -1,0 +1,103 @@
+"""Node pools derived from a policy offer every flavor the way real hardware would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+import matrix
+from jupyterhub_gpu.config.values import policy_from_config, policy_from_values
+from jupyterhub_gpu.core.model import Flavor, Policy
+from jupyterhub_gpu.core.quantities import parse_quantity
+from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
+from jupyterhub_gpu.dev.localcluster.policy_pools import (
+    MAX_NODES,
+    node_pools_for,
+    units_needed,
+    without_nodes,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ("university", "department", "enterprise")
+
+
+def example(name: str) -> Policy:
+    return policy_from_values([ROOT / "helm-values/base.yaml", ROOT / f"helm-values/{name}.yaml"])
+
+
+def matrix_policy(scheduler: str) -> Policy:
+    config = Config()
+    config.GPUPolicy.update(matrix.policy(scheduler))
+    return policy_from_config(config)
+
+
+POLICIES = {
+    **{name: lambda name=name: example(name) for name in EXAMPLES},
+    "demo": lambda: policy_from_values([ROOT / "jupyterhub_gpu/dev/demo_values.yaml"]),
+    **{f"every-kind-{s}": lambda s=s: matrix_policy(s) for s in matrix.SCHEDULERS},
+}
+
+
+def offers(node: dict, flavor: Flavor) -> int:
+    """How many units of ``flavor`` this node offers a pod (0: the pod cannot land here)."""
+    labels = node["metadata"]["labels"]
+    if any(labels.get(k) != v for k, v in flavor.node_selector.items()):
+        return 0
+    for taint in node["spec"]["taints"]:
+        if not any(t.get("key") == taint["key"] for t in flavor.tolerations):
+            return 0
+    allocatable = node["status"]["allocatable"]
+    if flavor.kind == "fraction":
+        memory = int(labels.get("nvidia.com/gpu.memory", 0))
+        if flavor.gpu_memory and flavor.gpu_memory > memory:
+            return 0
+        return int(int(allocatable.get("nvidia.com/gpu", 0)) / flavor.unit_equivalents)
+    if flavor.kind == "hami" and int(allocatable.get("nvidia.com/gpumem", 0)) < (
+        flavor.gpu_memory or 0
+    ):
+        return 0
+    return int(parse_quantity(allocatable.get(flavor.node_resource, "0")))
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_flavor_has_nodes_enough_for_every_groups_limit(name):
+    policy = POLICIES[name]()
+    nodes = render_nodes(node_pools_for(policy))
+    assert any("nvidia.com/gpu.present" not in n["metadata"]["labels"] for n in nodes)  # CPU
+    needed = units_needed(policy)
+    for flavor in policy.flavors.values():
+        if flavor.kind == "dra":
+            continue
+        offering = [n for n in nodes if offers(n, flavor)]
+        assert offering, f"no node offers {flavor.name}"
+        total = sum(offers(n, flavor) for n in offering)
+        per_node = max(offers(n, flavor) for n in offering)
+        assert total >= min(needed.get(flavor.name, 1), MAX_NODES * per_node), flavor.name
+        for node in offering:
+            assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in (
+                node["spec"]["taints"]
+            )
+
+
+def test_flavors_the_nodes_cannot_offer_are_named_with_why():
+    assert without_nodes(matrix_policy("default")) == [
+        "dra: DRA devices are claimed through ResourceSlices, which simulated nodes do not publish"
+    ]
+    assert without_nodes(example("university")) == []
+
+
+def test_the_hardware_is_the_flavors_own():
+    department = node_pools_for(example("department"))["node_pools"]
+    mig = department["flavor-a100-1g5"]["gpu"]
+    assert mig["product"] == "NVIDIA-A100-SXM4-40GB"
+    assert mig["memory"] == 40960
+    assert mig["mig"] == {"strategy": "mixed", "devices": {"1g.5gb": 56}}  # 8 GPUs x 7
+
+    university = node_pools_for(example("university"))["node_pools"]
+    assert university["flavor-h200"]["gpu"]["product"] == "NVIDIA-H200-NVL"
+    shared = university["flavor-h200-shared"]["gpu"]
+    assert (shared["sharing"], shared["replicas"], shared["rename"]) == ("time-slicing", 4, True)
+    # the KAI slice: whole GPUs with room for its 32,000 MiB
+    assert university["flavor-slice-32g"]["gpu"]["memory"] >= 32000
