@@ -215,3 +215,13 @@ def test_bad_node_pools_name_the_line_and_start_nothing(tmp_path):
     assert result.returncode == 1
     assert f"--node-pools {pools}:" in result.stderr
     assert "not YAML" in result.stderr
+
+
+def test_values_without_a_policy_say_what_to_start_from(tmp_path):
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("hub:\n  config:\n    JupyterHub: {admin_access: true}\n")
+    result = cli("demo", str(bare))
+    assert result.returncode == 1
+    assert f"{bare}: no hub.config.GPUPolicy to demo; start from helm-values/base.yaml" in (
+        result.stderr
+    )

@@ -158,6 +158,11 @@ def plan_demo(values: list[str] | None = None, node_pools_file: str | None = Non
     files = [Path(v) for v in values] if values else [DEMO_VALUES]
     merged, policy = checked_values(files)
     sections = dict((merged.get("hub") or {}).get("config") or {})
+    if not sections.get("GPUPolicy"):
+        raise DemoError(
+            f"{' '.join(map(str, files))}: no hub.config.GPUPolicy to demo; "
+            "start from helm-values/base.yaml and an example under helm-values/"
+        )
     policy_values = dict(sections.pop("GPUPolicy"))
     service_settings = dict(sections.pop("GPUService", None) or {})
     notes: list[str] = []
