@@ -14,8 +14,6 @@ import html
 import http.cookiejar
 import json
 import re
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_helpers import cli
 from demo_helpers import Demo
 from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.quantities import parse_quantity
@@ -45,15 +44,6 @@ GPU_SERVER = {
 
 def values(example: str) -> list[str]:
     return [str(ROOT / "helm-values/base.yaml"), str(ROOT / f"helm-values/{example}.yaml")]
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jupyterhub_gpu.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def profiles_command(example: str, groups: list[str]) -> list[str]:

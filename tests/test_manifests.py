@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli_helpers import cli
 from jupyterhub_gpu.core.admission import IN_QUOTA
 from jupyterhub_gpu.core.manifests import (
     HUB_LABEL,
@@ -363,17 +362,8 @@ def test_rbac_grants_what_the_reconciler_and_spawner_need_to_the_hub_service_acc
     assert any("pods" in r["resources"] and "create" in r["verbs"] for r in spawner["rules"])
 
 
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "jupyterhub_gpu.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-
-
 def test_manifests_command_prints_the_objects_and_rbac_as_a_yaml_stream():
-    out = run_cli("manifests", "helm-values/enterprise.yaml", "--hub-namespace", "hubns")
+    out = cli("manifests", "helm-values/enterprise.yaml", "--hub-namespace", "hubns")
     assert out.returncode == 0, out.stderr
     assert "&id" not in out.stdout  # no YAML anchors: each object reads whole
     docs = list(yaml.safe_load_all(out.stdout))
@@ -392,7 +382,7 @@ def test_manifests_command_exits_1_with_the_policy_errors(tmp_path):
             {"hub": {"config": {"GPUPolicy": {"groups": {"x": {"quota": {"gpus": "ten"}}}}}}}
         )
     )
-    out = run_cli("manifests", str(bad))
+    out = cli("manifests", str(bad))
     assert out.returncode == 1
     assert out.stdout == ""
     assert "hub.config.GPUPolicy.groups.x.quota.gpus: expected a number, got 'ten'" in out.stderr

@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import yaml
 from traitlets.config import Config
 
 import matrix
+from cli_helpers import cli
 from jupyterhub_gpu.config.values import policy_from_config
 from jupyterhub_gpu.core.selection import Refused, offers, select
 from jupyterhub_gpu.offline import offered_profiles, render_pod
@@ -322,15 +321,6 @@ async def test_department_member_without_gpu_group_cannot_forge_a_gpu_spawn():
 
 
 # ---- the command line --------------------------------------------------------------
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jupyterhub_gpu.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.parametrize(
