@@ -10,9 +10,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from browser import log_in
-from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.kube.clusterview import ClusterView
 from kube_helpers import eventually, pod_manifest
 
@@ -86,19 +84,10 @@ async def test_without_rbac_capacity_is_unknown_and_warned_once(
 
 
 @pytest.mark.hub
-async def test_the_spawn_page_shows_free_capacity_of_each_gpu_profile(
-    local_cluster, core, priority_class_objects, page
-):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(local_cluster, namespace=namespace, users={"ann": ["lab"]}, policy=POLICY)
-    await asyncio.to_thread(hub.start)
-    try:
-        await log_in(page, hub.url, "ann", hub.password)
-        text = await page.inner_text("form")
-        # other tests' pods may still hold some H200s: the total is the cluster's
-        assert re.search(r"cluster: \d+ of 12 GPUs free", text), text
-        assert "lab: 4 of 4 GPUs free" in text
-    finally:
-        await wait_no_pods(core, namespace)
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
+async def test_the_spawn_page_shows_free_capacity_of_each_gpu_profile(hub_factory, page):
+    hub = await hub_factory(users={"ann": ["lab"]}, policy=POLICY)
+    await log_in(page, hub.url, "ann", hub.password)
+    text = await page.inner_text("form")
+    # other tests' pods may still hold some H200s: the total is the cluster's
+    assert re.search(r"cluster: \d+ of 12 GPUs free", text), text
+    assert "lab: 4 of 4 GPUs free" in text

@@ -14,7 +14,6 @@ import copy
 import pytest
 from test_service_hub import start_server, usage, user_token, wait_for_service
 
-from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -35,11 +34,8 @@ CONFIG = (
 
 
 @pytest.fixture
-async def hub(local_cluster, core, priority_class_objects):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(
-        local_cluster,
-        namespace=namespace,
+async def hub(hub_factory):
+    hub = await hub_factory(
         users={"ann": ["alpha"], "amy": ["alpha"]},
         admin_users=("root",),
         policy=copy.deepcopy(POLICY),
@@ -47,16 +43,8 @@ async def hub(local_cluster, core, priority_class_objects):
         cleanup_servers=False,
         extra_config=CONFIG,
     )
-    await asyncio.to_thread(hub.start)
-    try:
-        await wait_for_service(hub)
-        yield hub
-    finally:
-        for user in ("ann", "amy"):
-            await asyncio.to_thread(hub.api, "DELETE", f"/users/{user}/server")
-        await wait_no_pods(core, namespace)
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
+    await wait_for_service(hub)
+    return hub
 
 
 async def running(hub: LocalHub, user: str) -> bool:
