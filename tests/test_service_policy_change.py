@@ -52,6 +52,18 @@ async def running(hub: LocalHub, user: str) -> bool:
     return bool(model["servers"].get("", {}).get("ready"))
 
 
+def rules_task(view: dict) -> dict:
+    return next(t for t in view["tasks"] if t["name"] == "runtime rules")
+
+
+async def rules_ran(hub: LocalHub, token: str, runs: int) -> dict | None:
+    """The usage view once the runtime rules have finished ``runs`` runs without error."""
+    view, _ = await usage(hub, token)
+    task = rules_task(view)
+    # a run is counted when it starts: the next one started, so this one is done
+    return view if task["runs"] > runs and task["ok"] else None
+
+
 async def restart_with(hub: LocalHub, quota: int, extra: str = "") -> str:
     hub.policy["groups"]["alpha"]["quota"]["gpus"] = quota
     hub.extra_config = CONFIG + extra
@@ -77,7 +89,10 @@ async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
     assert "Over limit: Alpha uses 2 GPUs, over its limit of 1" in [
         n["text"] for n in view["notices"]
     ]
-    await asyncio.sleep(5)  # several rule runs: nothing is stopped
+    # three more runs of the rules with alpha over its limit: nothing is stopped
+    runs = rules_task(view)["runs"]
+    view = await eventually(lambda: rules_ran(hub, root, runs + 3), "three more rule runs")
+    assert rules_task(view)["last_result"] == "0 stopped, 1 group(s) over limit"
     assert await running(hub, "ann")
     assert await running(hub, "amy")
 
