@@ -8,6 +8,7 @@ fresh namespace that is deleted afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -58,6 +59,18 @@ async def priority_class_objects(kube):
     from hub_helpers import create_priority_classes
 
     await create_priority_classes(kube)
+
+
+@pytest.fixture
+async def hub_factory(local_cluster, core, priority_class_objects, tmp_path):
+    """Starts real hubs, each in a fresh namespace: ``await hub_factory(policy=..., ...)``
+    takes LocalHub's settings; ``hub_factory.behind_relay(...)`` puts a cuttable relay
+    between the hub and the API server. After the test every hub's servers, the hub and
+    its namespaces are gone (module-wide hubs use ``hub_helpers.running_hub``)."""
+    from hub_helpers import HubFactory
+
+    async with contextlib.AsyncExitStack() as stack:
+        yield HubFactory(local_cluster, core, stack, tmp_path)
 
 
 # headless Chromium fixtures (`browser`, `page`) for page tests

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
-from jupyterhub_gpu.core.manifests import priority_classes
+from jupyterhub_gpu.core.manifests import namespace_objects, priority_classes
 from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -148,6 +152,11 @@ class Relay:
     async def restore(self) -> None:
         await self.start()
 
+    async def ensure_serving(self) -> None:
+        """Restore the relay if a test left it cut."""
+        if self.server is None or not self.server.is_serving():
+            await self.restore()
+
     def kubeconfig(self, original: Path, directory: Path) -> Path:
         """A copy of ``original`` whose server is this relay."""
         config = yaml.safe_load(original.read_text())
@@ -156,3 +165,91 @@ class Relay:
         path = directory / "relay.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         return path
+
+
+def group_namespaces(policy: dict | None) -> list[str]:
+    """The namespaces a ``namespace_per_group`` policy has the service create."""
+    if not policy or not policy.get("namespace_per_group"):
+        return []
+    objects = namespace_objects(parse_policy(**policy), hub_namespace="")
+    return [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
+
+
+async def delete_namespace(core, name: str) -> None:
+    try:
+        await core.delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+async def stop_hub(hub: LocalHub, core) -> None:
+    """Stop every user's server, wait until no pod is left, and stop the hub.
+
+    The hub is stopped even when its servers' pods outlive the wait (that failure is
+    then raised): the cluster is shared, and a pod left behind holds its GPUs.
+    """
+    try:
+        if hub.process is not None and hub.process.poll() is None:
+            for user in hub.users:
+                await api(hub, "DELETE", f"/users/{user}/server")
+            await wait_no_pods(core, hub.namespace)
+    finally:
+        await asyncio.to_thread(hub.stop)
+
+
+@contextlib.asynccontextmanager
+async def running_hub(
+    cluster: LocalCluster, core, *, start: bool = True, **settings: Any
+) -> AsyncIterator[LocalHub]:
+    """A ``LocalHub`` in a fresh namespace; afterwards its servers, the hub and the
+    namespace are gone, and so are the group namespaces of a ``namespace_per_group`` policy.
+
+    ``settings`` are LocalHub's (``policy``, ``users``, ``extra_config``, ...). With
+    ``start=False`` the caller starts the hub, e.g. after making objects in its namespace.
+    """
+    namespace = await fresh_namespace(core)
+    hub: LocalHub | None = None
+    try:
+        hub = LocalHub(cluster, namespace=namespace, **settings)
+        if start:
+            await asyncio.to_thread(hub.start)
+        yield hub
+    finally:
+        try:
+            if hub is not None:
+                await stop_hub(hub, core)
+        finally:
+            for name in [namespace, *group_namespaces(hub and hub.policy)]:
+                await delete_namespace(core, name)
+
+
+class HubFactory:
+    """Starts hubs for one test (the ``hub_factory`` fixture) and cleans each up after
+    it, the last started first; see ``running_hub``."""
+
+    def __init__(
+        self, cluster: LocalCluster, core, stack: contextlib.AsyncExitStack, directory: Path
+    ) -> None:
+        self.cluster = cluster
+        self.core = core
+        self.stack = stack
+        self.directory = directory
+
+    async def __call__(self, **settings: Any) -> LocalHub:
+        """A started hub in a fresh namespace, with LocalHub's ``settings``."""
+        return await self.stack.enter_async_context(
+            running_hub(self.cluster, self.core, **settings)
+        )
+
+    async def behind_relay(self, **settings: Any) -> tuple[Relay, LocalHub]:
+        """A started hub that reaches the API server through a ``Relay`` the test can
+        cut; the relay is restored before the hub is cleaned up, and closed after."""
+        relay = await Relay(self.cluster.state.ports["apiserver"]).start()
+        self.stack.push_async_callback(relay.cut)
+        directory = self.directory / f"relay-{relay.port}"
+        directory.mkdir()
+        kubeconfig = relay.kubeconfig(self.cluster.state.kubeconfig, directory)
+        hub = await self(kubeconfig=kubeconfig, **settings)
+        self.stack.push_async_callback(relay.ensure_serving)
+        return relay, hub

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from kubernetes_asyncio import client
 
 from browser import log_in
-from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.kube.clusterview import ClusterView
 from kube_helpers import eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s
+
+#: reads a count from the API server
+Counter = Callable[[], Awaitable[int]]
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
 POLICY = {
@@ -57,26 +59,70 @@ async def _equals(probe, expected) -> bool:
     return await probe() == expected
 
 
+@contextlib.asynccontextmanager
+async def node_lists_counted(kube, namespace: str, account: str) -> AsyncIterator[Counter]:
+    """Has the API server file ``account``'s node lists under a FlowSchema of their own,
+    and yields a function that reads how many it has answered from the server's metrics
+    (``apiserver_flowcontrol_dispatched_requests_total``), refused ones included."""
+    flowcontrol = client.FlowcontrolApiserverV1Api(kube)
+    name = f"node-lists-{namespace}"
+    account_ref = {"name": account, "namespace": namespace}
+    subject = {"kind": "ServiceAccount", "serviceAccount": account_ref}
+    rule = {"verbs": ["list"], "apiGroups": [""], "resources": ["nodes"], "clusterScope": True}
+    await flowcontrol.create_flow_schema(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "matchingPrecedence": 200,  # before the built-in service-accounts schema
+                "priorityLevelConfiguration": {"name": "workload-low"},
+                "rules": [{"subjects": [subject], "resourceRules": [rule]}],
+            },
+        }
+    )
+    metric = re.compile(
+        rf'^apiserver_flowcontrol_dispatched_requests_total{{flow_schema="{name}",[^}}]*}} (\d+)$',
+        re.MULTILINE,
+    )
+
+    async def count() -> int:
+        response = await kube.call_api(
+            "/metrics", "GET", _preload_content=False, auth_settings=["BearerToken"]
+        )
+        return sum(int(n) for n in metric.findall(await response.text()))
+
+    try:
+        yield count
+    finally:
+        await flowcontrol.delete_flow_schema(name)
+
+
 async def test_without_rbac_capacity_is_unknown_and_warned_once(
-    local_cluster, core, namespace, caplog
+    local_cluster, kube, core, namespace, caplog
 ):
     await core.create_namespaced_service_account(namespace, {"metadata": {"name": "hub"}})
     token = await core.create_namespaced_service_account_token(
         "hub", namespace, {"spec": {"expirationSeconds": 600}}
     )
     configuration = client.Configuration(host=local_cluster.state.server)
-    configuration.api_key = {"authorization": token.status.token}
-    configuration.api_key_prefix = {"authorization": "Bearer"}
+    configuration.api_key = {"BearerToken": token.status.token}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
     configuration.ssl_ca_cert = str(local_cluster.state.kubeconfig.parent / "ca.crt")
-    async with client.ApiClient(configuration) as unprivileged:
-        view = ClusterView(unprivileged, logging.getLogger("test.rbac")).start()
+    async with (
+        node_lists_counted(kube, namespace, "hub") as node_lists,
+        client.ApiClient(configuration) as unprivileged,
+    ):
+        # a short retry, so that the window below holds many refused lists
+        view = ClusterView(unprivileged, logging.getLogger("test.rbac"), forbidden_retry=0.2)
+        view.start()
         try:
             with caplog.at_level(logging.WARNING, logger="test.rbac"):
-                assert not await view.wait_ready(3)
-                await asyncio.sleep(0.5)
+                assert not await view.wait_ready(1)
+                # the API server answered the view's node list again and again
+                await eventually(lambda: _at_least(node_lists, 5), "five refused node lists")
             assert view.capacity(parse_policy(**POLICY)) is None
             assert view.problem.startswith("listing nodes: ")
             assert "forbidden" in view.problem
+            assert "system:serviceaccount:" in view.problem  # the account's, not anonymous
             warnings = [r.getMessage() for r in caplog.records if r.name == "test.rbac"]
             unknown = [w for w in warnings if w.startswith("GPU capacity unknown: listing nodes")]
             assert len(unknown) == 1  # warned once, not at every retry
@@ -85,20 +131,15 @@ async def test_without_rbac_capacity_is_unknown_and_warned_once(
             await view.stop()
 
 
+async def _at_least(probe: Counter, expected: int) -> bool:
+    return await probe() >= expected
+
+
 @pytest.mark.hub
-async def test_the_spawn_page_shows_free_capacity_of_each_gpu_profile(
-    local_cluster, core, priority_class_objects, page
-):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(local_cluster, namespace=namespace, users={"ann": ["lab"]}, policy=POLICY)
-    await asyncio.to_thread(hub.start)
-    try:
-        await log_in(page, hub.url, "ann", hub.password)
-        text = await page.inner_text("form")
-        # other tests' pods may still hold some H200s: the total is the cluster's
-        assert re.search(r"cluster: \d+ of 12 GPUs free", text), text
-        assert "lab: 4 of 4 GPUs free" in text
-    finally:
-        await wait_no_pods(core, namespace)
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
+async def test_the_spawn_page_shows_free_capacity_of_each_gpu_profile(hub_factory, page):
+    hub = await hub_factory(users={"ann": ["lab"]}, policy=POLICY)
+    await log_in(page, hub.url, "ann", hub.password)
+    text = await page.inner_text("form")
+    # other tests' pods may still hold some H200s: the total is the cluster's
+    assert re.search(r"cluster: \d+ of 12 GPUs free", text), text
+    assert "lab: 4 of 4 GPUs free" in text

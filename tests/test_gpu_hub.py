@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import matrix
-from hub_helpers import api, fresh_namespace, pod_json, wait_no_pods
+from hub_helpers import api, pod_json, running_hub, wait_no_pods
 from jupyterhub_gpu.core.model import PolicyError, parse_policy
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -26,20 +25,16 @@ pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 @pytest.fixture(scope="module", params=matrix.SCHEDULERS)
 async def scheduler_hub(request, local_cluster, core, priority_class_objects):
     scheduler = request.param
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(
+    async with running_hub(
         local_cluster,
-        namespace=namespace,
+        core,
         users={"ann": ["lab"]},
         policy=matrix.policy(scheduler),
         # most of these pods never start here (no KAI, Volcano, HAMi or DRA driver):
         # answer the POST at once instead of waiting 10 s for each
         extra_config='c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}\n',
-    )
-    await asyncio.to_thread(hub.start)
-    yield scheduler, hub
-    await asyncio.to_thread(hub.stop)
-    await core.delete_namespace(namespace)
+    ) as hub:
+        yield scheduler, hub
 
 
 @pytest.mark.parametrize("kind", list(matrix.FLAVORS))
@@ -81,13 +76,10 @@ POLICY = {
 
 
 @pytest.fixture
-async def gpu_hub(local_cluster, core, priority_class_objects):
-    namespace = await fresh_namespace(core)
+async def gpu_hub(hub_factory):
     users = {f"u{i:03d}": ["lab"] for i in range(200)}
     users["mallory"] = ["other"]
-    hub = LocalHub(
-        local_cluster,
-        namespace=namespace,
+    return await hub_factory(
         users=users,
         policy=POLICY,
         cleanup_servers=False,
@@ -101,13 +93,6 @@ async def gpu_hub(local_cluster, core, priority_class_objects):
             "c.KubeSpawner.start_timeout = 300\n"
         ),
     )
-    await asyncio.to_thread(hub.start)
-    yield hub
-    for user in users:
-        await api(hub, "DELETE", f"/users/{user}/server")
-    await wait_no_pods(core, namespace)
-    await asyncio.to_thread(hub.stop)
-    await core.delete_namespace(namespace)
 
 
 async def test_forged_rest_spawn_with_another_groups_profile_creates_no_pod(gpu_hub, core):

@@ -14,10 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from traitlets.config import Config
 
-from hub_helpers import api, fresh_namespace, wait_no_pods
+from hub_helpers import api, wait_no_pods
 from jupyterhub_gpu.config.values import policy_from_config
 from jupyterhub_gpu.core.selection import ECHO_LIMIT, Malformed, Refused, select, shown
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.offline import offline_spawner
 from jupyterhub_gpu.spawner import SpawnRefused
 from kube_helpers import eventually
@@ -190,57 +189,48 @@ BAD_SPAWNS = [
 
 @pytest.mark.k8s
 @pytest.mark.hub
-async def test_bad_spawns_are_refused_one_line_each_and_the_hub_keeps_serving(
-    local_cluster, core, priority_class_objects
-):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(
-        local_cluster,
-        namespace=namespace,
+async def test_bad_spawns_are_refused_one_line_each_and_the_hub_keeps_serving(hub_factory, core):
+    hub = await hub_factory(
         users={"ann": ["research"]},
         policy=POLICY,
         # fewer than the bad spawns: a counted failure would stop the hub
         extra_config="c.Spawner.consecutive_failure_limit = 3\n",
     )
-    await asyncio.to_thread(hub.start)
-    try:
-        # a valid spawn whose option is a JSON number: admitted, then stopped
-        status, body = await api(
-            hub, "POST", "/users/ann/server", {"profile": "research--research", "gpus": 1}
-        )
-        assert status in (201, 202), body
+    namespace = hub.namespace
+    # a valid spawn whose option is a JSON number: admitted, then stopped
+    status, body = await api(
+        hub, "POST", "/users/ann/server", {"profile": "research--research", "gpus": 1}
+    )
+    assert status in (201, 202), body
 
-        async def has_pod():
-            return (await core.list_namespaced_pod(namespace)).items or None
+    async def has_pod():
+        return (await core.list_namespaced_pod(namespace)).items or None
 
-        (pod,) = await eventually(has_pod, "the server's pod")
-        assert pod.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
-        status, _ = await api(hub, "DELETE", "/users/ann/server")
-        assert status in (202, 204)
-        await wait_no_pods(core, namespace)
+    (pod,) = await eventually(has_pod, "the server's pod")
+    assert pod.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
+    status, _ = await api(hub, "DELETE", "/users/ann/server")
+    assert status in (202, 204)
+    await wait_no_pods(core, namespace)
 
-        for refused_with, options in BAD_SPAWNS:
-            status, body = await api(hub, "POST", "/users/ann/server", options)
-            assert status == refused_with, (options, status, body)
-            message = body["message"]
-            assert "\n" not in message, message
-            assert "\u2028" not in message, message
-            assert len(message) < 300, message
-            if not isinstance(options, dict):
-                # JupyterHub 6 refuses such a body itself; JupyterHub 5 passes it on
-                assert message == "Body must be a JSON object" or message.startswith(
-                    "server options must be a JSON object"
-                ), message
-            assert (await core.list_namespaced_pod(namespace)).items == []
-        # still serving, and still spawning (JupyterHub exits 2 s after its limit)
-        await asyncio.sleep(3)
-        assert hub.process.poll() is None
-        status, _ = await api(hub, "GET", "/")
-        assert status == 200
-        status, body = await api(hub, "POST", "/users/ann/server", {"profile": "everyone--cpu"})
-        assert status in (201, 202), body
-        await eventually(has_pod, "a server after the bad spawns")
-        assert hub.process.poll() is None
-    finally:
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
+    for refused_with, options in BAD_SPAWNS:
+        status, body = await api(hub, "POST", "/users/ann/server", options)
+        assert status == refused_with, (options, status, body)
+        message = body["message"]
+        assert "\n" not in message, message
+        assert "\u2028" not in message, message
+        assert len(message) < 300, message
+        if not isinstance(options, dict):
+            # JupyterHub 6 refuses such a body itself; JupyterHub 5 passes it on
+            assert message == "Body must be a JSON object" or message.startswith(
+                "server options must be a JSON object"
+            ), message
+        assert (await core.list_namespaced_pod(namespace)).items == []
+    # still serving, and still spawning (JupyterHub exits 2 s after its limit)
+    await asyncio.sleep(3)
+    assert hub.process.poll() is None
+    status, _ = await api(hub, "GET", "/")
+    assert status == 200
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "everyone--cpu"})
+    assert status in (201, 202), body
+    await eventually(has_pod, "a server after the bad spawns")
+    assert hub.process.poll() is None

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from hub_helpers import Relay, api, fresh_namespace, progress_messages, wait_no_pods
+from hub_helpers import HubFactory, Relay, api, progress_messages
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually, pod_manifest
 
@@ -36,35 +36,17 @@ POLICY = {
 GPU = {"profile": "lab--gpu"}
 
 
-async def start_hub(local_cluster, core, **settings) -> LocalHub:
-    namespace = await fresh_namespace(core)
-    settings.setdefault("policy", POLICY)
-    settings.setdefault("users", {"ann": ["lab"], "bob": ["lab"], "cat": ["lab"]})
-    hub = LocalHub(local_cluster, namespace=namespace, **settings)
-    await asyncio.to_thread(hub.start)
-    return hub
+#: the policy and users of these tests' hubs, unless a test says otherwise
+LAB = {"policy": POLICY, "users": {"ann": ["lab"], "bob": ["lab"], "cat": ["lab"]}}
 
 
-async def hub_behind_relay(local_cluster, core, tmp_path, **settings) -> tuple[Relay, LocalHub]:
+async def hub_behind_relay(hub_factory: HubFactory, **settings) -> tuple[Relay, LocalHub]:
     """A hub that reaches the API server through a relay the test can cut; its
     KubeSpawner retries an API call for 5 s, not 30."""
-    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
-    hub = await start_hub(
-        local_cluster,
-        core,
-        kubeconfig=relay.kubeconfig(local_cluster.state.kubeconfig, tmp_path),
+    return await hub_factory.behind_relay(
+        **{**LAB, **settings},
         extra_config="c.KubeSpawner.k8s_api_request_retry_timeout = 5\n",
-        **settings,
     )
-    return relay, hub
-
-
-async def stop_hub(hub: LocalHub, core) -> None:
-    for user in hub.users:
-        await api(hub, "DELETE", f"/users/{user}/server")
-    await wait_no_pods(core, hub.namespace)
-    await asyncio.to_thread(hub.stop)
-    await core.delete_namespace(hub.namespace)
 
 
 async def nothing_left_for(core, namespace: str, user: str) -> None:
@@ -88,72 +70,60 @@ async def test_a_broken_policy_stops_the_hub_at_start_up(local_cluster):
     assert hub.process.returncode == 1
 
 
-async def test_a_resource_quota_403_is_one_line_and_releases_the_reservation(
-    local_cluster, core, priority_class_objects
-):
-    hub = await start_hub(local_cluster, core)
-    try:
-        quota = {
-            "metadata": {"name": "no-gpus"},
-            "spec": {"hard": {"requests.nvidia.com/gpu": "0"}},
-        }
-        await core.create_namespaced_resource_quota(hub.namespace, quota)
+async def test_a_resource_quota_403_is_one_line_and_releases_the_reservation(hub_factory, core):
+    hub = await hub_factory(**LAB)
+    quota = {
+        "metadata": {"name": "no-gpus"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "0"}},
+    }
+    await core.create_namespaced_resource_quota(hub.namespace, quota)
 
-        async def quota_counted():
-            q = await core.read_namespaced_resource_quota("no-gpus", hub.namespace)
-            return q.status and q.status.hard
+    async def quota_counted():
+        q = await core.read_namespaced_resource_quota("no-gpus", hub.namespace)
+        return q.status and q.status.hard
 
-        await eventually(quota_counted, "the ResourceQuota to be in force")
-        status, body = await api(hub, "POST", "/users/ann/server", GPU)
-        assert status == 403, body
-        assert body["message"].startswith("Kubernetes refused the server: ")
-        assert "exceeded quota: no-gpus" in body["message"]
-        assert "\n" not in body["message"]
-        await nothing_left_for(core, hub.namespace, "ann")
-        # the reservation was released: with the namespace quota gone, the group's
-        # single GPU is free for the next spawn
-        await core.delete_namespaced_resource_quota("no-gpus", hub.namespace)
-        status, body = await api(hub, "POST", "/users/bob/server", GPU)
-        assert status in (201, 202), body
-    finally:
-        await stop_hub(hub, core)
+    await eventually(quota_counted, "the ResourceQuota to be in force")
+    status, body = await api(hub, "POST", "/users/ann/server", GPU)
+    assert status == 403, body
+    assert body["message"].startswith("Kubernetes refused the server: ")
+    assert "exceeded quota: no-gpus" in body["message"]
+    assert "\n" not in body["message"]
+    await nothing_left_for(core, hub.namespace, "ann")
+    # the reservation was released: with the namespace quota gone, the group's
+    # single GPU is free for the next spawn
+    await core.delete_namespaced_resource_quota("no-gpus", hub.namespace)
+    status, body = await api(hub, "POST", "/users/bob/server", GPU)
+    assert status in (201, 202), body
 
 
 async def test_api_server_unreachable_mid_spawn_gives_a_reason_and_leaves_nothing(
-    local_cluster, core, priority_class_objects, tmp_path
+    hub_factory, core
 ):
-    relay, hub = await hub_behind_relay(local_cluster, core, tmp_path)
-    try:
-        # the hub has loaded its ledger and watches pods through the relay
-        status, _ = await api(hub, "POST", "/users/cat/server", {"profile": "everyone--cpu"})
-        assert status in (201, 202)
-        await relay.cut()
-        status, body = await api(hub, "POST", "/users/ann/server", GPU)
-        await relay.restore()
-        assert status == 503, body
-        assert body["message"].startswith("the Kubernetes API server could not be reached")
-        assert "nothing was started" in body["message"]
+    relay, hub = await hub_behind_relay(hub_factory)
+    # the hub has loaded its ledger and watches pods through the relay
+    status, _ = await api(hub, "POST", "/users/cat/server", {"profile": "everyone--cpu"})
+    assert status in (201, 202)
+    await relay.cut()
+    status, body = await api(hub, "POST", "/users/ann/server", GPU)
+    await relay.restore()
+    assert status == 503, body
+    assert body["message"].startswith("the Kubernetes API server could not be reached")
+    assert "nothing was started" in body["message"]
 
-        async def no_server():
-            _, model = await api(hub, "GET", "/users/ann")
-            return model["servers"] == {}
+    async def no_server():
+        _, model = await api(hub, "GET", "/users/ann")
+        return model["servers"] == {}
 
-        await eventually(no_server, "ann's failed server to be gone", within=60)
-        await nothing_left_for(core, hub.namespace, "ann")
-        # the reservation was released: the group's only GPU is free for bob
-        status, body = await api(hub, "POST", "/users/bob/server", GPU)
-        assert status in (201, 202), body
-    finally:
-        await stop_hub(hub, core)
-        await relay.cut()
+    await eventually(no_server, "ann's failed server to be gone", within=60)
+    await nothing_left_for(core, hub.namespace, "ann")
+    # the reservation was released: the group's only GPU is free for bob
+    status, body = await api(hub, "POST", "/users/bob/server", GPU)
+    assert status in (201, 202), body
 
 
-async def test_a_pod_pending_for_gpus_shows_a_plain_reason(
-    local_cluster, core, kube, priority_class_objects
-):
-    hub = await start_hub(
-        local_cluster,
-        core,
+async def test_a_pod_pending_for_gpus_shows_a_plain_reason(hub_factory, core):
+    hub = await hub_factory(
+        **LAB,
         extra_config='c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}\n',
     )
     try:
@@ -172,52 +142,40 @@ async def test_a_pod_pending_for_gpus_shows_a_plain_reason(
         await core.delete_collection_namespaced_pod(
             hub.namespace, label_selector="!hub.jupyter.org/username", grace_period_seconds=0
         )
-        await stop_hub(hub, core)
 
 
-async def test_when_full_wait_queues_in_order_and_starts_when_a_server_stops(
-    local_cluster, core, priority_class_objects
-):
-    hub = await start_hub(
-        local_cluster,
-        core,
-        policy={**POLICY, "when_full": "wait"},
+async def test_when_full_wait_queues_in_order_and_starts_when_a_server_stops(hub_factory):
+    hub = await hub_factory(
+        **{**LAB, "policy": {**POLICY, "when_full": "wait"}},
         extra_config='c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}\n',
     )
-    try:
-        status, body = await api(hub, "POST", "/users/ann/server", GPU)
-        assert status in (201, 202), body
+    status, body = await api(hub, "POST", "/users/ann/server", GPU)
+    assert status in (201, 202), body
 
-        async def running(user):
-            _, model = await api(hub, "GET", f"/users/{user}")
-            server = model["servers"].get("")
-            return server and server["ready"]
+    async def running(user):
+        _, model = await api(hub, "GET", f"/users/{user}")
+        server = model["servers"].get("")
+        return server and server["ready"]
 
-        await eventually(lambda: running("ann"), "ann's server", within=120)
-        status, _ = await api(hub, "POST", "/users/bob/server", GPU)
-        assert status == 202  # queued, not refused
-        messages = await asyncio.to_thread(progress_messages, hub, "bob", "position 1 of 1")
-        assert messages[-1] == (
-            "Waiting for Lab: position 1 of 1 (Lab has 1 of 1 GPUs in use; this server needs 1)"
-        )
-        status, _ = await api(hub, "POST", "/users/cat/server", GPU)
-        assert status == 202
-        await asyncio.to_thread(progress_messages, hub, "cat", "position 2 of 2")
-        # ann stops: bob, first in line, starts; cat keeps waiting, now first
-        await api(hub, "DELETE", "/users/ann/server")
-        await eventually(lambda: running("bob"), "bob's server after ann stopped", within=120)
-        messages = await asyncio.to_thread(progress_messages, hub, "cat", "position 1 of 1")
-        assert not await running("cat")
-    finally:
-        await stop_hub(hub, core)
-
-
-async def test_the_ledger_resyncs_with_pods_the_hub_did_not_see(
-    local_cluster, core, priority_class_objects
-):
-    hub = await start_hub(
-        local_cluster, core, extra_config="c.GPUKubeSpawner.ledger_resync_interval = 1\n"
+    await eventually(lambda: running("ann"), "ann's server", within=120)
+    status, _ = await api(hub, "POST", "/users/bob/server", GPU)
+    assert status == 202  # queued, not refused
+    messages = await asyncio.to_thread(progress_messages, hub, "bob", "position 1 of 1")
+    assert messages[-1] == (
+        "Waiting for Lab: position 1 of 1 (Lab has 1 of 1 GPUs in use; this server needs 1)"
     )
+    status, _ = await api(hub, "POST", "/users/cat/server", GPU)
+    assert status == 202
+    await asyncio.to_thread(progress_messages, hub, "cat", "position 2 of 2")
+    # ann stops: bob, first in line, starts; cat keeps waiting, now first
+    await api(hub, "DELETE", "/users/ann/server")
+    await eventually(lambda: running("bob"), "bob's server after ann stopped", within=120)
+    messages = await asyncio.to_thread(progress_messages, hub, "cat", "position 1 of 1")
+    assert not await running("cat")
+
+
+async def test_the_ledger_resyncs_with_pods_the_hub_did_not_see(hub_factory, core):
+    hub = await hub_factory(**LAB, extra_config="c.GPUKubeSpawner.ledger_resync_interval = 1\n")
     try:
         # the hub has built its ledger (empty) before the other pod appears
         status, _ = await api(hub, "POST", "/users/cat/server", {"profile": "everyone--cpu"})
@@ -256,4 +214,3 @@ async def test_the_ledger_resyncs_with_pods_the_hub_did_not_see(
         await core.delete_collection_namespaced_pod(
             hub.namespace, label_selector="!hub.jupyter.org/username", grace_period_seconds=0
         )
-        await stop_hub(hub, core)

@@ -15,8 +15,7 @@ import yaml
 from kubernetes_asyncio import client
 from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
-from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from hub_helpers import running_hub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -81,12 +80,11 @@ async def service_account_kubeconfig(kube, core, local_cluster, namespace: str, 
 
 @pytest.fixture(scope="module")
 async def restricted_hub(local_cluster, kube, core, priority_class_objects, tmp_path_factory):
-    namespace = await fresh_namespace(core)
     kubeconfig = tmp_path_factory.mktemp("sa") / "hub.kubeconfig"
-    await service_account_kubeconfig(kube, core, local_cluster, namespace, kubeconfig)
-    hub = LocalHub(
+    async with running_hub(
         local_cluster,
-        namespace=namespace,
+        core,
+        start=False,
         users={"carl": ["brief"]},
         admin_users=("root",),
         policy=POLICY,
@@ -104,16 +102,12 @@ async def restricted_hub(local_cluster, kube, core, priority_class_objects, tmp_
             '    if role["name"] == "jupyterhub-gpu-service":\n'
             '        role["scopes"] = ["list:users", "read:servers"]\n'
         ),
-    )
-    await asyncio.to_thread(hub.start)
-    try:
+    ) as hub:
+        # the service's account lives in the hub's namespace, made before the hub starts
+        await service_account_kubeconfig(kube, core, local_cluster, hub.namespace, kubeconfig)
+        await asyncio.to_thread(hub.start)
         await wait_for_service(hub)
         yield hub
-    finally:
-        await asyncio.to_thread(hub.api, "DELETE", "/users/carl/server")
-        await wait_no_pods(core, namespace)
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
 
 
 def tasks_of(view: dict) -> dict[str, dict]:

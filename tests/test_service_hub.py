@@ -9,7 +9,6 @@ dave (beta), root (hub admin).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_helpers import fresh_namespace, wait_no_pods
+from hub_helpers import running_hub
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -63,10 +62,9 @@ POLICY = {
 
 @pytest.fixture(scope="module")
 async def service_hub(local_cluster, core, priority_class_objects):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(
+    async with running_hub(
         local_cluster,
-        namespace=namespace,
+        core,
         users={"ann": ["alpha"], "bob": ["beta"], "carl": ["brief"], "dave": ["beta"]},
         admin_users=("root",),
         policy=POLICY,
@@ -82,20 +80,11 @@ async def service_hub(local_cluster, core, priority_class_objects):
             'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
             '"services": ["test-admin"]})\n'
         ),
-    )
-    await asyncio.to_thread(hub.start)
-    try:
+    ) as hub:
         await wait_for_service(hub)
         for user, profile in (("ann", "alpha--small"), ("bob", "beta--small")):
             await start_server(hub, user, profile)
         yield hub
-    finally:
-        for user in ("ann", "bob", "carl", "dave"):
-            await asyncio.to_thread(hub.api, "DELETE", f"/users/{user}/server")
-        with contextlib.suppress(AssertionError):
-            await wait_no_pods(core, namespace)
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
 
 
 async def start_server(hub: LocalHub, user: str, profile: str) -> None:

@@ -14,7 +14,6 @@ import copy
 import pytest
 from test_service_hub import start_server, usage, user_token, wait_for_service
 
-from hub_helpers import fresh_namespace, wait_no_pods
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
@@ -35,11 +34,8 @@ CONFIG = (
 
 
 @pytest.fixture
-async def hub(local_cluster, core, priority_class_objects):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(
-        local_cluster,
-        namespace=namespace,
+async def hub(hub_factory):
+    hub = await hub_factory(
         users={"ann": ["alpha"], "amy": ["alpha"]},
         admin_users=("root",),
         policy=copy.deepcopy(POLICY),
@@ -47,21 +43,25 @@ async def hub(local_cluster, core, priority_class_objects):
         cleanup_servers=False,
         extra_config=CONFIG,
     )
-    await asyncio.to_thread(hub.start)
-    try:
-        await wait_for_service(hub)
-        yield hub
-    finally:
-        for user in ("ann", "amy"):
-            await asyncio.to_thread(hub.api, "DELETE", f"/users/{user}/server")
-        await wait_no_pods(core, namespace)
-        await asyncio.to_thread(hub.stop)
-        await core.delete_namespace(namespace)
+    await wait_for_service(hub)
+    return hub
 
 
 async def running(hub: LocalHub, user: str) -> bool:
     _, model = await asyncio.to_thread(hub.api, "GET", f"/users/{user}")
     return bool(model["servers"].get("", {}).get("ready"))
+
+
+def rules_task(view: dict) -> dict:
+    return next(t for t in view["tasks"] if t["name"] == "runtime rules")
+
+
+async def rules_ran(hub: LocalHub, token: str, runs: int) -> dict | None:
+    """The usage view once the runtime rules have finished ``runs`` runs without error."""
+    view, _ = await usage(hub, token)
+    task = rules_task(view)
+    # a run is counted when it starts: the next one started, so this one is done
+    return view if task["runs"] > runs and task["ok"] else None
 
 
 async def restart_with(hub: LocalHub, quota: int, extra: str = "") -> str:
@@ -89,7 +89,10 @@ async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
     assert "Over limit: Alpha uses 2 GPUs, over its limit of 1" in [
         n["text"] for n in view["notices"]
     ]
-    await asyncio.sleep(5)  # several rule runs: nothing is stopped
+    # three more runs of the rules with alpha over its limit: nothing is stopped
+    runs = rules_task(view)["runs"]
+    view = await eventually(lambda: rules_ran(hub, root, runs + 3), "three more rule runs")
+    assert rules_task(view)["last_result"] == "0 stopped, 1 group(s) over limit"
     assert await running(hub, "ann")
     assert await running(hub, "amy")
 

@@ -10,17 +10,16 @@ have the hub's exact policy, and a config it cannot read must stop it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from test_service_hub import aget, user_token, wait_for_service
 
-from hub_helpers import fresh_namespace
-from jupyterhub_gpu.dev.localcluster.hub import Z2JH_HELPER, LocalHub
+from jupyterhub_gpu.dev.localcluster.hub import Z2JH_HELPER
 from jupyterhub_gpu.service.app import GPUService
 from kube_helpers import eventually
 
@@ -42,13 +41,11 @@ POLICY = {
 @pytest.mark.k8s
 @pytest.mark.hub
 async def test_in_a_z2jh_pod_the_service_has_the_hubs_groups_and_keeps_their_objects(
-    local_cluster, core, priority_class_objects
+    hub_factory, core
 ):
-    namespace = await fresh_namespace(core)
-    prefix = f"{namespace}-"
-    hub = LocalHub(
-        local_cluster,
-        namespace=namespace,
+    # a prefix of this test's own: the hub's clean-up deletes the groups' namespaces
+    prefix = f"z2jh-{uuid.uuid4().hex[:8]}-"
+    hub = await hub_factory(
         admin_users=("root",),
         policy={**POLICY, "namespace_prefix": prefix},
         gpu_service=True,
@@ -57,40 +54,33 @@ async def test_in_a_z2jh_pod_the_service_has_the_hubs_groups_and_keeps_their_obj
         extra_config='c.JupyterHub.load_roles.append({"name": "token-issuer", '
         '"scopes": ["tokens"], "services": ["test-admin"]})\n',
     )
-    await asyncio.to_thread(hub.start)
-    try:
-        # the hub itself really needs the Service variables it was given
-        config = (hub.directory / "jupyterhub_config.py").read_text()
-        assert "os.environ['PROXY_API_SERVICE_PORT']" in config
-        await wait_for_service(hub)
-        token = await user_token(hub, "root")
+    # the hub itself really needs the Service variables it was given
+    config = (hub.directory / "jupyterhub_config.py").read_text()
+    assert "os.environ['PROXY_API_SERVICE_PORT']" in config
+    await wait_for_service(hub)
+    token = await user_token(hub, "root")
 
-        async def reconciled(passes: int, ok: bool):
-            status, _, body = await aget(hub.service_url + "api/usage", token)
-            assert status == 200, body
-            view = json.loads(body)
-            task = next(t for t in view["tasks"] if t["name"] == "reconcile")
-            return view if task["runs"] >= passes and (task["ok"] or not ok) else None
+    async def reconciled(passes: int, ok: bool):
+        status, _, body = await aget(hub.service_url + "api/usage", token)
+        assert status == 200, body
+        view = json.loads(body)
+        task = next(t for t in view["tasks"] if t["name"] == "reconcile")
+        return view if task["runs"] >= passes and (task["ok"] or not ok) else None
 
-        view = await eventually(lambda: reconciled(1, ok=False), "a reconcile pass", within=60)
-        assert {g["name"] for g in view["groups"]} == {"alpha", "beta", "everyone"}
-        alpha = next(g for g in view["groups"] if g["name"] == "alpha")
-        assert alpha["max_runtime_seconds"] == 8 * 3600
-        await eventually(lambda: reconciled(3, ok=True), "three reconcile passes", within=60)
-        # the group namespaces the policy implies exist, and no pass deleted them
-        for group in ("alpha", "beta"):
-            ns = await core.read_namespace(f"{prefix}{group}")
-            assert ns.metadata.deletion_timestamp is None
-            quota = await core.read_namespaced_resource_quota("jupyterhub-gpu", f"{prefix}{group}")
-            assert quota.spec.hard["requests.nvidia.com/gpu"] == ("4" if group == "alpha" else "1")
-        log = hub.log_path.read_text()
-        assert "policy from the chart values (hub.config)" in log
-        assert "Exception while loading config file" not in log
-    finally:
-        await asyncio.to_thread(hub.stop)
-        for group in ("alpha", "beta"):
-            await core.delete_namespace(f"{prefix}{group}")
-        await core.delete_namespace(namespace)
+    view = await eventually(lambda: reconciled(1, ok=False), "a reconcile pass", within=60)
+    assert {g["name"] for g in view["groups"]} == {"alpha", "beta", "everyone"}
+    alpha = next(g for g in view["groups"] if g["name"] == "alpha")
+    assert alpha["max_runtime_seconds"] == 8 * 3600
+    await eventually(lambda: reconciled(3, ok=True), "three reconcile passes", within=60)
+    # the group namespaces the policy implies exist, and no pass deleted them
+    for group in ("alpha", "beta"):
+        ns = await core.read_namespace(f"{prefix}{group}")
+        assert ns.metadata.deletion_timestamp is None
+        quota = await core.read_namespaced_resource_quota("jupyterhub-gpu", f"{prefix}{group}")
+        assert quota.spec.hard["requests.nvidia.com/gpu"] == ("4" if group == "alpha" else "1")
+    log = hub.log_path.read_text()
+    assert "policy from the chart values (hub.config)" in log
+    assert "Exception while loading config file" not in log
 
 
 def test_a_hub_config_that_fails_to_load_stops_the_service(tmp_path):

@@ -9,7 +9,6 @@ options a user submits are handled without JupyterHub's "unhandled" warning.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
@@ -19,8 +18,6 @@ from jupyterhub_fancy_profiles import setup_ui
 from traitlets.config import Config
 
 from browser import log_in
-from hub_helpers import fresh_namespace, wait_no_pods
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.offline import offline_spawner
 from kube_helpers import eventually
 
@@ -100,45 +97,34 @@ async def test_an_admins_own_apply_user_options_hook_still_wins():
 
 @pytest.mark.k8s
 @pytest.mark.hub
-async def test_fancy_profiles_page_spawns_the_chosen_group_profile(
-    local_cluster, core, priority_class_objects, page
-):
-    namespace = await fresh_namespace(core)
-    hub = LocalHub(
-        local_cluster,
-        namespace=namespace,
+async def test_fancy_profiles_page_spawns_the_chosen_group_profile(hub_factory, core, page):
+    hub = await hub_factory(
         users={"ann": ["lab"]},
         policy=POLICY,
         extra_config="from jupyterhub_fancy_profiles import setup_ui\nsetup_ui(c)\n",
     )
-    await asyncio.to_thread(hub.start)
-    try:
-        await log_in(page, hub.url, "ann", hub.password)
-        # fancy-profiles' React form, not KubeSpawner's: it renders from window.profileList
-        await page.wait_for_selector("#form >> text=lab: Small GPU", timeout=30_000)
-        listed = await page.evaluate("window.profileList")
-        assert [p["slug"] for p in listed] == ["lab--small", "everyone--cpu"]
-        assert "kubespawner_override" not in keys_anywhere(listed)
-        assert LICENSE_TOKEN not in await page.content()
+    await log_in(page, hub.url, "ann", hub.password)
+    # fancy-profiles' React form, not KubeSpawner's: it renders from window.profileList
+    await page.wait_for_selector("#form >> text=lab: Small GPU", timeout=30_000)
+    listed = await page.evaluate("window.profileList")
+    assert [p["slug"] for p in listed] == ["lab--small", "everyone--cpu"]
+    assert "kubespawner_override" not in keys_anywhere(listed)
+    assert LICENSE_TOKEN not in await page.content()
 
-        await page.click("#form >> text=lab: Small GPU")
-        await page.click("button[type=submit]")
+    await page.click("#form >> text=lab: Small GPU")
+    await page.click("button[type=submit]")
 
-        async def gpu_pod():
-            pods = (await core.list_namespaced_pod(namespace)).items
-            return pods[0] if pods else None
+    async def gpu_pod():
+        pods = (await core.list_namespaced_pod(hub.namespace)).items
+        return pods[0] if pods else None
 
-        pod = await eventually(gpu_pod, "ann's server pod")
-        labels = pod.metadata.labels
-        assert labels["gpu.jupyterhub.org/group"] == "lab"
-        assert labels["gpu.jupyterhub.org/profile"] == "small"
-        container = pod.spec.containers[0]
-        assert container.resources.limits["nvidia.com/gpu"] == "1"
-        env = {e.name: e.value for e in container.env}
-        assert env["LICENSE_TOKEN"] == LICENSE_TOKEN
-        # the options were handled: JupyterHub >= 5.3 would otherwise warn on every spawn
-        assert "unhandled user_options" not in hub.log_path.read_text()
-    finally:
-        await asyncio.to_thread(hub.stop)
-        await wait_no_pods(core, namespace)
-        await core.delete_namespace(namespace)
+    pod = await eventually(gpu_pod, "ann's server pod")
+    labels = pod.metadata.labels
+    assert labels["gpu.jupyterhub.org/group"] == "lab"
+    assert labels["gpu.jupyterhub.org/profile"] == "small"
+    container = pod.spec.containers[0]
+    assert container.resources.limits["nvidia.com/gpu"] == "1"
+    env = {e.name: e.value for e in container.env}
+    assert env["LICENSE_TOKEN"] == LICENSE_TOKEN
+    # the options were handled: JupyterHub >= 5.3 would otherwise warn on every spawn
+    assert "unhandled user_options" not in hub.log_path.read_text()
