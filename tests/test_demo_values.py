@@ -14,6 +14,7 @@ import html
 import http.cookiejar
 import json
 import re
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -73,9 +74,12 @@ def api(demo: Demo, token: str, method: str, path: str, body: dict | None = None
         method=method,
         headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        text = response.read()
-        return response.status, json.loads(text) if text else None
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as e:  # a refusal: its status and the hub's message
+        return e.code, json.loads(e.read() or b"null")
 
 
 async def running_pod(demo: Demo, user: str) -> tuple[dict, dict]:
@@ -119,10 +123,10 @@ async def test_a_demo_of_an_examples_values_offers_what_profiles_says_and_runs_a
             assert await asyncio.to_thread(spawn_form_slugs, demo.url, user) == expected, user
 
         user, profile = GPU_SERVER[example]
-        status, _ = await asyncio.to_thread(
+        status, body = await asyncio.to_thread(
             api, demo, token, "POST", f"/users/{user}/server", {"profile": profile}
         )
-        assert status in (201, 202)
+        assert status in (201, 202), body
         pod, node = await running_pod(demo, user)
         flavor = plan.policy.flavors[pod["metadata"]["labels"]["gpu.jupyterhub.org/flavor"]]
         # the node it runs on offers the flavor the way the hardware would

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from ..config.values import checked_values
+from ..core.manifests import desired_objects
 from ..core.model import Policy
 from ..core.selection import offers
 from ..kube.reconciler import Reconciler
@@ -272,17 +273,58 @@ def print_node_pools(plan: DemoPlan) -> str:
 # ---- cluster objects ------------------------------------------------------------
 
 
+#: the PriorityClasses KAI's installation brings (its values), which KAI policies name
+KAI_PRIORITY_CLASSES = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
+
+
+def stand_in_priority_classes(policy: Policy) -> list[dict[str, Any]]:
+    """PriorityClasses the policy's pods name that neither the reconciler creates nor
+    this cluster has: those a scheduler's installation brings (KAI's ``build``...)
+    or a group names (``priority_class``), with the scheduler's value where known."""
+    ours = {
+        obj["metadata"]["name"]
+        for obj in desired_objects(policy, HUB_NAMESPACE)
+        if obj["kind"] == "PriorityClass"
+    }
+    named = {policy.scheduler.in_quota_priority_class, policy.scheduler.over_quota_priority_class}
+    named |= {g.priority_class for g in policy.all_groups if g.priority_class}
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name, "labels": {"jupyterhub-gpu.local/stand-in": "true"}},
+            "value": KAI_PRIORITY_CLASSES.get(name, 0),
+            "description": "made by jupyterhub-gpu demo: on a real cluster it is the "
+            "scheduler's or the admin's",
+        }
+        for name in sorted(named - ours)
+    ]
+
+
 async def reconcile_once(cluster: LocalCluster, plan: DemoPlan) -> list[str]:
     """Create the objects the policy implies (priority classes, namespaces, quotas,
     queues: what its pods need) with the service's reconciler, once; what it created.
-    The scheduler's CRDs come first, so its queues are real objects."""
+    The scheduler's CRDs come first, so its queues are real objects, and the priority
+    classes a scheduler's installation would bring stand in for it."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    created = []
     async with cluster.api() as api:
         if plan.crds:
             await crds.install(api, plan.crds)
+        scheduling = client.SchedulingV1Api(api)
+        for priority_class in stand_in_priority_classes(plan.policy):
+            try:
+                await scheduling.create_priority_class(priority_class)
+            except ApiException as e:
+                if e.status != 409:  # already there
+                    raise
+            created.append(f"PriorityClass/{priority_class['metadata']['name']}")
         report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(plan.policy)
     if not report.ok:
         raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
-    return report.created
+    return created + report.created
 
 
 # ---- running it -------------------------------------------------------------------
