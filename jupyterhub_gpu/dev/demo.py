@@ -277,10 +277,12 @@ def print_node_pools(plan: DemoPlan) -> str:
 KAI_PRIORITY_CLASSES = {"train": 50, "build-preemptible": 75, "build": 100, "inference": 125}
 
 
-def stand_in_priority_classes(policy: Policy) -> list[dict[str, Any]]:
-    """PriorityClasses the policy's pods name that neither the reconciler creates nor
-    this cluster has: those a scheduler's installation brings (KAI's ``build``...)
-    or a group names (``priority_class``), with the scheduler's value where known."""
+def stand_in_objects(policy: Policy) -> list[dict[str, Any]]:
+    """Cluster-wide objects the policy's pods name that the reconciler does not create
+    and a real cluster already has: the PriorityClasses a scheduler's installation
+    brings (KAI's ``build``...) or a group names (``priority_class``), with the
+    scheduler's value where known, and the RuntimeClasses flavors name (the GPU
+    Operator's ``nvidia``)."""
     ours = {
         obj["metadata"]["name"]
         for obj in desired_objects(policy, HUB_NAMESPACE)
@@ -288,24 +290,36 @@ def stand_in_priority_classes(policy: Policy) -> list[dict[str, Any]]:
     }
     named = {policy.scheduler.in_quota_priority_class, policy.scheduler.over_quota_priority_class}
     named |= {g.priority_class for g in policy.all_groups if g.priority_class}
-    return [
+    metadata = {"labels": {"jupyterhub-gpu.local/stand-in": "true"}}
+    objects: list[dict[str, Any]] = [
         {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
-            "metadata": {"name": name, "labels": {"jupyterhub-gpu.local/stand-in": "true"}},
+            "metadata": {"name": name, **metadata},
             "value": KAI_PRIORITY_CLASSES.get(name, 0),
             "description": "made by jupyterhub-gpu demo: on a real cluster it is the "
             "scheduler's or the admin's",
         }
         for name in sorted(named - ours)
     ]
+    runtime_classes = {f.runtime_class_name for f in policy.flavors.values()}
+    objects += [
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": name, **metadata},
+            "handler": name,
+        }
+        for name in sorted(n for n in runtime_classes if n)
+    ]
+    return objects
 
 
 async def reconcile_once(cluster: LocalCluster, plan: DemoPlan) -> list[str]:
     """Create the objects the policy implies (priority classes, namespaces, quotas,
     queues: what its pods need) with the service's reconciler, once; what it created.
-    The scheduler's CRDs come first, so its queues are real objects, and the priority
-    classes a scheduler's installation would bring stand in for it."""
+    The scheduler's CRDs come first, so its queues are real objects, and what a real
+    cluster's installations would bring stands in for them (``stand_in_objects``)."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -313,14 +327,17 @@ async def reconcile_once(cluster: LocalCluster, plan: DemoPlan) -> list[str]:
     async with cluster.api() as api:
         if plan.crds:
             await crds.install(api, plan.crds)
-        scheduling = client.SchedulingV1Api(api)
-        for priority_class in stand_in_priority_classes(plan.policy):
+        create = {
+            "PriorityClass": client.SchedulingV1Api(api).create_priority_class,
+            "RuntimeClass": client.NodeV1Api(api).create_runtime_class,
+        }
+        for obj in stand_in_objects(plan.policy):
             try:
-                await scheduling.create_priority_class(priority_class)
+                await create[obj["kind"]](obj)
             except ApiException as e:
                 if e.status != 409:  # already there
                     raise
-            created.append(f"PriorityClass/{priority_class['metadata']['name']}")
+            created.append(f"{obj['kind']}/{obj['metadata']['name']}")
         report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(plan.policy)
     if not report.ok:
         raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
