@@ -315,30 +315,33 @@ def stand_in_objects(policy: Policy) -> list[dict[str, Any]]:
     return objects
 
 
-async def reconcile_once(cluster: LocalCluster, plan: DemoPlan) -> list[str]:
+async def reconcile_once(
+    cluster: LocalCluster, policy: Policy, crds_of: str | None = None
+) -> list[str]:
     """Create the objects the policy implies (priority classes, namespaces, quotas,
     queues: what its pods need) with the service's reconciler, once; what it created.
-    The scheduler's CRDs come first, so its queues are real objects, and what a real
-    cluster's installations would bring stands in for them (``stand_in_objects``)."""
+    The CRDs of ``crds_of`` (a scheduler) come first, so its queues are real objects,
+    and what a real cluster's installations would bring stands in for them
+    (``stand_in_objects``)."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio.client.exceptions import ApiException
 
     created = []
     async with cluster.api() as api:
-        if plan.crds:
-            await crds.install(api, plan.crds)
+        if crds_of:
+            await crds.install(api, crds_of)
         create = {
             "PriorityClass": client.SchedulingV1Api(api).create_priority_class,
             "RuntimeClass": client.NodeV1Api(api).create_runtime_class,
         }
-        for obj in stand_in_objects(plan.policy):
+        for obj in stand_in_objects(policy):
             try:
                 await create[obj["kind"]](obj)
             except ApiException as e:
                 if e.status != 409:  # already there
                     raise
             created.append(f"{obj['kind']}/{obj['metadata']['name']}")
-        report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(plan.policy)
+        report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(policy)
     if not report.ok:
         raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
     return created + report.created
@@ -463,7 +466,7 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
             stand_in_schedulers=plan.stand_ins,
         )
         _mark(cluster, None)
-        created = asyncio.run(reconcile_once(cluster, plan))
+        created = asyncio.run(reconcile_once(cluster, plan.policy, plan.crds))
         say(f"reconciled the policy's cluster objects: created {', '.join(created) or 'none'}")
         hub = LocalHub(
             cluster,
