@@ -133,6 +133,8 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_reservation: Charge | None = None
     #: the last start was refused before anything was written to Kubernetes
     _gpu_refused_before_kubernetes: bool = False
+    #: KubeSpawner is applying validated options (it reads the profile list for them)
+    _gpu_applying_options: bool = False
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -247,7 +249,9 @@ class GPUKubeSpawner(KubeSpawner):
     async def _gpu_profile_list(self, spawner: KubeSpawner) -> list[dict[str, Any]]:
         policy = self._policy_or_refuse()
         ledger = await self._ledger(policy)
-        capacity = await self._capacity(policy)
+        # a spawn resolves its profile from this list too, and needs no capacity for
+        # it: only the form a person reads waits for the first list of nodes and pods
+        capacity = await self._capacity(policy, wait=not self._gpu_applying_options)
         return [
             profile_entry(policy, ledger, offer, capacity)
             for offer in offers(policy, self._user_groups())
@@ -261,14 +265,17 @@ class GPUKubeSpawner(KubeSpawner):
             self.user_options = {}  # saved options that were never valid: no preselection
         return super()._render_options_form(without_overrides(profile_list))
 
-    async def _capacity(self, policy: Policy) -> dict[str, FlavorCapacity] | None:
+    async def _capacity(
+        self, policy: Policy, wait: bool = True
+    ) -> dict[str, FlavorCapacity] | None:
         """Free cluster capacity per flavor, or None when it is unknown or turned off."""
         if not self.show_cluster_capacity:
             return None
         if GPUKubeSpawner._cluster_view is None:
             view = GPUKubeSpawner._cluster_view = ClusterView(self.api.api_client, self.log).start()
-            # the first list of nodes and pods, so the very first page shows capacity
-            await view.wait_ready(self.k8s_api_request_timeout)
+            if wait:
+                # the first list of nodes and pods, so the very first page shows capacity
+                await view.wait_ready(self.k8s_api_request_timeout)
         return GPUKubeSpawner._cluster_view.capacity(policy)
 
     # ---- the spawn path ------------------------------------------------------------
@@ -306,6 +313,7 @@ class GPUKubeSpawner(KubeSpawner):
         # form would send them, never to the raw input: a JSON number for a choice
         # ("gpus": 1) is the choice "1" to us, and a KeyError in KubeSpawner
         self.user_options = selection.user_options
+        self._gpu_applying_options = True
         try:
             await super().load_user_options()
         except (ValueError, KeyError, TypeError) as e:
@@ -317,6 +325,8 @@ class GPUKubeSpawner(KubeSpawner):
                 "tell an admin (see the hub log)",
                 400,
             ) from None
+        finally:
+            self._gpu_applying_options = False
         namespace = namespace_for(policy, selection.group.name)
         if namespace:
             self.namespace = namespace
