@@ -119,10 +119,11 @@ class GPUKubeSpawner(KubeSpawner):
     def _no_options(self) -> dict:
         return {}
 
-    #: the admission every spawner of this hub shares (``shared_admission``)
+    #: the admission every spawner of this hub shares (see ``admission``)
     _hub_admission: SpawnAdmission | None = None
-    #: this spawner's own admission instead, as offline rendering gives it
+    #: this spawner's own admission instead: offline rendering and tests give one
     _own_admission: SpawnAdmission | None = None
+    #: the watch of nodes and bound pods the profile list's capacity is read from
     _cluster_view: ClusterView | None = None
     _policies: dict[int, tuple[Any, Policy]] = {}
     #: what the spawn page shows while this spawn waits in its group's line
@@ -168,13 +169,6 @@ class GPUKubeSpawner(KubeSpawner):
         if GPUKubeSpawner._hub_admission is None:
             GPUKubeSpawner._hub_admission = SpawnAdmission(self.log)
         return GPUKubeSpawner._hub_admission
-
-    @classmethod
-    def reset_shared_state(cls, admission: SpawnAdmission | None = None) -> None:
-        """Start the hub's admission afresh (``admission``, or a new one at the next
-        spawn), as after a hub restart; tests use it between hubs in one process."""
-        GPUKubeSpawner._hub_admission = admission
-        GPUKubeSpawner._cluster_view = None
 
     def _namespaces(self, policy: Policy) -> list[str]:
         if policy.namespace_per_group:
