@@ -139,6 +139,13 @@ def request_for(profile: Profile, flavor: Flavor | None, count: int) -> Request:
     )
 
 
+def units_per_server(flavor: Flavor, count: int) -> int:
+    """The units of ``flavor`` a server asking for ``count`` takes: a shared replica
+    or slice is one per server (the device plugin's failRequestsGreaterThanOne);
+    more replicas would not add a GPU."""
+    return 1 if flavor.kind in SHARED_KINDS else count
+
+
 def base_request(policy: Policy, profile: Profile) -> Request:
     """What a profile is charged with its own defaults (no options chosen)."""
     if profile.gpu is None:
@@ -168,8 +175,7 @@ def _bounded_options(policy: Policy, group: Group, profile: Profile) -> dict[str
                 request = request_for(profile, base_flavor, value)
             elif name == "flavor":
                 flavor = policy.flavors[value]
-                count = 1 if flavor.kind in SHARED_KINDS else profile.gpu.count
-                request = request_for(profile, flavor, count)
+                request = request_for(profile, flavor, units_per_server(flavor, profile.gpu.count))
             else:
                 request = base_request(policy, profile)
             if _fits_caps(policy, group, request):
@@ -299,10 +305,7 @@ def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Sel
         flavor = policy.flavors[flavor_name]
         count, key = _choice(chosen, "gpus", options.get("gpus"), profile.gpu.count)
         canonical.update({"gpus": key} if key is not None else {})
-        if flavor.kind in SHARED_KINDS:
-            # a shared replica or slice is one per server (the device plugin's
-            # failRequestsGreaterThanOne); more replicas would not add a GPU
-            count = 1
+        count = units_per_server(flavor, count)
     if options.get(UNLISTED_IMAGE):
         image = canonical[UNLISTED_IMAGE] = _unlisted_image(chosen, options[UNLISTED_IMAGE])
     else:

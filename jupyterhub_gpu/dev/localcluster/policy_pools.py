@@ -21,6 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from ...core.model import Flavor, Group, Policy
+from ...core.selection import units_per_server
 
 #: GPUs on one simulated node, as on the usual 8-GPU servers
 GPUS_PER_NODE = 8
@@ -33,7 +34,6 @@ DEFAULT_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 HAMI_SPLIT = 10
 #: node_selector keys the pool's GPU description sets itself (GFD's labels)
 _GFD_KEYS = ("nvidia.com/gpu.product", "nvidia.com/gpu.sharing-strategy")
-SHARED_KINDS = ("timeslice", "mps", "fraction", "hami")
 
 
 def _largest_requests(policy: Policy, group: Group) -> dict[str, int]:
@@ -51,7 +51,7 @@ def _largest_requests(policy: Policy, group: Group) -> dict[str, int]:
             elif option_name == "flavor":
                 flavors += [str(value) for _, value in option.choices]
         for flavor in flavors:
-            units = 1 if policy.flavors[flavor].kind in SHARED_KINDS else max(counts)
+            units = units_per_server(policy.flavors[flavor], max(counts))
             largest[flavor] = max(largest[flavor], units)
     return largest
 
@@ -116,6 +116,8 @@ MIG_PRODUCTS = {40960: "NVIDIA-A100-SXM4-40GB", 81920: "NVIDIA-H100-80GB-HBM3"}
 
 def pool_for(flavor: Flavor, units: int) -> dict[str, Any] | None:
     """One pool that offers ``units`` of this flavor, or None (DRA: no node resources)."""
+    if flavor.kind == "dra":
+        return None
     product = _product(flavor)
     gpu: dict[str, Any] = {
         "product": product,
@@ -123,8 +125,6 @@ def pool_for(flavor: Flavor, units: int) -> dict[str, Any] | None:
         "count": GPUS_PER_NODE,
     }
     per_node = GPUS_PER_NODE
-    if flavor.kind == "dra":
-        return None
     if flavor.kind == "mig":
         assert flavor.mig_profile is not None
         instances = GPUS_PER_NODE * (7 // int(flavor.mig_profile[0]))
