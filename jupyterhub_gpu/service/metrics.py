@@ -15,20 +15,15 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from fractions import Fraction
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..core.model import Policy
-from .views import Snapshot, waiting_lines
+from .views import Snapshot, shown_flavors
 
 PREFIX = "jupyterhub_gpu"
-
-
-def _number(value: Fraction | int) -> float:
-    return float(value)
 
 
 class ServiceCollector(Collector):
@@ -61,19 +56,16 @@ class ServiceCollector(Collector):
                 ),
             )
         }
-        lines = snapshot.waiting
-        if lines is None:
-            lines = waiting_lines(snapshot.servers)
+        lines = snapshot.lines()
         for group in self.policy.all_groups:
             name, usage = group.name, snapshot.ledger.usage(group.name)
             for key, amounts in (("quota", group.quota), ("limit", group.limit)):
                 if amounts.gpus is not None:
-                    gauges[f"group_gpus_{key}"].add_metric([name], _number(amounts.gpus))
+                    gauges[f"group_gpus_{key}"].add_metric([name], float(amounts.gpus))
                 for flavor, units in amounts.flavors.items():
                     gauges[f"group_flavor_{key}"].add_metric([name, flavor], units)
-            gauges["group_gpus_allocated"].add_metric([name], _number(usage.gpus))
-            flavors = set(usage.flavors) | set(group.quota.flavors) | set(group.limit.flavors)
-            for flavor in sorted(flavors):
+            gauges["group_gpus_allocated"].add_metric([name], float(usage.gpus))
+            for flavor in shown_flavors(group, usage):
                 gauges["group_flavor_allocated"].add_metric(
                     [name, flavor], usage.flavors.get(flavor, 0)
                 )

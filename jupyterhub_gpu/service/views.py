@@ -90,6 +90,15 @@ class Snapshot:
     waiting: Mapping[str, Sequence[Server]] | None = None
     by_user: Mapping[str, Sequence[Server]] | None = None
 
+    def lines(self) -> Mapping[str, Sequence[Server]]:
+        """Per group, the spawns waiting in its line, oldest first."""
+        return self.waiting if self.waiting is not None else waiting_lines(self.servers)
+
+
+def shown_flavors(group: Group, usage: Usage) -> list[str]:
+    """The flavors a group's numbers are given for: those it holds or is capped in."""
+    return sorted(set(usage.flavors) | set(group.limit.flavors) | set(group.quota.flavors))
+
 
 #: servers listed per view unless asked for more (an admin of 5,000 servers pages)
 SERVERS_PAGE = 200
@@ -127,7 +136,7 @@ def group_view(
 ) -> dict[str, Any]:
     quota, limit = group.quota, group.limit
     flavors = []
-    for flavor in sorted(set(usage.flavors) | set(limit.flavors) | set(quota.flavors)):
+    for flavor in shown_flavors(group, usage):
         flavors.append(
             {
                 "flavor": flavor,
@@ -263,9 +272,7 @@ def usage_view(
     """
     admin = is_policy_admin(policy, viewer)
     groups = visible_groups(policy, viewer)
-    lines = snapshot.waiting
-    if lines is None:
-        lines = waiting_lines(snapshot.servers)
+    lines = snapshot.lines()
     positions = {(s.user, s.name): i + 1 for line in lines.values() for i, s in enumerate(line)}
     if admin:
         visible: Sequence[Server] = snapshot.servers
