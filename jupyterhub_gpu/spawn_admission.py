@@ -183,7 +183,7 @@ class SpawnAdmission:
 
     async def release(self, policy: Policy, key: str, only: Charge | None = None) -> None:
         """Free the charge of ``key`` (its pod is gone); with ``only``, just that charge."""
-        charge = self.ledger.charges.get(key) if self.loaded else None
+        charge = self.charge(key)
         if charge is not None and (only is None or charge is only):
             self.ledger.release(policy, key)
             await self._notify()

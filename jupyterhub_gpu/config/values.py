@@ -188,7 +188,11 @@ def policy_from_config(config: Config) -> Policy:
 
 
 def policy_from_values(paths: list[str | Path]) -> Policy:
-    values = load_values(paths)
+    return policy_from_loaded(load_values(paths))
+
+
+def policy_from_loaded(values: Mapping[str, Any]) -> Policy:
+    """The policy of merged values, with the hub's set-up mistakes among its errors."""
     check_extra_config((values.get("hub") or {}).get("extraConfig"))
     errors = values_setup_errors(values)
     try:
@@ -206,7 +210,7 @@ def checked_values(paths: list[str | Path]) -> tuple[dict[str, Any], Policy]:
     values = load_values(paths)
     service_errors = service_setting_errors(hub_config(values))
     try:
-        policy = policy_from_values(paths)
+        policy = policy_from_loaded(values)
     except PolicyError as e:  # every mistake in one report
         raise PolicyError(e.errors + service_errors) from None
     if service_errors:

@@ -43,7 +43,6 @@ from typing import Any
 from .model import Flavor, Policy
 from .quantities import QuantityError, parse_quantity
 
-#: the resource whole devices are advertised under (KAI fractions count these)
 _FINISHED = ("Succeeded", "Failed")
 _UNITS = {
     "gpu": "GPUs",

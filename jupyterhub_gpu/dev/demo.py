@@ -237,8 +237,7 @@ def _demo_hub_config(sections: dict[str, Any]) -> tuple[dict[str, Any], list[str
             replaced.append(f"hub.config.{section}")
             continue
         if section == "JupyterHub" and isinstance(settings, dict):
-            owned = sorted(set(settings) & _HUB_OWNED)
-            if "authenticator_class" in owned:
+            if "authenticator_class" in settings:
                 replaced.append(
                     f"hub.config.JupyterHub.authenticator_class ({settings['authenticator_class']})"
                 )
