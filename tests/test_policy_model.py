@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from jupyterhub_gpu.core.model import PolicyError, parse_policy
+from jupyterhub_gpu.core.model import Budget, Idle, PolicyError, parse_policy
 
 P = "hub.config.GPUPolicy"
 
@@ -223,8 +223,87 @@ def test_every_error_is_reported_not_just_the_first():
             {"namespace_per_group": True, "namespace_prefix": "_"},
             "namespace_prefix: '_' cannot start a namespace name",
         ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": "lots", "period": "7d"}}}},
+            "groups.a.budget.gpu_hours: expected a number, got 'lots'",
+        ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": 0, "period": "7d"}}}},
+            "groups.a.budget.gpu_hours: expected a positive number, got 0",
+        ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": 10}}}},
+            "groups.a.budget.period: required",
+        ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": 10, "period": "a month"}}}},
+            "groups.a.budget.period: expected a duration",
+        ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": 1, "period": "1d", "when_exhausted": "x"}}}},
+            "groups.a.budget.when_exhausted: expected warn or stop, got 'x'",
+        ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": 1, "period": "1d", "grace": "5m"}}}},
+            "groups.a.budget.grace: only a budget with when_exhausted: stop",
+        ),
+        (
+            {"groups": {"a": {"budget": {"gpu_hours": 1, "period": "1d", "gpu_minutes": 5}}}},
+            "groups.a.budget.gpu_minutes: unknown key",
+        ),
+        (
+            {"groups": {"a": {"per_user": {"budget": {"gpu_hours": -1, "period": "1d"}}}}},
+            "groups.a.per_user.budget.gpu_hours: expected a number >= 0, got -1",
+        ),
+        (
+            {"groups": {"a": {"unlimited": True, "budget": {"gpu_hours": 1, "period": "1d"}}}},
+            "groups.a.budget: an unlimited group has no budget",
+        ),
+        (
+            {"groups": {"a": {"idle": {"gpu_utilization_below": 5}}}},
+            "groups.a.idle.after: required",
+        ),
+        (
+            {"groups": {"a": {"idle": {"after": "soon"}}}},
+            "groups.a.idle.after: expected a duration",
+        ),
+        (
+            {"groups": {"a": {"idle": {"after": "1h", "gpu_utilization_below": 150}}}},
+            "groups.a.idle.gpu_utilization_below: expected a percentage above 0 and at most 100",
+        ),
     ],
 )
 def test_impossible_policies_are_refused_with_the_key_path(policy, message):
     found = errors(**policy)
     assert any(e.startswith(f"{P}.{message}") for e in found), found
+
+
+def test_budgets_and_idle_rules_are_read_with_their_defaults():
+    policy = parse_policy(
+        groups={
+            "research": {
+                "budget": {"gpu_hours": 2000, "period": "30d"},
+                "per_user": {"servers": 2, "budget": {"gpu_hours": 300, "period": "7d"}},
+                "idle": {"after": "2h", "gpu_utilization_below": 5},
+            },
+            "students": {
+                "budget": {
+                    "gpu_hours": 40,
+                    "period": "7d",
+                    "when_exhausted": "stop",
+                    "grace": "15m",
+                }
+            },
+        }
+    )
+    research, students = policy.groups["research"], policy.groups["students"]
+    assert research.budget == Budget(gpu_hours=2000, period=30 * 86400)
+    assert research.budget.when_exhausted == "warn"
+    assert research.user_budget == Budget(gpu_hours=300, period=7 * 86400)
+    assert research.per_user.servers == 2
+    assert research.idle == Idle(after=7200, gpu_utilization_below=5.0)
+    assert students.budget == Budget(
+        gpu_hours=40, period=7 * 86400, when_exhausted="stop", grace=900
+    )
+    assert students.user_budget is None
+    assert students.idle is None

@@ -89,6 +89,16 @@ class GPUPolicy(Configurable):
         caps; ``max_runtime`` (e.g. ``8h``); ``queue`` (default: the group's
         name); ``parent`` (whose quota and limit cap the sum of its children);
         ``priority_class``; ``unlimited``; ``admin``; ``display_name``.
+
+        GPU time: ``budget: {gpu_hours: 2000, period: 30d}`` caps the
+        GPU-equivalent-hours the group's servers use in a rolling window (a
+        parent's budget caps the sum of its children's); ``per_user.budget`` does
+        the same for each member. When a budget is used up, new GPU servers are
+        refused with the numbers and the time room comes back; running ones are
+        warned (``when_exhausted: warn``, the default) or, with
+        ``when_exhausted: stop``, stopped after ``grace`` (default 15m).
+        ``idle: {after: 2h, gpu_utilization_below: 5}`` stops servers whose GPUs
+        were idle (utilisation below that percentage) for that long, after a notice.
         """,
     ).tag(config=True)
 
@@ -121,6 +131,31 @@ class GPUPolicy(Configurable):
         Extra pod labels, as templates with ``{username}``, ``{group}``,
         ``{profile}``, ``{flavor}`` and ``{servername}``; for example
         ``{team: "{group}", user: "{username}", job_type: notebook}``.
+        """,
+    ).tag(config=True)
+
+    accounting_url = Unicode(
+        "sqlite:///jupyterhub-gpu-usage.sqlite",
+        help="""
+        The database GPU usage is recorded in (an SQLAlchemy URL): one row per
+        server pod with its GPU-equivalents, start and end. The hub writes a
+        server's start and stop; the service records every GPU pod it sees and
+        closes those that ended while the hub was not looking. Budgets, history
+        and showback are read from it, so it must outlive hub restarts: in z2jh
+        put the sqlite file on the hub's volume
+        (``sqlite:////srv/jupyterhub/jupyterhub-gpu-usage.sqlite``), or point it
+        at the hub's PostgreSQL. A relative sqlite path is relative to the
+        process's working directory.
+        """,
+    ).tag(config=True)
+
+    accounting_fail_open = Bool(
+        False,
+        help="""
+        What a GPU spawn does when the usage database cannot be read and a budget
+        applies to it: refuse (``False``, the default: no budget can be exceeded
+        unseen) or admit without the budget check (``True``: availability first).
+        The dashboard shows which is in force while the database is unavailable.
         """,
     ).tag(config=True)
 

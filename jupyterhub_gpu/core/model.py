@@ -262,6 +262,27 @@ class Amounts:
         )
 
 
+WHEN_EXHAUSTED = ("warn", "stop")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """GPU time in a rolling window: ``gpu_hours`` GPU-equivalent-hours per ``period``."""
+
+    gpu_hours: Fraction
+    period: int  # seconds
+    when_exhausted: str = "warn"  # "warn": tell running servers' users; "stop": stop them
+    grace: int = 15 * 60  # seconds between the notice and the stop ("stop" only)
+
+
+@dataclass(frozen=True)
+class Idle:
+    """A server holding GPUs idle for ``after`` seconds is warned, then stopped."""
+
+    after: int  # seconds
+    gpu_utilization_below: float = 5.0  # percent: at or above this, the GPU is busy
+
+
 @dataclass(frozen=True)
 class Group:
     name: str
@@ -276,6 +297,10 @@ class Group:
     priority_class: str | None
     unlimited: bool
     admin: bool
+    budget: Budget | None = None
+    #: each member's own budget within the group (``per_user.budget``)
+    user_budget: Budget | None = None
+    idle: Idle | None = None
 
 
 @dataclass(frozen=True)
@@ -741,6 +766,8 @@ _GROUP_KEYS = {
     "priority_class",
     "unlimited",
     "admin",
+    "budget",
+    "idle",
 }
 
 
@@ -805,7 +832,14 @@ def _parse_group(
             f"required: the group offers GPU profiles ({', '.join(gpu_profiles)}); "
             "set a number of GPU-equivalents, or unlimited: true",
         )
-    per_user = _parse_amounts(e, f"{path}.per_user", spec.get("per_user"), flavors)
+    per_user_spec = dict(e.mapping(f"{path}.per_user", spec.get("per_user")))
+    user_budget_raw = per_user_spec.pop("budget", None)
+    per_user = _parse_amounts(e, f"{path}.per_user", per_user_spec, flavors)
+    budget = _parse_budget(e, f"{path}.budget", spec.get("budget"))
+    user_budget = _parse_budget(e, f"{path}.per_user.budget", user_budget_raw)
+    if unlimited is True and budget is not None:
+        e.add(f"{path}.budget", "an unlimited group has no budget: remove one or the other")
+    idle = _parse_idle(e, f"{path}.idle", spec.get("idle"))
     max_runtime = None
     if spec.get("max_runtime") is not None:
         max_runtime = e.convert(f"{path}.max_runtime", spec["max_runtime"], parse_duration)
@@ -825,7 +859,62 @@ def _parse_group(
         priority_class=e.string(f"{path}.priority_class", spec.get("priority_class")),
         unlimited=unlimited is True,
         admin=admin is True,
+        budget=budget,
+        user_budget=user_budget,
+        idle=idle,
     )
+
+
+def _parse_budget(e: _Errors, path: str, raw: Any) -> Budget | None:
+    if raw is None:
+        return None
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, {"gpu_hours", "period", "when_exhausted", "grace"})
+    for required in ("gpu_hours", "period"):
+        if required not in spec:
+            e.add(f"{path}.{required}", "required (e.g. {gpu_hours: 40, period: 7d})")
+    gpu_hours = period = None
+    if "gpu_hours" in spec:
+        gpu_hours = e.convert(f"{path}.gpu_hours", spec["gpu_hours"], parse_number)
+        if gpu_hours is not None and gpu_hours <= 0:
+            e.add(f"{path}.gpu_hours", f"expected a positive number, got {spec['gpu_hours']!r}")
+            gpu_hours = None
+    if "period" in spec:
+        period = e.convert(f"{path}.period", spec["period"], parse_duration)
+    when = spec.get("when_exhausted", "warn")
+    if when not in WHEN_EXHAUSTED:
+        e.add(f"{path}.when_exhausted", f"expected warn or stop, got {when!r}")
+        when = "warn"
+    grace = Budget.grace
+    if "grace" in spec:
+        if when != "stop":
+            e.add(
+                f"{path}.grace",
+                "only a budget with when_exhausted: stop has a grace period before the stop",
+            )
+        grace = e.convert(f"{path}.grace", spec["grace"], parse_duration) or grace
+    if gpu_hours is None or period is None:
+        return None
+    return Budget(gpu_hours=gpu_hours, period=period, when_exhausted=when, grace=grace)
+
+
+def _parse_idle(e: _Errors, path: str, raw: Any) -> Idle | None:
+    if raw is None:
+        return None
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, {"after", "gpu_utilization_below"})
+    if "after" not in spec:
+        e.add(f"{path}.after", "required: how long a server's GPUs may idle (e.g. 2h)")
+        return None
+    after = e.convert(f"{path}.after", spec["after"], parse_duration)
+    below = spec.get("gpu_utilization_below", Idle.gpu_utilization_below)
+    if isinstance(below, bool) or not isinstance(below, int | float) or not 0 < below <= 100:
+        e.add(
+            f"{path}.gpu_utilization_below",
+            f"expected a percentage above 0 and at most 100, got {below!r}",
+        )
+        return None
+    return Idle(after=after, gpu_utilization_below=float(below)) if after else None
 
 
 _SCHEDULER_DEFAULTS = {
