@@ -1,0 +1,144 @@
+"""GPU-hour budgets: the arithmetic of the rolling window, with a fake clock (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from jupyterhub_gpu.core.budgets import (
+    UsageBook,
+    UsageRecord,
+    budget_refusal,
+    budgets_of,
+    gpu_hours,
+)
+from jupyterhub_gpu.core.model import parse_policy
+
+H = 3600.0
+DAY = 86400.0
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC).timestamp()
+
+
+def policy():
+    return parse_policy(
+        flavors={"a100": {"kind": "gpu"}},
+        profiles={"gpu": {"gpu": {"flavor": "a100"}}, "cpu": {"cpu": 1}},
+        groups={
+            "department": {"budget": {"gpu_hours": 100, "period": "30d"}},
+            "research": {
+                "parent": "department",
+                "quota": {"gpus": 8},
+                "profiles": ["gpu", "cpu"],
+                "budget": {"gpu_hours": 80, "period": "30d"},
+                "per_user": {"budget": {"gpu_hours": 10, "period": "7d"}},
+            },
+            "teaching": {
+                "parent": "department",
+                "quota": {"gpus": 8},
+                "profiles": ["gpu"],
+            },
+        },
+    )
+
+
+def record(uid, user="alice", group="research", gpus=1.0, start=0.0, end=None, seen=None):
+    return UsageRecord(
+        uid=uid,
+        key=f"ns/jupyter-{user}-{uid}",
+        user=user,
+        group=group,
+        profile="gpu",
+        flavor="a100",
+        gpus=gpus,
+        started=NOW + start,
+        last_seen=NOW + (seen if seen is not None else (end if end is not None else start)),
+        ended=None if end is None else NOW + end,
+    )
+
+
+def book_of(p, *records):
+    book = UsageBook.for_policy(p)
+    for r in records:
+        book.put(p, r)
+    return book
+
+
+def test_only_the_part_of_a_record_inside_the_window_counts():
+    r = record("a", gpus=2, start=-10 * H, end=-2 * H)
+    assert gpu_hours([r], NOW - 5 * H, NOW) == 6.0  # 3 hours inside, 2 GPUs
+    assert gpu_hours([r], NOW - 1 * H, NOW) == 0.0
+
+
+def test_an_open_record_counts_to_now_while_running_else_to_when_last_seen():
+    r = record("a", start=-3 * H, seen=-1 * H)
+    assert gpu_hours([r], NOW - DAY, NOW, running={r.key}) == 3.0
+    # the server is gone and nobody saw it end: counted to its last sighting
+    assert gpu_hours([r], NOW - DAY, NOW) == 2.0
+
+
+def test_exhausted_group_budget_refuses_with_the_numbers_and_when_room_returns():
+    p = policy()
+    # 80 GPU-hours used: 40 of them ended 29 days ago, 40 ended a day ago
+    book = book_of(
+        p,
+        record("old", user="bob", gpus=4, start=-29 * DAY - 10 * H, end=-29 * DAY),
+        record("new", user="carol", gpus=4, start=-DAY - 10 * H, end=-DAY),
+    )
+    reason = budget_refusal(p, book, "alice", p.groups["research"], 1.0, NOW)
+    # the old usage leaves the 30-day window from 1 day - 10 h from now, in full a day from now
+    assert reason is not None
+    assert reason.startswith("research used 80.0 of 80 GPU-hours in the last 30 days; ")
+    # a day from now the old usage has wholly left the window
+    assert reason.endswith("; 40.0 free again by 2026-11-24 12:00 UTC")
+    # a CPU-only server is never refused for GPU time
+    assert budget_refusal(p, book, "alice", p.groups["research"], 0.0, NOW) is None
+    # the window moves: a day later 40 GPU-hours are free
+    later = NOW + DAY + 60
+    assert budget_refusal(p, book, "alice", p.groups["research"], 1.0, later) is None
+    research, department, alice = budgets_of(p, book, "alice", p.groups["research"], later)
+    assert (research.owner, round(research.used, 6), research.exhausted) == ("research", 40, False)
+    assert (department.owner, round(department.used, 6)) == ("department", 40)
+    assert (alice.owner, alice.used) == ("alice in research", 0)
+
+
+def test_a_parents_budget_caps_the_sum_of_its_childrens_use():
+    p = policy()
+    book = book_of(
+        p,
+        record("r", group="research", gpus=5, start=-20 * H, end=-10 * H),  # 50
+        record("t", user="tom", group="teaching", gpus=5, start=-20 * H, end=-10 * H),  # 50
+    )
+    # teaching has no budget of its own; the department's 100 are used by both together
+    reason = budget_refusal(p, book, "tom", p.groups["teaching"], 1.0, NOW)
+    assert reason is not None
+    assert reason.startswith("department used 100.0 of 100 GPU-hours in the last 30 days")
+
+
+def test_a_members_own_budget_applies_to_them_alone():
+    p = policy()
+    book = book_of(p, record("a", user="alice", gpus=1, start=-12 * H, end=-2 * H))  # 10 in 7 d
+    reason = budget_refusal(p, book, "alice", p.groups["research"], 1.0, NOW)
+    assert reason is not None
+    assert reason.startswith("alice in research used 10.0 of 10 GPU-hours in the last 7 days")
+    assert budget_refusal(p, book, "bob", p.groups["research"], 1.0, NOW) is None
+
+
+def test_a_new_pod_for_the_same_server_ends_the_old_record_it_replaced():
+    p = policy()
+    old = record("old", start=-5 * H, seen=-4 * H)
+    new = record("new", start=-1 * H)
+    new.key = old.key
+    book = book_of(p, old, new)
+    assert old.ended == NOW - 4 * H  # its last sighting, not the new pod's start
+    assert gpu_hours(book.group_records("research"), NOW - DAY, NOW, running={new.key}) == 2.0
+
+
+def test_records_older_than_every_window_are_pruned():
+    p = policy()
+    book = book_of(
+        p,
+        record("ancient", start=-40 * DAY, end=-31 * DAY),
+        record("recent", start=-2 * DAY, end=-DAY),
+    )
+    assert book.prune(NOW) == 1
+    assert set(book.records) == {"recent"}
+    assert list(book.group_records("department")) == [book.records["recent"]]
