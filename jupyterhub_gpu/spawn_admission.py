@@ -17,10 +17,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from .accounting.store import AccountingUnavailable, UsageStore
 from .core.admission import Charge, Decision, Ledger
+from .core.budgets import UsageBook, budget_refusal, has_budget
 from .core.model import Group, Policy
 from .core.selection import Request
+from .core.shaping import usage_record_from_pod
 
 #: lists the charges on the pods Kubernetes has now (the spawner's own client)
 ListCharges = Callable[[Policy], Awaitable[list[Charge]]]
@@ -46,6 +50,21 @@ class SpawnAdmission:
         self.touched: dict[str, float] = {}
         #: deletions of pods whose stop failed, retried until the pod is gone
         self.finishing: set[asyncio.Future] = set()
+        #: GPU time: the usage records budgets are checked against, read from the
+        #: usage database (``store``) and kept current by this hub's own starts and stops
+        self.usage = UsageBook()
+        self.store: UsageStore | None = None
+        self.fail_open = False
+        self.usage_loaded = loaded
+        self.usage_error: str | None = None
+        self._usage_read_at: float | None = None
+        self.clock: Callable[[], float] = time.time
+
+    def use_store(self, store: UsageStore, fail_open: bool) -> None:
+        """Record GPU time in ``store`` and check budgets against what it holds."""
+        self.store = store
+        self.fail_open = fail_open
+        self.usage_loaded = False
 
     @classmethod
     def empty_cluster(cls) -> SpawnAdmission:
@@ -98,6 +117,8 @@ class SpawnAdmission:
         self, policy: Policy, list_charges: ListCharges, resync_interval: float
     ) -> None:
         charges = await list_charges(policy)
+        # the usage too, before any spawn is decided against this ledger
+        await self.read_usage(policy)
         self.ledger = Ledger.from_charges(policy, charges)
         self.loaded = True
         if resync_interval > 0 and self._resync is None:
@@ -124,9 +145,106 @@ class SpawnAdmission:
                 self.log.warning("GPU ledger resync: %s %s (the hub had missed it)", what, key)
             if released:
                 await self._notify()
+            await self.read_usage(policy)
             horizon = time.monotonic() - 10 * max(interval, 1)
             for key in [k for k, at in self.touched.items() if at < horizon]:
                 del self.touched[key]
+
+    # ---- GPU time -------------------------------------------------------------------
+
+    async def read_usage(self, policy: Policy) -> None:
+        """Bring the usage book up to date with the database (only rows changed since
+        the last read, after the first). A failure is kept, shown and retried."""
+        if self.store is None:
+            self.usage_loaded = True  # nothing recorded: offline rendering
+            return
+        now = self.clock()
+        first = self._usage_read_at is None
+        if first:
+            self.usage = UsageBook.for_policy(policy)
+        try:
+            if first:
+                since = now - self.usage.horizon
+                records = await asyncio.to_thread(self.store.overlapping, since, now)
+            else:
+                # a little overlap: rows written while the last read ran
+                since = (self._usage_read_at or now) - 5.0
+                records = await asyncio.to_thread(self.store.changed_since, since)
+        except AccountingUnavailable as e:
+            if self.usage_error is None:
+                self.log.error("GPU-hour budgets cannot be checked: %s", e)
+            self.usage_error = str(e)
+            self.usage_loaded = self.usage_loaded and not first
+            if first:
+                self._usage_read_at = None
+            return
+        for record in records:
+            self.usage.put(policy, record)
+        self.usage.prune(now)
+        self._usage_read_at = now
+        if self.usage_error is not None:
+            self.log.info("GPU usage database readable again")
+        self.usage_error = None
+        self.usage_loaded = True
+
+    def budget_refusal(
+        self, policy: Policy, user: str, group: Group, request: Request
+    ) -> str | None:
+        """Why a GPU budget forbids this server now, or None (synchronous: it is part of
+        the atomic admission)."""
+        if not request.gpus or not has_budget(policy, group):
+            return None
+        if not self.usage_loaded:
+            if self.fail_open:
+                self.log.warning(
+                    "GPU budget of %s not checked (accounting_fail_open): %s",
+                    group.name,
+                    self.usage_error,
+                )
+                return None
+            return (
+                "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
+                "GPU servers of groups with a budget start again once it is back"
+            )
+        return budget_refusal(
+            policy,
+            self.usage,
+            user,
+            group,
+            float(request.gpus),
+            self.clock(),
+            running=self.ledger.charges,
+        )
+
+    def record_start(self, policy: Policy, pod: dict[str, Any]) -> None:
+        """A GPU server's pod started: count it from its start, and write it down."""
+        try:
+            record = usage_record_from_pod(pod)
+        except ValueError as e:
+            self.log.warning("GPU usage not recorded: %s", e)
+            return
+        if record is None:
+            return
+        record.last_seen = max(self.clock(), record.started)
+        self.usage.put(policy, record)
+        if self.store is not None:
+            self._write_in_background(self.store.open, [record], what=f"start of {record.key}")
+
+    def record_stop(self, key: str) -> None:
+        """The server ``key`` stopped now: its GPU time ends."""
+        now = self.clock()
+        if self.usage.end(key, now) is not None and self.store is not None:
+            self._write_in_background(self.store.end, key, now, what=f"stop of {key}")
+
+    def _write_in_background(self, write: Callable[..., Any], *args: Any, what: str) -> None:
+        async def work() -> None:
+            try:
+                await asyncio.to_thread(write, *args)
+            except AccountingUnavailable as e:
+                # the service records the pod from Kubernetes when it next looks
+                self.log.warning("GPU usage: the %s was not written: %s", what, e)
+
+        self.finish_in_background(work())
 
     # ---- admitting, waiting, releasing -----------------------------------------------
 
@@ -151,7 +269,10 @@ class SpawnAdmission:
             while True:
                 reason = None
                 if not line or line[0] == key:
-                    # check and reserve happen in this one synchronous call: atomic
+                    # check and reserve happen in this one synchronous step: atomic
+                    over_budget = self.budget_refusal(policy, user, group, request)
+                    if over_budget:
+                        return Decision("refuse", reason=over_budget)
                     decision = self.ledger.admit(policy, key, user, group, request)
                     if decision.admitted:
                         self.starting.add(key)

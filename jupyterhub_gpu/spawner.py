@@ -34,6 +34,7 @@ from tornado import web
 from traitlets import Any as AnyValue
 from traitlets import Bool, Float, default, validate
 
+from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
 from .core.admission import Charge, Decision, Ledger
 from .core.capacity import FlavorCapacity
@@ -167,7 +168,12 @@ class GPUKubeSpawner(KubeSpawner):
         if self._own_admission is not None:
             return self._own_admission
         if GPUKubeSpawner._hub_admission is None:
-            GPUKubeSpawner._hub_admission = SpawnAdmission(self.log)
+            admission = SpawnAdmission(self.log)
+            settings = GPUPolicy(config=self.config)
+            admission.use_store(
+                UsageStore(settings.accounting_url), fail_open=settings.accounting_fail_open
+            )
+            GPUKubeSpawner._hub_admission = admission
         return GPUKubeSpawner._hub_admission
 
     def _namespaces(self, policy: Policy) -> list[str]:
@@ -407,6 +413,9 @@ class GPUKubeSpawner(KubeSpawner):
             self._gpu_starting = False
             self.admission.start_ended(self._server_key)
         self._gpu_reservation = None  # the server's charge now, released by its stop
+        pod = self.pod_reflector.pods.get(self._server_key)
+        if pod is not None:
+            self.admission.record_start(self.gpu_policy, pod)
         return result
 
     async def poll(self):
@@ -466,6 +475,7 @@ class GPUKubeSpawner(KubeSpawner):
                 self._finish_stop_in_background(e, now)
             raise
         if not self._gpu_starting:
+            self.admission.record_stop(self._server_key)
             await self._release()
 
     def _finish_stop_in_background(self, error: Exception, now: bool) -> None:
@@ -513,6 +523,7 @@ class GPUKubeSpawner(KubeSpawner):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
         key = f"{namespace}/{name}"
+        self.admission.record_stop(key)
         if charge is not None:
             await self.admission.release(self.gpu_policy, key, only=charge)
         self.log.info("Pod %s is gone: the stop of %s is complete", key, self._log_name)

@@ -136,6 +136,13 @@ def _chain(policy: Policy, group: str) -> list[str]:
     return [g.name for g in policy.ancestors(group)]
 
 
+def has_budget(policy: Policy, group: Group) -> bool:
+    """Whether any budget applies to a GPU server charged to ``group``."""
+    return group.user_budget is not None or any(
+        level.budget is not None and not level.unlimited for level in policy.ancestors(group.name)
+    )
+
+
 def longest_period(policy: Policy) -> float:
     periods = [
         budget.period
@@ -239,8 +246,8 @@ def format_period(seconds: int) -> str:
 
 
 def format_hours(value: float) -> str:
-    """GPU-hours to one decimal (2000 -> "2000.0"); whole caps stay whole in the budget."""
-    return f"{value:.1f}"
+    """GPU-hours to one decimal (2000 -> "2000.0"); below one, three digits (0.0125)."""
+    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.3g}"
 
 
 def format_cap(value: float) -> str:

@@ -11,9 +11,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .admission import IN_QUOTA, Charge
+from .budgets import UsageRecord
 from .model import Flavor, Policy, dns_label
 from .selection import Request, Selection
 
@@ -230,3 +232,39 @@ def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:
         )
     except (KeyError, ValueError, TypeError) as e:
         raise ValueError(f"pod {key} has no readable {CHARGE_ANNOTATION} annotation") from e
+
+
+def usage_record_from_pod(pod: Mapping[str, Any]) -> UsageRecord | None:
+    """The GPU usage a server pod records from its start, or None: not ours, holds no
+    GPUs, not started yet (no ``status.startTime``), or already finished.
+
+    Its ``last_seen`` is its start; whoever records it sets the sighting.
+    Raises ``ValueError`` like ``charge_from_pod`` for an unreadable charge.
+    """
+    metadata = pod.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    status = pod.get("status") or {}
+    if GROUP_LABEL not in labels or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    started_at = status.get("startTime")
+    if not started_at or not metadata.get("uid"):
+        return None
+    charge = charge_from_pod({**pod, "metadata": {**metadata, "deletionTimestamp": None}})
+    if charge is None or not charge.request.gpus:
+        return None
+    started = (
+        started_at.timestamp()
+        if isinstance(started_at, datetime)
+        else datetime.fromisoformat(str(started_at).replace("Z", "+00:00")).timestamp()
+    )
+    return UsageRecord(
+        uid=metadata["uid"],
+        key=charge.key,
+        user=charge.user,
+        group=charge.group,
+        profile=labels.get(PROFILE_LABEL, ""),
+        flavor=labels.get(FLAVOR_LABEL) or None,
+        gpus=float(charge.request.gpus),
+        started=started,
+        last_seen=started,
+    )

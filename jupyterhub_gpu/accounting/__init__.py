@@ -1,0 +1,1 @@
+"""GPU time, recorded: the usage database the hub and the service share."""

@@ -1,0 +1,152 @@
+"""GPU time through a real hub: budgets refuse with the numbers, usage outlives restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hub_helpers import api
+from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.core.budgets import UsageRecord
+from kube_helpers import eventually
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+
+
+def lab_policy(budget: dict) -> dict:
+    return {
+        "flavors": {"a100": {"kind": "gpu", "display_name": "A100", "node_selector": A100}},
+        "profiles": {
+            "gpu": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "a100"}},
+            "cpu": {"cpu": "100m", "memory": "128Mi"},
+        },
+        "everyone": {"profiles": ["cpu"]},
+        "groups": {
+            "lab": {
+                "display_name": "Lab",
+                "quota": {"gpus": 4},
+                "profiles": ["gpu"],
+                "budget": budget,
+            }
+        },
+    }
+
+
+GPU = {"profile": "lab--gpu"}
+USERS = {"ann": ["lab"], "bob": ["lab"]}
+
+
+def store_for(tmp_path) -> tuple[UsageStore, str]:
+    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    return UsageStore(url), f"c.GPUPolicy.accounting_url = {url!r}\n"
+
+
+async def running(hub, user: str) -> None:
+    async def ready():
+        _, model = await api(hub, "GET", f"/users/{user}")
+        server = model["servers"].get("")
+        return server is not None and server["ready"]
+
+    await eventually(ready, f"{user}'s server to be ready", within=90)
+
+
+async def stopped(hub, user: str) -> None:
+    status, body = await api(hub, "DELETE", f"/users/{user}/server")
+    assert status in (202, 204), body
+
+    async def gone():
+        _, model = await api(hub, "GET", f"/users/{user}")
+        return model["servers"] == {}
+
+    await eventually(gone, f"{user}'s server to stop", within=60)
+
+
+def seed(store: UsageStore, *, gpus: float, started: float, ended: float) -> None:
+    store.open(
+        [
+            UsageRecord(
+                uid="earlier-pod",
+                key="elsewhere/jupyter-bob",
+                user="bob",
+                group="lab",
+                profile="gpu",
+                flavor="a100",
+                gpus=gpus,
+                started=started,
+                last_seen=ended,
+                ended=ended,
+            )
+        ]
+    )
+
+
+async def test_an_exhausted_budget_refuses_gpu_spawns_with_the_numbers_until_the_window_moves(
+    hub_factory, core, tmp_path
+):
+    store, config = store_for(tmp_path)
+    # 0.005 GPU-hours (18 GPU-seconds) per 40 s; 20 GPU-seconds were used just now
+    now = time.time()
+    seed(store, gpus=1, started=now - 25, ended=now - 5)
+    hub = await hub_factory(
+        policy=lab_policy({"gpu_hours": 0.005, "period": "40s"}), users=USERS, extra_config=config
+    )
+    # concurrent GPU spawns: every one is refused, none creates a pod
+    results = await asyncio.gather(*(api(hub, "POST", f"/users/{u}/server", GPU) for u in USERS))
+    for status, body in results:
+        assert status == 403, body
+        assert body["message"].startswith(
+            "Lab used 0.00556 of 0.005 GPU-hours in the last 40 seconds; "
+        ), body
+        assert " free again by " in body["message"]
+        assert body["message"].endswith(" UTC")
+    assert (await core.list_namespaced_pod(hub.namespace)).items == []
+    # a server without GPUs is not affected
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "everyone--cpu"})
+    assert status in (201, 202), body
+    await running(hub, "ann")
+    await stopped(hub, "ann")
+
+    # the window moves past the earlier use: GPU servers start again
+    async def admitted():
+        status, body = await api(hub, "POST", "/users/ann/server", GPU)
+        assert status in (201, 202, 403), body
+        return status != 403
+
+    await eventually(admitted, "the budget to free up", within=60)
+    await running(hub, "ann")
+    # the hub wrote the server's start down, and its end when it stopped
+    (record,) = [r for r in store.overlapping(now, time.time()) if r.user == "ann"]
+    assert (record.group, record.profile, record.gpus, record.ended) == ("lab", "gpu", 1.0, None)
+    await stopped(hub, "ann")
+    stop_seen = time.time()
+
+    async def ended():
+        (record,) = [r for r in store.overlapping(now, time.time()) if r.user == "ann"]
+        return record.ended
+
+    end = await eventually(ended, "the hub to record the stop")
+    assert stop_seen - 30 < end <= stop_seen
+
+
+async def test_gpu_time_used_before_a_hub_restart_still_counts_after_it(
+    hub_factory, core, tmp_path
+):
+    store, config = store_for(tmp_path)
+    # 0.002 GPU-hours: 7.2 GPU-seconds in the last hour
+    hub = await hub_factory(
+        policy=lab_policy({"gpu_hours": 0.002, "period": "1h"}), users=USERS, extra_config=config
+    )
+    status, body = await api(hub, "POST", "/users/ann/server", GPU)
+    assert status in (201, 202), body
+    await running(hub, "ann")
+    await asyncio.sleep(9)
+    await stopped(hub, "ann")
+    await asyncio.to_thread(hub.restart)
+    status, body = await api(hub, "POST", "/users/bob/server", GPU)
+    assert status == 403, body
+    assert body["message"].startswith("Lab used 0.00"), body
+    assert "of 0.002 GPU-hours in the last 1 hour" in body["message"]
