@@ -130,10 +130,12 @@ class SpawnAdmission:
     async def _resync_forever(
         self, policy: Policy, list_charges: ListCharges, interval: float
     ) -> None:
+        previous_listing = self.clock()  # the rebuild's listing, just before
         while True:
             await asyncio.sleep(interval)
             try:
                 listed_at = time.monotonic()
+                listed_wall = self.clock()
                 charges = await list_charges(policy)
             except Exception as e:  # the API server restarting: try again next time
                 self.log.warning("GPU ledger resync skipped: %r", e)
@@ -141,6 +143,10 @@ class SpawnAdmission:
             # spawns under way, and servers admitted or started since the listing
             keep = self.starting | {k for k, at in self.touched.items() if at >= listed_at}
             added, released = self.ledger.resync(policy, charges, keep)
+            for key in released:
+                # gone since the last listing: its GPU time ends at the last sighting
+                self.record_stop(key, at=previous_listing)
+            previous_listing = listed_wall
             for key, what in [(k, "counted") for k in added] + [(k, "released") for k in released]:
                 self.log.warning("GPU ledger resync: %s %s (the hub had missed it)", what, key)
             if released:
@@ -230,11 +236,11 @@ class SpawnAdmission:
         if self.store is not None:
             self._write_in_background(self.store.open, [record], what=f"start of {record.key}")
 
-    def record_stop(self, key: str) -> None:
-        """The server ``key`` stopped now: its GPU time ends."""
-        now = self.clock()
-        if self.usage.end(key, now) is not None and self.store is not None:
-            self._write_in_background(self.store.end, key, now, what=f"stop of {key}")
+    def record_stop(self, key: str, at: float | None = None) -> None:
+        """The server ``key`` stopped (now, or ``at``): its GPU time ends."""
+        at = self.clock() if at is None else at
+        if self.usage.end(key, at) is not None and self.store is not None:
+            self._write_in_background(self.store.end, key, at, what=f"stop of {key}")
 
     def _write_in_background(self, write: Callable[..., Any], *args: Any, what: str) -> None:
         async def work() -> None:

@@ -135,7 +135,7 @@ async def test_an_exhausted_budget_refuses_gpu_spawns_with_the_numbers_until_the
 async def test_gpu_time_used_before_a_hub_restart_still_counts_after_it(
     hub_factory, core, tmp_path
 ):
-    store, config = store_for(tmp_path)
+    _, config = store_for(tmp_path)
     # 0.002 GPU-hours: 7.2 GPU-seconds in the last hour
     hub = await hub_factory(
         policy=lab_policy({"gpu_hours": 0.002, "period": "1h"}), users=USERS, extra_config=config

@@ -11,10 +11,10 @@ import json
 
 import pytest
 from test_hub_failures import GPU, POLICY, hub_behind_relay
-from test_service_hub import aget, user_token, wait_for_service
 
 from hub_helpers import api, wait_no_pods
 from kube_helpers import eventually
+from test_service_hub import aget, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 

@@ -13,10 +13,10 @@ import json
 import pytest
 import yaml
 from kubernetes_asyncio import client
-from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
 from hub_helpers import running_hub
 from kube_helpers import eventually
+from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 

@@ -12,10 +12,10 @@ import asyncio
 import copy
 
 import pytest
-from test_service_hub import start_server, usage, user_token, wait_for_service
 
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
+from test_service_hub import start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 

@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_service_hub import aget, user_token, wait_for_service
 
 from jupyterhub_gpu.dev.localcluster.hub import Z2JH_HELPER
 from jupyterhub_gpu.service.app import GPUService
 from kube_helpers import eventually
+from test_service_hub import aget, user_token, wait_for_service
 
 POLICY = {
     "flavors": {"h200": {"kind": "gpu"}},

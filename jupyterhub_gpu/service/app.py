@@ -29,19 +29,21 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Float, Int, Unicode, default
 from traitlets.config import Application
 
+from ..accounting.store import UsageStore
 from ..config.policy import GPUPolicy
 from ..config.values import service_setting_errors
-from ..core.model import PolicyError
+from ..core.model import Group, PolicyError
 from ..kube.client import api_client, in_cluster_namespace
 from ..kube.reconciler import ReconcilePasses, Reconciler
 from ..kube.reflector import Reflector
 from . import handlers, metrics
+from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
 from .runtime_rules import RuntimeRules
 from .startup import default_config_file, listen_address, read_hub_config
 from .state import ServiceState
 from .tasks import BackgroundTask
-from .views import CachedUsage, Snapshot, Viewer
+from .views import CachedUsage, Snapshot, Viewer, is_policy_admin, visible_groups
 
 
 class GPUService(Application):
@@ -198,6 +200,18 @@ class GPUService(Application):
         config=True
     )
 
+    usage_interval = Float(
+        30.0,
+        help="""
+        Seconds between passes that write down GPU time (``GPUPolicy.accounting_url``):
+        each GPU server pod is marked as seen, pods the hub did not record get a row
+        from their own start, and rows of pods that are gone are ended at their last
+        sighting. An end nobody witnessed (the hub down when a pod was removed) is
+        off by at most this long. The budgets, history and showback the service
+        shows are read back at the same time.
+        """,
+    ).tag(config=True)
+
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         path = Path(self.config_file)
@@ -231,6 +245,13 @@ class GPUService(Application):
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
         self.usage = CachedUsage(self.policy)
+        settings = GPUPolicy(config=self.config)
+        self.gpu_time = GPUTime(
+            self.policy,
+            self.state,
+            UsageStore(settings.accounting_url),
+            fail_open=settings.accounting_fail_open,
+        )
 
     def load_hub_config(self, path: Path) -> str:
         """Read the hub's config into ``self.config``; where the policy came from, in words.
@@ -248,13 +269,28 @@ class GPUService(Application):
         return [t.status.to_json() for t in self.tasks.values()]
 
     def snapshot(self) -> Snapshot:
-        return self.state.snapshot(self.task_statuses())
+        snapshot = self.state.snapshot(self.task_statuses())
+        snapshot.gpu_time = self.gpu_time.snapshot
+        return snapshot
 
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
         return self.usage.view(self.snapshot(), viewer, datetime.now(UTC), **paging)
 
     def view_json(self, viewer: Viewer, **paging: int) -> str:
         return self.usage.json(self.snapshot(), viewer, datetime.now(UTC), **paging)
+
+    def visible_group(self, viewer: Viewer, name: str) -> Group | None:
+        """The group named ``name`` if this viewer may see it."""
+        for group in visible_groups(self.policy, viewer):
+            if group.name == name:
+                return group
+        return None
+
+    def showback_scope(self, viewer: Viewer) -> tuple[bool, set[str] | None]:
+        """(admin, the groups whose GPU-hours this viewer may see; None: every group)."""
+        if is_policy_admin(self.policy, viewer):
+            return True, None
+        return False, {g.name for g in visible_groups(self.policy, viewer)}
 
     # ---- background tasks ----------------------------------------------------------
 
@@ -341,6 +377,8 @@ class GPUService(Application):
             (prefix, handlers.PageHandler),
             (url_path_join(prefix, "api/usage"), handlers.UsageHandler),
             (url_path_join(prefix, "api/capacity"), handlers.CapacityHandler),
+            (url_path_join(prefix, "api/history"), handlers.HistoryHandler),
+            (url_path_join(prefix, "api/showback"), handlers.ShowbackHandler),
             (url_path_join(prefix, "metrics"), handlers.MetricsHandler),
             (url_path_join(prefix, "oauth_callback"), handlers.OAuthCallbackHandler),
             (prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}),
@@ -362,6 +400,7 @@ class GPUService(Application):
         await self._setup_kubernetes()
         self.add_periodic("hub servers", self.poll_hub, self.hub_poll_interval)
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
+        self.add_periodic("GPU time", self.gpu_time.record, self.usage_interval)
         if self.reconcile_interval > 0:
             self.add_periodic("reconcile", self.reconcile, self.reconcile_interval)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))

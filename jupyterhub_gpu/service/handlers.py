@@ -5,6 +5,9 @@
 - ``api/usage``, ``api/capacity``: JSON for a logged-in browser or a hub token
   (``Authorization: token ...``) with ``access:services!service=gpu``;
   without one, 403 with a JSON message (no redirect for API clients).
+- ``api/history?group=&from=&to=&step=``: a group's GPU-equivalents in use over
+  time, by flavor; ``api/showback?month=YYYY-MM[&format=csv]``: GPU-hours of a
+  month by group, user and flavor. Same authentication as ``api/usage``.
 - ``metrics``: Prometheus text; needs a token with ``read:metrics`` unless
   ``GPUService.metrics_require_auth`` is false.
 
@@ -16,14 +19,18 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from ..core.quantities import QuantityError, parse_duration
 from ..core.selection import shown
+from ..core.showback import ShowbackError
 from .page import render_page
+from .time_views import showback_csv, showback_json
 from .views import Viewer
 
 access_log = logging.getLogger("jupyterhub_gpu.service.access")
@@ -121,6 +128,92 @@ class CapacityHandler(APIHandler):
     def get(self) -> None:
         self.require_user()
         self.write_json(self.service.view(self.viewer())["capacity"])
+
+
+def time_argument(name: str, value: str | None, default: float) -> float:
+    """A point in time: epoch seconds, or ISO 8601 (``2026-11-01T00:00:00Z``)."""
+    if value is None:
+        return default
+    text = value.strip()
+    if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", text):
+        return float(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise web.HTTPError(
+            400, f"{name}: expected epoch seconds or an ISO 8601 time, got {shown(value)}"
+        ) from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+class HistoryHandler(APIHandler):
+    """GPU-equivalents in use over time for one group the viewer may see, by flavor."""
+
+    async def get(self) -> None:
+        self.require_user()
+        service = self.service
+        name = self.get_argument("group", "")
+        group = service.visible_group(self.viewer(), name)
+        if group is None:
+            raise web.HTTPError(404, f"group: no group named {shown(name)} that you can see")
+        now = service.gpu_time.clock()
+        until = time_argument("to", self.get_argument("to", None), now)
+        since = time_argument("from", self.get_argument("from", None), until - 86400)
+        step_text = self.get_argument("step", None)
+        try:
+            step = float(parse_duration(step_text)) if step_text else (until - since) / 288
+        except QuantityError:
+            raise web.HTTPError(
+                400, f"step: expected a duration such as 5m, 1h or 1d, got {shown(step_text)}"
+            ) from None
+        try:
+            series = await service.gpu_time.history(group.name, since, until, step)
+        except ShowbackError as e:
+            raise web.HTTPError(400, str(e)) from None
+        hours = service.gpu_time.snapshot.groups.get(group.name)
+        self.write_json(
+            {
+                "group": group.name,
+                "to": until,
+                **series.to_json(),
+                "quota_gpus": float(group.quota.gpus) if group.quota.gpus is not None else None,
+                "limit_gpus": float(group.limit.gpus) if group.limit.gpus is not None else None,
+                "gpu_hours": hours.to_json() if hours else None,
+            }
+        )
+
+
+class ShowbackHandler(APIHandler):
+    """GPU-hours of a month by group, user and flavor: JSON, or ``format=csv``."""
+
+    async def get(self) -> None:
+        self.require_user()
+        service = self.service
+        viewer = self.viewer()
+        now = datetime.now(UTC)
+        month = self.get_argument("month", f"{now.year:04d}-{now.month:02d}")
+        output = self.get_argument("format", "json")
+        if output not in ("json", "csv"):
+            raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")
+        admin, groups = service.showback_scope(viewer)
+        try:
+            result = await service.gpu_time.showback(month, groups)
+        except ShowbackError as e:
+            raise web.HTTPError(400, str(e)) from None
+        if output == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header(
+                "Content-Disposition", f'attachment; filename="gpu-showback-{month}.csv"'
+            )
+            self.set_header("Cache-Control", "no-store")
+            self.finish(showback_csv(month, result, viewer, admin, groups))
+            return
+        budgets = {
+            name: hours.to_json()
+            for name, hours in service.gpu_time.snapshot.groups.items()
+            if hours.budget is not None
+        }
+        self.write_json(showback_json(month, result, viewer, admin, groups, budgets))
 
 
 class MetricsHandler(APIHandler):

@@ -8,6 +8,9 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 - ``group_flavor_allocated`` / ``_quota`` / ``_limit`` {group, flavor}: devices
 - ``group_servers`` {group}, ``group_waiting`` {group}
 - ``flavor_capacity_allocatable`` / ``_allocated`` / ``_free`` {flavor}: units
+- ``group_gpu_hours_used`` {group}: GPU-equivalent-hours in the group's budget
+  window (30 days without a budget); ``group_gpu_hours_budget`` {group};
+  ``group_gpu_hours_window_seconds`` {group}
 - ``servers_stopped_total`` {reason}: stops made by the runtime rules
 - ``task_consecutive_failures`` {task}, ``task_last_success_timestamp_seconds`` {task}
 """
@@ -45,6 +48,9 @@ class ServiceCollector(Collector):
                 ("group_flavor_limit", "devices of a flavor at most", ["group", "flavor"]),
                 ("group_servers", "servers charged to the group", ["group"]),
                 ("group_waiting", "spawns waiting for room in the group", ["group"]),
+                ("group_gpu_hours_used", "GPU-hours used in the budget window", ["group"]),
+                ("group_gpu_hours_budget", "GPU-hours the group may use per window", ["group"]),
+                ("group_gpu_hours_window_seconds", "the budget window", ["group"]),
                 ("flavor_capacity_allocatable", "flavor units the nodes offer", ["flavor"]),
                 ("flavor_capacity_allocated", "flavor units pods request", ["flavor"]),
                 ("flavor_capacity_free", "flavor units free", ["flavor"]),
@@ -71,6 +77,12 @@ class ServiceCollector(Collector):
                 )
             gauges["group_servers"].add_metric([name], usage.servers)
             gauges["group_waiting"].add_metric([name], len(lines.get(name, ())))
+        hours = snapshot.gpu_time.groups if snapshot.gpu_time is not None else {}
+        for name, view in hours.items():
+            gauges["group_gpu_hours_used"].add_metric([name], view.used)
+            gauges["group_gpu_hours_window_seconds"].add_metric([name], view.period)
+            if view.budget is not None:
+                gauges["group_gpu_hours_budget"].add_metric([name], view.budget)
         for flavor, capacity in (snapshot.capacity or {}).items():
             for key in ("allocatable", "allocated", "free"):
                 value = getattr(capacity, key)

@@ -26,9 +26,10 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from ..core.admission import Charge, Ledger
+from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.model import Policy
-from ..core.shaping import GROUP_LABEL, PROFILE_LABEL, charge_from_pod
+from ..core.shaping import GROUP_LABEL, PROFILE_LABEL, charge_from_pod, usage_record_from_pod
 from ..kube.clusterview import capacity_watches
 from ..kube.reflector import Reflector
 from .views import Notice, Server, Snapshot, waiting_lines
@@ -50,6 +51,8 @@ class ServerPod:
     servername: str
     created: datetime | None
     profile: str | None = None  # the profile label
+    #: the GPU time it is recording (None: no GPUs, or not started yet)
+    usage: UsageRecord | None = None
 
 
 def server_pod(pod: Mapping[str, Any]) -> ServerPod:
@@ -62,6 +65,10 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         log.warning("%s; it is not counted", e)
         charge = None
     created = metadata.get("creationTimestamp")
+    try:
+        usage = usage_record_from_pod(pod)
+    except ValueError:
+        usage = None  # warned about above
     return ServerPod(
         key=key,
         charge=charge,
@@ -69,6 +76,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         servername=annotations.get(SERVERNAME_ANNOTATION, ""),
         created=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
         profile=(metadata.get("labels") or {}).get(PROFILE_LABEL),
+        usage=usage,
     )
 
 

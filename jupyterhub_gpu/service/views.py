@@ -89,6 +89,8 @@ class Snapshot:
     #: precomputed by the state (None: computed here from ``servers``)
     waiting: Mapping[str, Sequence[Server]] | None = None
     by_user: Mapping[str, Sequence[Server]] | None = None
+    #: GPU-hours per group and per member (``gpu_time.GPUTimeSnapshot``); None: not read
+    gpu_time: Any = None
 
     def lines(self) -> Mapping[str, Sequence[Server]]:
         """Per group, the spawns waiting in its line, oldest first."""
@@ -298,6 +300,31 @@ def usage_view(
         "notices": notices,
         # what the service's own loops last did: admins only (errors name namespaces)
         "tasks": list(snapshot.tasks) if admin else [],
+        "gpu_hours": gpu_hours_view(snapshot.gpu_time, groups, viewer),
+    }
+
+
+def gpu_hours_view(gpu_time: Any, groups: Sequence[Group], viewer: Viewer) -> dict[str, Any]:
+    """GPU-hours used in each visible group's window and its budget, and the viewer's own
+    in each of their groups; and whether the usage database can be read."""
+    if gpu_time is None:
+        return {"groups": {}, "mine": {}, "accounting": {"ok": False, "error": "not read yet"}}
+    mine = {
+        group.name: hours.to_json()
+        for group in groups
+        if (hours := gpu_time.users.get((viewer.name, group.name))) is not None
+    }
+    return {
+        "groups": {
+            g.name: gpu_time.groups[g.name].to_json() for g in groups if g.name in gpu_time.groups
+        },
+        "mine": mine,
+        "accounting": {
+            "ok": gpu_time.error is None,
+            "error": gpu_time.error,
+            # what a GPU spawn of a group with a budget does while the database is down
+            "when_unavailable": "admit" if gpu_time.fail_open else "refuse",
+        },
     }
 
 

@@ -1,0 +1,122 @@
+"""GPU time looked back on: use over time, and GPU-hours per group, user and flavor.
+
+``history`` gives a group's GPU-equivalents in use over time, stacked by flavor
+(each point is the average over its step, so no short server falls between two
+points); ``showback`` sums GPU-hours for a month by group, by user and by flavor.
+Both read usage records (``budgets.UsageRecord``). Pure: no I/O; epoch seconds.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections import defaultdict
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from .budgets import HOUR, UsageRecord
+
+_MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+#: the most points one history answer has (a year at one-hour steps is 8,760)
+MAX_POINTS = 10_000
+NO_FLAVOR = "(none)"
+
+
+class ShowbackError(ValueError):
+    """A bad request: its text says what to send instead."""
+
+
+def month_bounds(month: str) -> tuple[float, float]:
+    """``2026-11`` -> (start, end) of that month in UTC, as epoch seconds."""
+    match = _MONTH.match(month or "")
+    if not match:
+        raise ShowbackError(f"month: expected YYYY-MM, such as 2026-11, got {month[:20]!r}")
+    year, number = int(match.group(1)), int(match.group(2))
+    start = datetime(year, number, 1, tzinfo=UTC)
+    days = calendar.monthrange(year, number)[1]
+    return start.timestamp(), start.timestamp() + days * 86400.0
+
+
+@dataclass(frozen=True)
+class Series:
+    """GPU-equivalents in use per step, per flavor: ``values[flavor][i]`` for ``times[i]``."""
+
+    times: list[float]
+    step: float
+    values: dict[str, list[float]]
+
+    def to_json(self) -> dict:
+        return {
+            "from": self.times[0] if self.times else None,
+            "step_seconds": self.step,
+            "times": self.times,
+            "flavors": {f: [round(v, 4) for v in vs] for f, vs in sorted(self.values.items())},
+        }
+
+
+def history(
+    records: Iterable[UsageRecord],
+    since: float,
+    until: float,
+    step: float,
+    now: float,
+    running: Container[str] = (),
+) -> Series:
+    """GPU-equivalents in use from ``since`` to ``until`` in steps of ``step`` seconds,
+    each the average over its step, stacked by flavor."""
+    if step <= 0 or until <= since:
+        raise ShowbackError("step must be positive and from before to")
+    count = int((until - since + step - 1) // step)
+    if count > MAX_POINTS:
+        raise ShowbackError(
+            f"{count} points asked for; at most {MAX_POINTS}: use a larger step or a shorter range"
+        )
+    times = [since + i * step for i in range(count)]
+    values: dict[str, list[float]] = defaultdict(lambda: [0.0] * count)
+    for record in records:
+        start = max(record.started, since)
+        end = min(record.end(now, running), until)
+        if end <= start:
+            continue
+        series = values[record.flavor or NO_FLAVOR]
+        first, last = int((start - since) // step), int((end - since - 1e-9) // step)
+        for i in range(first, min(last, count - 1) + 1):
+            lo, hi = times[i], times[i] + step
+            overlap = min(end, hi) - max(start, lo)
+            if overlap > 0:
+                series[i] += record.gpus * overlap / step
+    return Series(times=times, step=step, values=dict(values))
+
+
+@dataclass(frozen=True)
+class Showback:
+    since: float
+    until: float
+    groups: dict[str, float]  # GPU-hours
+    users: dict[tuple[str, str], float]  # (group, user)
+    flavors: dict[tuple[str, str], float]  # (group, flavor)
+    detail: dict[tuple[str, str, str], float]  # (group, user, flavor)
+
+
+def showback(
+    records: Iterable[UsageRecord],
+    since: float,
+    until: float,
+    now: float,
+    running: Container[str] = (),
+) -> Showback:
+    """GPU-hours used from ``since`` to ``until`` by group, by user and by flavor."""
+    detail: dict[tuple[str, str, str], float] = defaultdict(float)
+    for record in records:
+        used = record.gpu_seconds(since, until, now, running)
+        if used > 0:
+            detail[(record.group, record.user, record.flavor or NO_FLAVOR)] += used / HOUR
+    groups: dict[str, float] = defaultdict(float)
+    users: dict[tuple[str, str], float] = defaultdict(float)
+    flavors: dict[tuple[str, str], float] = defaultdict(float)
+    for (group, user, flavor), hours in detail.items():
+        groups[group] += hours
+        users[(group, user)] += hours
+        flavors[(group, flavor)] += hours
+    return Showback(since, until, dict(groups), dict(users), dict(flavors), dict(detail))

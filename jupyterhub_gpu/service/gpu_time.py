@@ -1,0 +1,211 @@
+"""The service's part in GPU time: it records what the pods show, and reads usage back.
+
+Every ``usage_interval`` the service writes down what the server pods it watches
+show (``record``): a row for every GPU pod that has none (the hub was down when
+it started), a sighting for every live one, and an end, at its last sighting,
+for every row whose pod is gone. It then reads back the rows that changed into
+its ``UsageBook`` of recent records, from which budgets (for ``api/usage``,
+metrics and the budget rule), history and showback are answered without a
+database query; an older month is read from the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..accounting.store import AccountingUnavailable, UsageStore
+from ..core.budgets import (
+    BudgetState,
+    UsageBook,
+    UsageRecord,
+    budgets_of,
+    gpu_hours,
+    longest_period,
+)
+from ..core.model import Group, Policy
+from ..core.showback import Series, Showback, history, month_bounds, showback
+from .state import ServiceState
+
+log = logging.getLogger("jupyterhub_gpu.service")
+
+#: how far back the service keeps records in memory: the longest budget window, and
+#: at least two months, so this month's and last month's showback need no query
+MIN_HORIZON = 62 * 86400.0
+#: the window of GPU-hours shown for a group without a budget
+DEFAULT_WINDOW = 30 * 86400
+
+
+@dataclass(frozen=True)
+class HoursView:
+    """One owner's GPU-hours, as ``api/usage`` shows them."""
+
+    used: float
+    budget: float | None
+    period: int
+    exhausted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "used": round(self.used, 4),
+            "budget": self.budget,
+            "period_seconds": self.period,
+            "exhausted": self.exhausted,
+        }
+
+
+@dataclass
+class GPUTimeSnapshot:
+    """What the views read, computed once per pass (not per request)."""
+
+    groups: dict[str, HoursView] = field(default_factory=dict)
+    users: dict[tuple[str, str], HoursView] = field(default_factory=dict)  # (user, group)
+    error: str | None = None
+    fail_open: bool = False
+    at: float = 0.0
+
+
+def _view(state: BudgetState | None, used: float, period: int) -> HoursView:
+    if state is None:
+        return HoursView(used=used, budget=None, period=period)
+    return HoursView(
+        used=state.used,
+        budget=float(state.budget.gpu_hours),
+        period=state.budget.period,
+        exhausted=state.exhausted,
+    )
+
+
+class GPUTime:
+    def __init__(
+        self,
+        policy: Policy,
+        state: ServiceState,
+        store: UsageStore,
+        *,
+        fail_open: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.state = state
+        self.store = store
+        self.clock = clock
+        self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
+        self.snapshot = GPUTimeSnapshot(fail_open=fail_open)
+        self._read_at: float | None = None
+
+    @property
+    def running(self) -> Mapping[str, Any]:
+        """Keys of the server pods alive now: their open records count up to now."""
+        return self.state.server_pods or {}
+
+    # ---- recording -------------------------------------------------------------------
+
+    async def record(self) -> str:
+        """One pass: write down what the pods show, then read back what changed."""
+        pods = self.state.server_pods
+        if pods is None:
+            raise RuntimeError("server pods not listed yet (see the watch server pods task)")
+        now = self.clock()
+        live: dict[str, UsageRecord] = {}
+        for pod in pods.values():
+            if pod.usage is not None:
+                live[pod.usage.uid] = pod.usage
+        try:
+            new = await asyncio.to_thread(self.store.open, live.values(), now)
+            await asyncio.to_thread(self.store.seen, live.keys(), now)
+            # a pod younger than this pass may be missing from the list it was made from
+            ended = await asyncio.to_thread(self.store.end_missing, live.keys(), now - 10.0)
+            await self.read()
+        except AccountingUnavailable as e:
+            self.snapshot.error = str(e)
+            raise
+        for record in ended:
+            log.info(
+                "GPU usage: %s's server %s ended unseen; counted until last seen",
+                record.user,
+                record.key,
+            )
+        return f"{len(live)} GPU servers running, {new} recorded new, {len(ended)} ended unseen"
+
+    async def read(self) -> None:
+        """Bring the book up to date and recompute what the views show."""
+        now = self.clock()
+        if self._read_at is None:
+            records = await asyncio.to_thread(self.store.overlapping, now - self.book.horizon, now)
+        else:
+            records = await asyncio.to_thread(self.store.changed_since, self._read_at - 5.0)
+        for record in records:
+            self.book.put(self.policy, record)
+        self.book.prune(now)
+        self._read_at = now
+        self.snapshot = self.compute(now)
+
+    def compute(self, now: float) -> GPUTimeSnapshot:
+        running = self.running
+        groups: dict[str, HoursView] = {}
+        for group in self.policy.all_groups:
+            budget = group.budget if not group.unlimited else None
+            period = budget.period if budget else DEFAULT_WINDOW
+            used = gpu_hours(self.book.group_records(group.name), now - period, now, running)
+            groups[group.name] = HoursView(
+                used=used,
+                budget=float(budget.gpu_hours) if budget else None,
+                period=period,
+                exhausted=budget is not None and used >= float(budget.gpu_hours),
+            )
+        users: dict[tuple[str, str], HoursView] = {}
+        for (user, group_name), records in self.book.by_user.items():
+            group = self.policy.find_group(group_name)
+            budget = group.user_budget if group else None
+            period = budget.period if budget else DEFAULT_WINDOW
+            used = gpu_hours(records.values(), now - period, now, running)
+            users[(user, group_name)] = HoursView(
+                used=used,
+                budget=float(budget.gpu_hours) if budget else None,
+                period=period,
+                exhausted=budget is not None and used >= float(budget.gpu_hours),
+            )
+        return GPUTimeSnapshot(groups, users, None, self.snapshot.fail_open, now)
+
+    def budgets(self, user: str, group: Group) -> list[BudgetState]:
+        """The budgets a server of ``user`` in ``group`` counts against, now."""
+        return budgets_of(self.policy, self.book, user, group, self.clock(), self.running)
+
+    # ---- looking back ----------------------------------------------------------------
+
+    async def _records(
+        self, since: float, until: float, groups: set[str] | None
+    ) -> list[UsageRecord]:
+        """Records of ``groups`` (None: all) overlapping [since, until): from memory when
+        it reaches back that far, else from the database."""
+        if self._read_at is not None and since >= self.clock() - self.book.horizon:
+            records: Any = self.book.records.values()
+        else:
+            wanted = None if groups is None else sorted(groups)
+            records = await asyncio.to_thread(self.store.overlapping, since, until, wanted)
+        return [r for r in records if groups is None or r.group in groups]
+
+    def family(self, group: str) -> set[str]:
+        """The group and every group below it (its use includes theirs)."""
+        return {
+            g.name
+            for g in self.policy.all_groups
+            if any(a.name == group for a in self.policy.ancestors(g.name))
+        }
+
+    async def history(self, group: str, since: float, until: float, step: float) -> Series:
+        records = await self._records(since, until, self.family(group))
+        return history(records, since, until, step, self.clock(), self.running)
+
+    async def showback(self, month: str, groups: set[str] | None) -> Showback:
+        """GPU-hours of a month (``YYYY-MM``) for ``groups`` (None: every group)."""
+        since, until = month_bounds(month)
+        now = self.clock()
+        until = min(until, now)
+        records = await self._records(since, until, groups) if until > since else []
+        return showback(records, since, until, now, self.running)

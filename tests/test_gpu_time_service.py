@@ -1,0 +1,218 @@
+"""GPU time in the service, through a real hub and cluster: recorded from the pods when
+the hub did not, ends the service missed bounded by the intervals, usage kept across
+restarts, and each viewer's history and showback limited to their own groups."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import os
+import signal
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from hub_helpers import running_hub
+from jupyterhub_gpu.accounting.store import UsageStore
+from kube_helpers import eventually, pod_manifest
+from test_service_hub import aget, service_pids, start_server, user_token, wait_for_service
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
+POLICY = {
+    "flavors": {"h200": {"kind": "gpu", "display_name": "H200", "node_selector": H200}},
+    "profiles": {"small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
+    "groups": {
+        "alpha": {
+            "display_name": "Alpha Lab",
+            "quota": {"gpus": 4},
+            "profiles": ["small"],
+            "budget": {"gpu_hours": 100, "period": "7d"},
+        },
+        "beta": {"display_name": "Beta Lab", "quota": {"gpus": 2}, "profiles": ["small"]},
+    },
+}
+#: the longest time an unwitnessed end can be off: the hub's poll and resync, the
+#: service's pass, and a second of slack
+END_ERROR = 5 + 2 + 1
+
+
+@pytest.fixture(scope="module")
+async def time_hub(local_cluster, core, priority_class_objects):
+    async with running_hub(
+        local_cluster,
+        core,
+        users={"ann": ["alpha"], "amy": ["alpha"], "bob": ["beta"]},
+        admin_users=("root",),
+        policy=POLICY,
+        gpu_service=True,
+        extra_config=(
+            "c.GPUService.usage_interval = 2\n"
+            "c.GPUService.hub_poll_interval = 1\n"
+            "c.GPUService.auth_cache_max_age = 3\n"
+            "c.GPUKubeSpawner.ledger_resync_interval = 3\n"
+            "c.Spawner.poll_interval = 5\n"
+            'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+            '"services": ["test-admin"]})\n'
+        ),
+    ) as hub:
+        await wait_for_service(hub)
+        yield hub
+
+
+def store_of(hub) -> UsageStore:
+    # the default accounting_url, relative to the hub's (and its service's) directory
+    return UsageStore(f"sqlite:///{hub.directory / 'jupyterhub-gpu-usage.sqlite'}")
+
+
+async def rows(hub, **match) -> list:
+    records = await asyncio.to_thread(store_of(hub).overlapping, 0, time.time() + 3600)
+    return [r for r in records if all(getattr(r, k) == v for k, v in match.items())]
+
+
+async def get_json(hub, token: str, path: str) -> tuple[int, dict | str]:
+    status, _, body = await aget(hub.service_url + path, token)
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body
+
+
+async def test_a_pod_the_hub_never_started_is_recorded_from_its_own_start_and_ended_unseen(
+    time_hub, core
+):
+    """The hub was down when this server started: the service writes it down from the
+    pod, and ends it at its last sighting when it goes while nobody looks."""
+    charge = {"user": "bob", "request": {"gpus": "1", "cpu": 100, "memory": 1, "servers": 1}}
+    body = pod_manifest("jupyter-bob-restored", {"nvidia.com/gpu": "1"}, nodeSelector=H200)
+    body["metadata"]["labels"] = {
+        "gpu.jupyterhub.org/group": "beta",
+        "gpu.jupyterhub.org/profile": "small",
+        "gpu.jupyterhub.org/flavor": "h200",
+        "hub.jupyter.org/username": "bob",
+    }
+    body["metadata"]["annotations"] = {"gpu.jupyterhub.org/charge": json.dumps(charge)}
+    await core.create_namespaced_pod(time_hub.namespace, body)
+
+    async def recorded():
+        return await rows(time_hub, key=f"{time_hub.namespace}/jupyter-bob-restored")
+
+    (record,) = await eventually(recorded, "the service to record the pod", within=30)
+    pod = await core.read_namespaced_pod("jupyter-bob-restored", time_hub.namespace)
+    assert record.started == pod.status.start_time.timestamp()
+    assert (record.user, record.group, record.flavor, record.gpus) == ("bob", "beta", "h200", 1.0)
+    await asyncio.sleep(4)
+    await core.delete_namespaced_pod(
+        "jupyter-bob-restored", time_hub.namespace, grace_period_seconds=0
+    )
+    deleted = time.time()
+
+    async def ended():
+        (record,) = await recorded()
+        return record.ended
+
+    end = await eventually(ended, "the row to be ended", within=30)
+    assert deleted - END_ERROR <= end <= deleted + 1, (end, deleted)
+
+
+async def test_gpu_time_survives_a_service_restart_and_a_server_ended_while_it_was_down(
+    time_hub, core
+):
+    await start_server(time_hub, "ann", "alpha--small")
+    root = await user_token(time_hub, "root")
+
+    async def counted():
+        status, view = await get_json(time_hub, root, "api/usage")
+        used = view["gpu_hours"]["groups"]["alpha"]["used"] if status == 200 else 0
+        return used > 0 and used
+
+    await eventually(counted, "alpha's GPU-hours to count ann's server", within=30)
+    (pid,) = service_pids(time_hub)
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(3)
+    # ann's server goes while the service is down, not through the hub
+    (pod,) = (
+        await core.list_namespaced_pod(
+            time_hub.namespace, label_selector="hub.jupyter.org/username=ann"
+        )
+    ).items
+    await core.delete_namespaced_pod(pod.metadata.name, time_hub.namespace, grace_period_seconds=0)
+    deleted = time.time()
+
+    async def ann_ended():
+        records = await rows(time_hub, user="ann")
+        return records and all(r.ended for r in records) and records
+
+    (record,) = await eventually(ann_ended, "ann's row to be ended", within=60)
+    assert deleted - END_ERROR <= record.ended <= deleted + END_ERROR, (record.ended, deleted)
+    # the hub restarts its service; what it shows still counts ann's use
+    await wait_for_service(time_hub)
+    assert service_pids(time_hub) != [pid]
+    expected = (record.ended - record.started) / 3600
+
+    async def restored():
+        status, view = await get_json(time_hub, root, "api/usage")
+        hours = view["gpu_hours"]["groups"].get("alpha") if status == 200 else None
+        return hours and abs(hours["used"] - expected) < 1e-3 and hours
+
+    hours = await eventually(restored, "the restarted service to count ann's use", within=30)
+    assert (hours["budget"], hours["period_seconds"], hours["exhausted"]) == (100, 7 * 86400, False)
+
+
+async def test_members_see_their_own_groups_history_and_showback_only(time_hub):
+    await start_server(time_hub, "amy", "alpha--small")
+    await start_server(time_hub, "bob", "beta--small")
+    await asyncio.sleep(3)
+    amy, root = await user_token(time_hub, "amy"), await user_token(time_hub, "root")
+    month = datetime.now(UTC).strftime("%Y-%m")
+
+    # history: amy's group, by flavor; beta is not hers to see
+    status, history = await get_json(time_hub, amy, "api/history?group=alpha&step=1m")
+    assert status == 200, history
+    assert history["group"] == "alpha"
+    assert len(history["times"]) == len(history["flavors"]["h200"]) == 1440
+    assert history["flavors"]["h200"][-1] > 0  # amy's server holds one now
+    assert history["quota_gpus"] == 4
+    status, refused = await get_json(time_hub, amy, "api/history?group=beta")
+    assert status == 404
+    assert refused["message"] == "group: no group named 'beta' that you can see"
+    status, bad = await get_json(time_hub, amy, "api/history?group=alpha&step=often")
+    assert (status, bad["message"]) == (
+        400,
+        "step: expected a duration such as 5m, 1h or 1d, got 'often'",
+    )
+
+    async def showback(token: str) -> dict:
+        status, body = await get_json(time_hub, token, f"api/showback?month={month}")
+        assert status == 200, body
+        return body
+
+    async def with_bob_and_amy():
+        body = await showback(root)
+        users = {(u["group"], u["user"]) for u in body["users"]}
+        return {("alpha", "amy"), ("beta", "bob")} <= users and body
+
+    everything = await eventually(with_bob_and_amy, "showback to list amy and bob", within=30)
+    assert {g["group"] for g in everything["groups"]} == {"alpha", "beta"}
+    mine = await showback(amy)
+    assert {g["group"] for g in mine["groups"]} == {"alpha"}
+    # ann's earlier use is in alpha's total, but under no name amy may read
+    assert {u["user"] for u in mine["users"]} == {"amy", "(others)"}
+    status, _, text = await aget(
+        time_hub.service_url + f"api/showback?month={month}&format=csv", amy
+    )
+    assert status == 200
+    table = list(csv.DictReader(io.StringIO(text)))
+    assert {(r["group"], r["user"]) for r in table} == {("alpha", "amy"), ("alpha", "(others)")}
+    assert sum(float(r["gpu_hours"]) for r in table) == pytest.approx(
+        mine["groups"][0]["gpu_hours"], abs=1e-3
+    )
+    status, bad = await get_json(time_hub, amy, "api/showback?month=November")
+    assert (status, bad["message"]) == (
+        400,
+        "month: expected YYYY-MM, such as 2026-11, got 'November'",
+    )
