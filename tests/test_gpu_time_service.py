@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import time
 from datetime import UTC, datetime
@@ -34,6 +35,19 @@ POLICY = {
             "budget": {"gpu_hours": 100, "period": "7d"},
         },
         "beta": {"display_name": "Beta Lab", "quota": {"gpus": 2}, "profiles": ["small"]},
+        # 0.002 GPU-hours: 7.2 GPU-seconds, used up by one server within seconds
+        "course": {
+            "display_name": "Short Course",
+            "quota": {"gpus": 2},
+            "profiles": ["small"],
+            "budget": {"gpu_hours": 0.002, "period": "1h", "when_exhausted": "stop", "grace": "6s"},
+        },
+        "trial": {
+            "display_name": "Trial",
+            "quota": {"gpus": 2},
+            "profiles": ["small"],
+            "per_user": {"budget": {"gpu_hours": 0.002, "period": "1h"}},
+        },
     },
 }
 #: the longest time an unwitnessed end can be off: the hub's poll and resync, the
@@ -46,7 +60,13 @@ async def time_hub(local_cluster, core, priority_class_objects):
     async with running_hub(
         local_cluster,
         core,
-        users={"ann": ["alpha"], "amy": ["alpha"], "bob": ["beta"]},
+        users={
+            "ann": ["alpha"],
+            "amy": ["alpha"],
+            "bob": ["beta"],
+            "cid": ["course"],
+            "tia": ["trial"],
+        },
         admin_users=("root",),
         policy=POLICY,
         gpu_service=True,
@@ -216,3 +236,61 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub):
         400,
         "month: expected YYYY-MM, such as 2026-11, got 'November'",
     )
+
+
+async def notices_for(hub, user: str) -> list[str]:
+    status, view = await get_json(hub, await user_token(hub, user), "api/usage")
+    assert status == 200, view
+    return [n["text"] for n in view["notices"]]
+
+
+async def test_a_used_up_stop_budget_stops_the_server_after_a_notice_and_its_grace(time_hub):
+    started = time.monotonic()
+    await start_server(time_hub, "cid", "course--small")
+
+    async def told():
+        texts = [t for t in await notices_for(time_hub, "cid") if "budget used up" in t]
+        return texts
+
+    (notice,) = await eventually(told, "cid to be told the budget is used up", within=40)
+    assert re.fullmatch(
+        r"GPU budget used up: Short Course used 0\.00\d+ of 0\.002 GPU-hours in the last "
+        r"1 hour; cid's server stops at \d\d:\d\d:\d\d UTC \(in 6s\)",
+        notice,
+    ), notice
+    _, model = await asyncio.to_thread(time_hub.api, "GET", "/users/cid")
+    assert model["servers"][""]["ready"], "stopped before its grace was over"
+
+    async def stopped():
+        _, model = await asyncio.to_thread(time_hub.api, "GET", "/users/cid")
+        return model["servers"] == {}
+
+    await eventually(stopped, "cid's server to be stopped", within=40)
+    # 7.2 GPU-seconds to use the budget up, then the 6 s grace
+    assert time.monotonic() - started >= 7.2 + 6
+    texts = await notices_for(time_hub, "cid")
+    assert any(t.startswith("Stopping cid's server: Short Course used") for t in texts), texts
+    # and a new GPU server is refused at the hub, with the numbers
+    status, body = await asyncio.to_thread(
+        time_hub.api, "POST", "/users/cid/server", {"profile": "course--small"}
+    )
+    assert status == 403, body
+    assert body["message"].startswith("Short Course used 0.00")
+
+
+async def test_a_used_up_warn_budget_tells_the_user_and_leaves_the_server_running(time_hub):
+    await start_server(time_hub, "tia", "trial--small")
+
+    async def told():
+        return [t for t in await notices_for(time_hub, "tia") if "budget used up" in t]
+
+    (notice,) = await eventually(told, "tia to be told the budget is used up", within=40)
+    assert notice.startswith("GPU budget used up: tia in Trial used 0.00")
+    assert notice.endswith(
+        "; new GPU servers are refused until room returns; tia's server keeps running"
+    )
+    await asyncio.sleep(5)
+    _, model = await asyncio.to_thread(time_hub.api, "GET", "/users/tia")
+    assert model["servers"][""]["ready"]
+    # nobody else is told about tia
+    assert not [t for t in await notices_for(time_hub, "bob") if "tia" in t]

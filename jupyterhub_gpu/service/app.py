@@ -37,6 +37,7 @@ from ..kube.client import api_client, in_cluster_namespace
 from ..kube.reconciler import ReconcilePasses, Reconciler
 from ..kube.reflector import Reflector
 from . import handlers, metrics
+from .budget_rules import BudgetRule
 from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
 from .runtime_rules import RuntimeRules
@@ -252,6 +253,7 @@ class GPUService(Application):
             UsageStore(settings.accounting_url),
             fail_open=settings.accounting_fail_open,
         )
+        self.budget_rule = BudgetRule(self.policy, self.state, self.gpu_time, self._stop)
 
     def load_hub_config(self, path: Path) -> str:
         """Read the hub's config into ``self.config``; where the policy came from, in words.
@@ -401,6 +403,7 @@ class GPUService(Application):
         self.add_periodic("hub servers", self.poll_hub, self.hub_poll_interval)
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
         self.add_periodic("GPU time", self.gpu_time.record, self.usage_interval)
+        self.add_periodic("GPU budgets", self.budget_rule.run, self.usage_interval)
         if self.reconcile_interval > 0:
             self.add_periodic("reconcile", self.reconcile, self.reconcile_interval)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))

@@ -1,0 +1,112 @@
+"""Used-up budgets and the servers still running on them.
+
+When a budget a running GPU server counts against is used up (its group's, a
+parent's, or its user's own in the group), the server's user is told once, on
+the dashboard and in the log. With ``when_exhausted: warn`` that is all: the
+server runs on, and new GPU servers are refused at the hub. With
+``when_exhausted: stop`` the notice says when the server stops, and it is
+stopped ``grace`` later if the budget is still used up then. Read from the
+GPU-time snapshot (computed once per pass), not per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from ..core.budgets import format_cap, format_hours, format_period
+from ..core.model import Budget, Policy
+from ..core.quantities import format_duration
+from .gpu_time import GPUTime, HoursView
+from .runtime_rules import StopServer
+from .state import ServerPod, ServiceState
+from .views import Notice
+
+
+class BudgetRule:
+    def __init__(self, policy: Policy, state: ServiceState, gpu_time: GPUTime, stop: StopServer):
+        self.policy = policy
+        self.state = state
+        self.gpu_time = gpu_time
+        self.stop = stop
+        #: pod key -> when its user was told its budget is used up (epoch seconds)
+        self.told: dict[str, float] = {}
+        #: pod keys whose stop was announced
+        self.stopping: set[str] = set()
+
+    def exhausted(self, pod: ServerPod) -> list[tuple[str, Budget, HoursView]]:
+        """(owner, budget, hours) of each used-up budget this server counts against."""
+        snapshot = self.gpu_time.snapshot
+        charge = pod.charge
+        group = self.policy.find_group(charge.group) if charge else None
+        if charge is None or group is None or not charge.request.gpus:
+            return []
+        found = []
+        for level in self.policy.ancestors(group.name):
+            hours = snapshot.groups.get(level.name)
+            if level.budget and hours is not None and hours.exhausted:
+                found.append((level.display_name, level.budget, hours))
+        hours = snapshot.users.get((charge.user, group.name))
+        if group.user_budget and hours is not None and hours.exhausted:
+            found.append((f"{charge.user} in {group.display_name}", group.user_budget, hours))
+        return found
+
+    async def run(self) -> str:
+        pods = self.state.server_pods
+        if pods is None:
+            raise RuntimeError("server pods not listed yet (see the watch server pods task)")
+        now = self.gpu_time.clock()
+        due: list[ServerPod] = []
+        for key, pod in pods.items():
+            exhausted = self.exhausted(pod)
+            if not exhausted or pod.user is None:
+                self.told.pop(key, None)  # room again, or gone: a later exhaustion tells anew
+                continue
+            stopping = [b for _, b, _ in exhausted if b.when_exhausted == "stop"]
+            grace = min((b.grace for b in stopping), default=None)
+            owner, budget, hours = exhausted[0]
+            used = (
+                f"{owner} used {format_hours(hours.used)} of "
+                f"{format_cap(float(budget.gpu_hours))} GPU-hours in the last "
+                f"{format_period(budget.period)}"
+            )
+            if key not in self.told:
+                self.told[key] = now
+                if grace is None:
+                    then = (
+                        "new GPU servers are refused until room returns; "
+                        f"{pod.user}'s server keeps running"
+                    )
+                else:
+                    at = datetime.fromtimestamp(now + grace, UTC).strftime("%H:%M:%S UTC")
+                    then = f"{pod.user}'s server stops at {at} (in {format_duration(grace)})"
+                self.state.notice(
+                    Notice(
+                        at=datetime.fromtimestamp(now, UTC),
+                        text=f"GPU budget used up: {used}; {then}",
+                        group=pod.charge.group if pod.charge else None,
+                        user=pod.user,
+                    )
+                )
+            elif grace is not None and now - self.told[key] >= grace:
+                due.append(pod)
+                if key not in self.stopping:
+                    self.stopping.add(key)
+                    self.state.notice(
+                        Notice(
+                            at=datetime.fromtimestamp(now, UTC),
+                            text=f"Stopping {pod.user}'s server: {used}, and the "
+                            f"{format_duration(grace)} grace after the notice is over",
+                            group=pod.charge.group if pod.charge else None,
+                            user=pod.user,
+                        )
+                    )
+        results = await asyncio.gather(
+            *(self.stop(p.user or "", p.servername, "budget") for p in due)
+        )
+        errors = [r for r in results if r]
+        self.told = {k: v for k, v in self.told.items() if k in pods}
+        self.stopping &= set(pods)
+        if errors:
+            raise RuntimeError(f"{len(errors)} stop(s) failed; first: {errors[0]}")
+        return f"{len(self.told)} server(s) over a budget, {len(due)} stopped"
