@@ -21,7 +21,7 @@ from typing import Any
 
 from .accounting.store import AccountingUnavailable, UsageStore
 from .core.admission import Charge, Decision, Ledger
-from .core.budgets import UsageBook, budget_refusal, has_budget
+from .core.budgets import BudgetState, UsageBook, budget_refusal, budgets_of, has_budget
 from .core.model import Group, Policy
 from .core.selection import Request
 from .core.shaping import usage_record_from_pod
@@ -220,6 +220,15 @@ class SpawnAdmission:
             float(request.gpus),
             self.clock(),
             running=self.ledger.charges,
+        )
+
+    def budgets(self, policy: Policy, user: str, group: Group) -> list[BudgetState]:
+        """The budgets a GPU server of ``user`` in ``group`` would count against, now
+        (none while the usage database has not been read)."""
+        if not self.usage_loaded or not has_budget(policy, group):
+            return []
+        return budgets_of(
+            policy, self.usage, user, group, self.clock(), running=self.ledger.charges
         )
 
     def record_start(self, policy: Policy, pod: dict[str, Any]) -> None:

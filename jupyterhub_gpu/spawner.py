@@ -37,6 +37,7 @@ from traitlets import Bool, Float, default, validate
 from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
 from .core.admission import Charge, Decision, Ledger
+from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
 from .core.model import Policy, PolicyError
 from .core.pending import explain_unschedulable
@@ -252,10 +253,15 @@ class GPUKubeSpawner(KubeSpawner):
         # a spawn resolves its profile from this list too, and needs no capacity for
         # it: only the form a person reads waits for the first list of nodes and pods
         capacity = await self._capacity(policy, wait=not self._gpu_applying_options)
-        return [
-            profile_entry(policy, ledger, offer, capacity)
-            for offer in offers(policy, self._user_groups())
-        ]
+        budgets = self.admission.budgets
+        per_group: dict[str, list[BudgetState]] = {}
+        entries = []
+        for offer in offers(policy, self._user_groups()):
+            group = offer.group
+            if group.name not in per_group:
+                per_group[group.name] = budgets(policy, self.user.name, group)
+            entries.append(profile_entry(policy, ledger, offer, capacity, per_group[group.name]))
+        return entries
 
     def _render_options_form(self, profile_list):
         # Every form template gets the list as a user may read it. KubeSpawner's own

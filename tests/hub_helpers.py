@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.cookiejar
 import json
+import re
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
@@ -60,6 +63,18 @@ async def fresh_namespace(core) -> str:
 
     await eventually(account, "the default service account")
     return name
+
+
+def page_as(url: str, user: str, password: str, path: str = "/hub/spawn") -> str:
+    """Log in through the hub's login form as a browser would; the page at ``path``."""
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+    )
+    login = opener.open(f"{url}/hub/login", timeout=30).read().decode()
+    xsrf = re.search(r'name="_xsrf"\s+value="([^"]+)"', login)
+    form = {"username": user, "password": password, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
+    opener.open(f"{url}/hub/login", urllib.parse.urlencode(form).encode(), timeout=30).read()
+    return opener.open(f"{url}{path}", timeout=60).read().decode()
 
 
 async def api(hub: LocalHub, method: str, path: str, body=None):

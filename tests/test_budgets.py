@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from jupyterhub_gpu.core.admission import Ledger
 from jupyterhub_gpu.core.budgets import (
     UsageBook,
     UsageRecord,
@@ -12,6 +13,8 @@ from jupyterhub_gpu.core.budgets import (
     gpu_hours,
 )
 from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.profiles import profile_entry
+from jupyterhub_gpu.core.selection import offers
 
 H = 3600.0
 DAY = 86400.0
@@ -142,3 +145,19 @@ def test_records_older_than_every_window_are_pruned():
     assert book.prune(NOW) == 1
     assert set(book.records) == {"recent"}
     assert list(book.group_records("department")) == [book.records["recent"]]
+
+
+def test_the_profile_list_shows_each_budget_left_beside_the_quota():
+    p = policy()
+    book = book_of(p, record("a", user="alice", gpus=1, start=-4 * H, end=-2 * H))
+    research = p.groups["research"]
+    states = budgets_of(p, book, "alice", research, NOW)
+    (offer,) = [o for o in offers(p, ["research"]) if o.profile.name == "gpu"]
+    entry = profile_entry(p, Ledger(), offer, None, states)
+    assert entry["description"].split(" · ")[2:5] == [
+        "research: 78.0 of 80 GPU-hours left (last 30 days)",
+        "department: 98.0 of 100 GPU-hours left (last 30 days)",
+        "alice in research: 8.0 of 10 GPU-hours left (last 7 days)",
+    ]
+    (cpu,) = [o for o in offers(p, ["research"]) if o.profile.name == "cpu"]
+    assert "GPU-hours" not in profile_entry(p, Ledger(), cpu, None, states)["description"]

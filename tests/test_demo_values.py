@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import http.cookiejar
 import json
 import re
 import urllib.error
@@ -24,6 +23,7 @@ import yaml
 
 from cli_helpers import cli
 from demo_helpers import Demo
+from hub_helpers import page_as
 from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.quantities import parse_quantity
 from jupyterhub_gpu.dev.demo import plan_demo
@@ -56,14 +56,7 @@ def profiles_command(example: str, groups: list[str]) -> list[str]:
 
 def spawn_form_slugs(url: str, user: str) -> list[str]:
     """Log in through the hub's login form as a browser would; the spawn form's profiles."""
-    opener = urllib.request.build_opener(
-        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
-    )
-    login = opener.open(f"{url}/hub/login", timeout=30).read().decode()
-    xsrf = re.search(r'name="_xsrf"\s+value="([^"]+)"', login)
-    form = {"username": user, "password": PASSWORD, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
-    opener.open(f"{url}/hub/login", urllib.parse.urlencode(form).encode(), timeout=30).read()
-    page = opener.open(f"{url}/hub/spawn", timeout=60).read().decode()
+    page = page_as(url, user, PASSWORD)
     return [html.unescape(s) for s in re.findall(r'name="profile"[^>]*value="([^"]+)"', page)]
 
 

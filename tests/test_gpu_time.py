@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import time
 
 import pytest
 
-from hub_helpers import api
+from hub_helpers import api, page_as
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.budgets import UsageRecord
 from kube_helpers import eventually
@@ -104,6 +105,9 @@ async def test_an_exhausted_budget_refuses_gpu_spawns_with_the_numbers_until_the
         assert " free again by " in body["message"]
         assert body["message"].endswith(" UTC")
     assert (await core.list_namespaced_pod(hub.namespace)).items == []
+    # the spawn form says so beside the group's quota
+    form = await asyncio.to_thread(page_as, hub.url, "ann", hub.password)
+    assert "Lab: all 0.005 GPU-hours of the last 40 seconds used" in html.unescape(form)
     # a server without GPUs is not affected
     status, body = await api(hub, "POST", "/users/ann/server", {"profile": "everyone--cpu"})
     assert status in (201, 202), body

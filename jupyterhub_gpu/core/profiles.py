@@ -4,10 +4,11 @@ jupyterhub-fancy-profiles both read)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .admission import Ledger
+from .budgets import BudgetState, format_cap, format_hours, format_period
 from .capacity import FlavorCapacity
 from .model import Option, Policy
 from .quantities import format_gpus
@@ -19,9 +20,11 @@ def profile_entry(
     ledger: Ledger,
     offer: Offer,
     capacity: Mapping[str, FlavorCapacity] | None = None,
+    budgets: Sequence[BudgetState] = (),
 ) -> dict[str, Any]:
-    """One KubeSpawner profile_list entry: resources, the group's live remaining quota,
-    and the free cluster capacity of its flavor (``capacity`` None: unknown)."""
+    """One KubeSpawner profile_list entry: resources, the group's live remaining quota
+    and GPU-hour budgets (``budgets``, for GPU profiles), and the free cluster
+    capacity of its flavor (``capacity`` None: unknown)."""
     group, profile = offer.group, offer.profile
     lines = [profile.description] if profile.description else []
     resources = f"{_cores(profile.cpu)} CPU, {profile.memory / 2**30:g} GiB RAM"
@@ -37,6 +40,7 @@ def profile_entry(
             "GPUs free"
         )
     if profile.gpu:
+        lines.extend(budget_line(state) for state in budgets)
         lines.append(capacity_line(capacity, profile.gpu.flavor))
     entry: dict[str, Any] = {
         "display_name": f"{group.display_name}: {profile.display_name}",
@@ -78,6 +82,15 @@ def profile_option(option: Option) -> dict[str, Any]:
             "kubespawner_override": {},
         }
     return entry
+
+
+def budget_line(state: BudgetState) -> str:
+    """``Alpha Lab: 12.5 of 100 GPU-hours left (last 7 days)``, or that it is used up."""
+    cap = format_cap(float(state.budget.gpu_hours))
+    window = format_period(state.budget.period)
+    if state.exhausted:
+        return f"{state.owner}: all {cap} GPU-hours of the last {window} used"
+    return f"{state.owner}: {format_hours(state.remaining)} of {cap} GPU-hours left (last {window})"
 
 
 def capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) -> str:
