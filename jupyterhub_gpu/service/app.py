@@ -40,11 +40,16 @@ from . import handlers, metrics
 from .budget_rules import BudgetRule
 from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
+from .page import RANGES
 from .runtime_rules import RuntimeRules
 from .startup import default_config_file, listen_address, read_hub_config
 from .state import ServiceState
 from .tasks import BackgroundTask
+from .time_views import showback_json
 from .views import CachedUsage, Snapshot, Viewer, is_policy_admin, visible_groups
+
+#: the most GPU-use charts the dashboard draws (the groups with the most use)
+MAX_CHARTS = 12
 
 
 class GPUService(Application):
@@ -280,6 +285,48 @@ class GPUService(Application):
 
     def view_json(self, viewer: Viewer, **paging: int) -> str:
         return self.usage.json(self.snapshot(), viewer, datetime.now(UTC), **paging)
+
+    async def page_view(self, viewer: Viewer, range_name: str) -> dict[str, Any]:
+        """The dashboard's view: ``view`` plus the GPU-use charts of the chosen range
+        (the groups with the most use first) and this month's showback."""
+        view = self.view(viewer)
+        span = RANGES.get(range_name, RANGES["day"])
+        view["range"] = range_name if range_name in RANGES else "day"
+        now = self.gpu_time.clock()
+        hours = self.gpu_time.snapshot.groups
+        shown = [
+            g
+            for g in visible_groups(self.policy, viewer)
+            if (hours.get(g.name) and hours[g.name].used > 0) or g.limit.gpus
+        ]
+        shown.sort(key=lambda g: -(hours[g.name].used if g.name in hours else 0))
+        view["charts"] = []
+        for group in shown[:MAX_CHARTS]:
+            series = await self.gpu_time.history(group.name, now - span, now, span / 144)
+            budget = group.budget
+            view["charts"].append(
+                {
+                    "group": group.name,
+                    "title": group.display_name,
+                    "times": series.times,
+                    "step": series.step,
+                    "flavors": {
+                        self.policy.flavors[f].display_name if f in self.policy.flavors else f: v
+                        for f, v in sorted(series.values.items())
+                    },
+                    "quota": float(group.quota.gpus) if group.quota.gpus is not None else None,
+                    "limit": float(group.limit.gpus) if group.limit.gpus is not None else None,
+                    # the GPUs it allows if used evenly across its window
+                    "budget": float(budget.gpu_hours) * 3600 / budget.period if budget else None,
+                }
+            )
+        view["charts_hidden"] = max(len(shown) - MAX_CHARTS, 0)
+        month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+        admin, groups = self.showback_scope(viewer)
+        result = await self.gpu_time.showback(month, groups)
+        budgets = {n: h.to_json() for n, h in hours.items() if h.budget is not None}
+        view["showback"] = showback_json(month, result, viewer, admin, groups, budgets)
+        return view
 
     def visible_group(self, viewer: Viewer, name: str) -> Group | None:
         """The group named ``name`` if this viewer may see it."""

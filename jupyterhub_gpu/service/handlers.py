@@ -91,8 +91,8 @@ class APIHandler(BaseHandler):
 
 class PageHandler(BaseHandler):
     @web.authenticated
-    def get(self) -> None:
-        view = self.service.view(self.viewer())
+    async def get(self) -> None:
+        view = await self.service.page_view(self.viewer(), self.get_argument("range", "day"))
         self.set_header("Cache-Control", "no-store")
         self.finish(render_page(view))
 

@@ -1,11 +1,13 @@
 """The dashboard page, rendered on the server from the view model (pure, no assets).
 
-One self-contained HTML document: inline CSS, bars as sized ``div``s, no
-scripts, no fonts or images from anywhere. It refreshes itself every 30 s.
+One self-contained HTML document: inline CSS, bars as sized ``div``s, charts
+as inline SVG, no scripts, no fonts or images from anywhere. It refreshes
+itself every 30 s.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
@@ -31,7 +33,18 @@ table{border-collapse:collapse;background:#fff;width:100%;font-size:.9rem}
 th,td{border-bottom:1px solid #e5e7eb;padding:.35rem .6rem;text-align:left}
 .notice{background:#fff7ed;border:1px solid #fdba74;border-radius:6px;padding:.4rem .6rem;
 margin:.3rem 0;font-size:.9rem}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(30rem,1fr));gap:1rem}
+.chart svg{width:100%;height:auto;display:block}.legend{font-size:.8rem;color:#374151}
+.legend span{margin-right:.8rem;white-space:nowrap}.key{display:inline-block;width:.8rem;
+height:.8rem;border-radius:2px;margin-right:.25rem;vertical-align:-1px}
+.ranges a{margin-right:.6rem}.ranges b{margin-right:.6rem}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 """
+
+#: stacked flavors' colours, in order; the lines' colours
+_PALETTE = ("#3b82f6", "#10b981", "#8b5cf6", "#f59e0b", "#ec4899", "#14b8a6", "#64748b")
+_LINES = {"quota": "#111827", "limit": "#dc2626", "budget": "#16a34a"}
+RANGES = {"day": 86400, "week": 7 * 86400, "month": 30 * 86400}
 
 
 def _duration(seconds: int | None) -> str:
@@ -184,6 +197,186 @@ def tasks_section(tasks: list[dict[str, Any]]) -> str:
     )
 
 
+def _hours(value: float) -> str:
+    return f"{value:,.1f}" if value >= 1 or value == 0 else f"{value:.3g}"
+
+
+def _short_time(epoch: float, span: float) -> str:
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.strftime("%H:%M" if span <= 86400 else "%b %d")
+
+
+def chart_svg(chart: dict[str, Any], width: int = 560, height: int = 170) -> str:
+    """A group's GPU-equivalents in use over time, stacked by flavor, with its quota,
+    limit and the sustained use its budget allows as dashed lines (inline SVG)."""
+    times, flavors = chart["times"], chart["flavors"]
+    left, right, top, bottom = 44, 8, 8, 22
+    plot_w, plot_h = width - left - right, height - top - bottom
+    stacked = [sum(values[i] for values in flavors.values()) for i in range(len(times))]
+    lines = {k: chart.get(k) for k in ("quota", "limit", "budget") if chart.get(k)}
+    peak = max([*stacked, *lines.values(), 1e-9])
+    scale = peak * 1.1
+    count = max(len(times), 1)
+
+    def x(i: float) -> float:
+        return left + plot_w * i / count
+
+    def y(value: float) -> float:
+        return top + plot_h * (1 - value / scale)
+
+    parts = [
+        f'<svg viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(chart["title"])}" xmlns="http://www.w3.org/2000/svg">',
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#f9fafb" '
+        'stroke="#e5e7eb"/>',
+    ]
+    base = [0.0] * len(times)
+    for n, (flavor, values) in enumerate(flavors.items()):
+        tops = [b + v for b, v in zip(base, values, strict=True)]
+        upper = " ".join(
+            f"{x(i):.1f},{y(t):.1f} {x(i + 1):.1f},{y(t):.1f}" for i, t in enumerate(tops)
+        )
+        lower = " ".join(
+            f"{x(i + 1):.1f},{y(b):.1f} {x(i):.1f},{y(b):.1f}"
+            for i, b in reversed(list(enumerate(base)))
+        )
+        colour = _PALETTE[n % len(_PALETTE)]
+        parts.append(
+            f'<polygon points="{upper} {lower}" fill="{colour}" fill-opacity=".75" '
+            f'stroke="{colour}" stroke-width=".5"><title>{escape(flavor)}</title></polygon>'
+        )
+        base = tops
+    for name, value in lines.items():
+        parts.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
+            f'stroke="{_LINES[name]}" stroke-width="1.5" stroke-dasharray="5 3">'
+            f"<title>{name}: {value:g} GPUs</title></line>"
+        )
+    for value in (0.0, scale / 2, scale):
+        parts.append(
+            f'<text x="{left - 4}" y="{y(value) + 4:.1f}" font-size="10" text-anchor="end" '
+            f'fill="#6b7280">{value:.2g}</text>'
+        )
+    if times:
+        span = times[-1] - times[0] + chart["step"]
+        for i, anchor in ((0, "start"), (len(times) // 2, "middle"), (len(times), "end")):
+            moment = times[0] + i * chart["step"]
+            parts.append(
+                f'<text x="{x(i):.1f}" y="{height - 6}" font-size="10" text-anchor="{anchor}" '
+                f'fill="#6b7280">{_short_time(moment, span)}</text>'
+            )
+    parts.append("</svg>")
+    legend = [
+        f'<span><i class="key" style="background:{_PALETTE[n % len(_PALETTE)]}"></i>'
+        f"{escape(f)}</span>"
+        for n, f in enumerate(flavors)
+    ]
+    described = {
+        "quota": "quota",
+        "limit": "limit",
+        "budget": "budget (sustained GPUs it allows)",
+    }
+    legend += [
+        f'<span><i class="key" style="background:{_LINES[k]}"></i>{described[k]} {v:g}</span>'
+        for k, v in lines.items()
+    ]
+    return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
+
+
+def gpu_time_section(view: dict[str, Any]) -> str:
+    """The charts of the chosen range, each group's GPU-hours, and this month's showback."""
+    gpu_hours = view["gpu_hours"]
+    parts = []
+    accounting = gpu_hours["accounting"]
+    if accounting["ok"] is False:
+        then = (
+            "GPU spawns of groups with a budget are admitted unchecked"
+            if accounting["when_unavailable"] == "admit"
+            else "GPU spawns of groups with a budget are refused until it is back"
+        )
+        parts.append(
+            f'<p class="err">GPU-hour accounting unavailable ({escape(accounting["error"] or "")})'
+            f": {then}.</p>"
+        )
+    current = view.get("range", "day")
+    links = [
+        f"<b>{name}</b>" if name == current else f'<a href="?range={name}">{name}</a>'
+        for name in RANGES
+    ]
+    parts.append(f'<div class="ranges">Last {"".join(links)}</div>')
+    charts = view.get("charts") or []
+    cards = []
+    for chart in charts:
+        hours = gpu_hours["groups"].get(chart["group"])
+        note = ""
+        if hours:
+            window = format_duration(hours["period_seconds"])
+            note = f"{_hours(hours['used'])} GPU-hours in the last {window}"
+            if hours["budget"] is not None:
+                note += f" of a {hours['budget']:g} GPU-hour budget"
+                if hours["exhausted"]:
+                    note += " (used up)"
+        cards.append(
+            f'<div class="card chart" data-chart="{escape(chart["group"])}">'
+            f"<h3>{escape(chart['title'])}</h3>{chart_svg(chart)}"
+            f'<div class="muted">{escape(note)}</div></div>'
+        )
+    if cards:
+        parts.append(f'<div class="charts">{"".join(cards)}</div>')
+    else:
+        parts.append('<p class="muted">No GPU use to show.</p>')
+    if view.get("charts_hidden"):
+        parts.append(
+            f'<p class="muted">and {view["charts_hidden"]} more groups: '
+            "api/history?group=NAME gives any of them</p>"
+        )
+    parts.append(showback_section(view.get("showback")))
+    return "".join(parts)
+
+
+def showback_section(showback: dict[str, Any] | None) -> str:
+    if not showback:
+        return ""
+    month = showback["month"]
+    rows = []
+    per_flavor: dict[str, list[str]] = {}
+    for item in showback["flavors"]:
+        per_flavor.setdefault(item["group"], []).append(
+            f"{item['flavor']} {_hours(item['gpu_hours'])}"
+        )
+    for item in showback["groups"]:
+        budget = item.get("budget")
+        cap = f"{budget['budget']:g}" if budget else ""
+        rows.append(
+            f"<tr><td>{escape(item['group'])}</td>"
+            f'<td class="num">{_hours(item["gpu_hours"])}</td>'
+            f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
+            f'<td class="num">{cap}</td></tr>'
+        )
+    users = [
+        f"<tr><td>{escape(u['group'])}</td><td>{escape(u['user'])}</td>"
+        f'<td class="num">{_hours(u["gpu_hours"])}</td></tr>'
+        for u in sorted(showback["users"], key=lambda u: -u["gpu_hours"])[:50]
+    ]
+    link = f"api/showback?month={month}&amp;format=csv"
+    return (
+        f"<h2>Showback for {escape(month)}</h2>"
+        f'<p><a href="{link}" download>Download CSV</a> (GPU-hours by group, user and flavor)</p>'
+        + (
+            '<table class="showback"><tr><th>Group</th><th class="num">GPU-hours</th>'
+            '<th>By flavor</th><th class="num">Budget</th></tr>' + "".join(rows) + "</table>"
+            if rows
+            else '<p class="muted">No GPU use this month.</p>'
+        )
+        + (
+            '<h3>By user</h3><table class="showback-users"><tr><th>Group</th><th>User</th>'
+            '<th class="num">GPU-hours</th></tr>' + "".join(users) + "</table>"
+            if users
+            else ""
+        )
+    )
+
+
 def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
     badge = '<span class="badge">admin: all groups</span>' if view["admin"] else ""
     notices = "".join(
@@ -196,6 +389,8 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         notices,
         "<h2>Groups</h2>",
         '<div class="cards">' + "".join(group_card(g) for g in view["groups"]) + "</div>",
+        "<h2>GPU use over time</h2>",
+        gpu_time_section(view),
         "<h2>Cluster capacity</h2>",
         capacity_section(view["capacity"]),
         "<h2>" + ("All servers" if view["admin"] else "My servers") + "</h2>",

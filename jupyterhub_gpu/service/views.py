@@ -308,7 +308,11 @@ def gpu_hours_view(gpu_time: Any, groups: Sequence[Group], viewer: Viewer) -> di
     """GPU-hours used in each visible group's window and its budget, and the viewer's own
     in each of their groups; and whether the usage database can be read."""
     if gpu_time is None:
-        return {"groups": {}, "mine": {}, "accounting": {"ok": False, "error": "not read yet"}}
+        return {
+            "groups": {},
+            "mine": {},
+            "accounting": {"ok": None, "error": None, "when_unavailable": None},
+        }
     mine = {
         group.name: hours.to_json()
         for group in groups
