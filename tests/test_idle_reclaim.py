@@ -106,11 +106,14 @@ async def idle_hub(local_cluster, core, priority_class_objects, gpu_metrics):
         extra_config=CONFIG,
     ) as hub:
         await wait_for_service(hub)
+        # each pod reports its utilisation from its first scrape on (KubeSpawner's pod name)
+        for user, percent in START.items():
+            gpu_metrics.exporter.set_utilization(hub.namespace, f"jupyter-{user}", percent)
         await asyncio.gather(
             *(start_server(hub, user, f"lab--{profile}") for user, profile in SERVERS.items())
         )
-        for user, percent in START.items():
-            await set_utilization(gpu_metrics, core, hub, user, percent)
+        for user in SERVERS:
+            assert await pod_name(core, hub, user) == f"jupyter-{user}"
         yield hub
 
 
