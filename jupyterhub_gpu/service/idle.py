@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlencode, urlparse
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..core.model import Idle, Policy
 from ..core.quantities import format_duration
@@ -106,6 +106,8 @@ class Prometheus:
             response = await self.http.fetch(request, raise_error=False)
         except OSError as e:
             raise self._failed(f"cannot connect ({e})") from None
+        except HTTPClientError as e:  # a timeout: no response at all
+            raise self._failed(f"no answer within {self.timeout:g}s ({e})") from None
         if response.code == 599:
             raise self._failed(f"no answer ({response.error})")
         try:
