@@ -73,6 +73,24 @@ async def hub_factory(local_cluster, core, priority_class_objects, tmp_path):
         yield HubFactory(local_cluster, core, stack, tmp_path)
 
 
+@pytest.fixture(scope="session")
+def gpu_metrics(local_cluster):
+    """The simulated DCGM exporter for the cluster's server pods and a real Prometheus
+    (Debian's package) scraping it every second: ``.exporter``, ``.prometheus``."""
+    from types import SimpleNamespace
+
+    from jupyterhub_gpu.dev.dcgm_exporter import SimulatedDCGMExporter
+    from jupyterhub_gpu.dev.prometheus import LocalPrometheus
+
+    exporter = SimulatedDCGMExporter(local_cluster.state.kubeconfig).start()
+    try:
+        with LocalPrometheus([exporter.target], scrape_interval=1) as prometheus:
+            prometheus.wait_for_targets()
+            yield SimpleNamespace(exporter=exporter, prometheus=prometheus)
+    finally:
+        exporter.stop()
+
+
 # headless Chromium fixtures (`browser`, `page`) for page tests
 pytest_plugins = ["browser"]
 

@@ -55,6 +55,16 @@ def test_a_misspelt_policy_setting_is_an_error_with_the_likely_one(tmp_path):
     )
 
 
+def test_a_prometheus_url_that_is_not_a_url_is_an_error(tmp_path):
+    values = {"hub": {"config": {"GPUPolicy": GOOD, "GPUService": {"prometheus_url": "prom:9090"}}}}
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    assert (
+        "hub.config.GPUService.prometheus_url: expected the Prometheus server's http(s) URL, "
+        "such as http://prometheus-server.monitoring or http://127.0.0.1:9090, got 'prom:9090'"
+    ) in result.stderr
+
+
 def test_a_misspelt_service_setting_is_an_error(tmp_path):
     values = {"hub": {"config": {"GPUPolicy": GOOD, "GPUService": {"reconcile_dry_rn": True}}}}
     result = check(tmp_path, values)
@@ -217,6 +227,10 @@ def test_the_scheduler_may_be_named_alone_in_the_trait_as_in_the_model(tmp_path)
             {"policy": GOOD, "service_settings": {"reconcile_dry_rn": True}},
             "hub.config.GPUService.reconcile_dry_rn: unknown setting; did you mean "
             "reconcile_dry_run?",
+        ),
+        (
+            {"policy": GOOD, "service_settings": {"prometheus_url": "prometheus.monitoring"}},
+            "hub.config.GPUService.prometheus_url: expected the Prometheus server's http(s) URL",
         ),
     ],
 )

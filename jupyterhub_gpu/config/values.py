@@ -147,15 +147,21 @@ def values_setup_errors(values: Mapping[str, Any]) -> list[str]:
 
 def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
     """An error for each ``GPUService`` setting the service does not have (traitlets
-    would only warn, and the setting would silently keep its default)."""
+    would only warn, and the setting would silently keep its default), and for a
+    ``prometheus_url`` that is not a URL Prometheus could be at."""
     settings = config.get("GPUService") or {}
     if not settings:
         return []
     from ..service.app import GPUService  # only with settings to check: it imports the service
+    from ..service.idle import prometheus_url_error
 
-    return unknown_settings(
+    errors = unknown_settings(
         "hub.config.GPUService", settings, GPUService.class_trait_names(config=True)
     )
+    problem = prometheus_url_error(settings.get("prometheus_url", ""))
+    if problem:
+        errors.append(f"hub.config.GPUService.prometheus_url: {problem}")
+    return errors
 
 
 def check_extra_config(extra_config: Any) -> None:

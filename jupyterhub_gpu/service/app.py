@@ -40,6 +40,7 @@ from . import handlers, metrics
 from .budget_rules import BudgetRule
 from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
+from .idle import IdleServers, Prometheus
 from .page import RANGES
 from .runtime_rules import RuntimeRules
 from .startup import default_config_file, listen_address, read_hub_config
@@ -103,8 +104,8 @@ class GPUService(Application):
         30.0,
         help="""
         Seconds between runs of the runtime rules (``max_runtime`` stops and the
-        over-limit report). A server is stopped at most this long after its
-        ``max_runtime``.
+        over-limit report) and of the idle rule. A server is stopped at most this
+        long after its ``max_runtime``.
         """,
     ).tag(config=True)
 
@@ -168,6 +169,37 @@ class GPUService(Application):
         policy lowered it) for this many seconds, youngest first, until the
         group fits. ``None`` (the default): only report them on the page, in
         the log and in metrics.
+        """,
+    ).tag(config=True)
+
+    prometheus_url = Unicode(
+        "",
+        help="""
+        The Prometheus server that scrapes the NVIDIA DCGM exporter (the GPU
+        Operator's ``dcgm-exporter``), e.g. ``http://prometheus-server.monitoring``
+        or kube-prometheus-stack's
+        ``http://kube-prometheus-stack-prometheus.monitoring:9090``. The idle
+        rule (a group's ``idle: {after, gpu_utilization_below}``) asks it, through
+        ``/api/v1/query``, for the GPU utilisation of each server's pod
+        (``DCGM_FI_DEV_GPU_UTIL``; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` for MIG
+        slices), by the ``namespace`` and ``pod`` labels dcgm-exporter adds
+        (scrape it with ``honor_labels: true`` so they are kept as they are).
+
+        Empty (the default): no GPU metrics; idle servers are found by the
+        hub's record of notebook activity alone. When it is set and cannot be
+        reached, servers judged by GPU utilisation are neither warned nor
+        stopped, and the *idle servers* task shows the error.
+        """,
+    ).tag(config=True)
+
+    idle_notice = Float(
+        600.0,
+        help="""
+        Seconds between the notice that a server is idle (on the dashboard and in
+        the log, with the time of the stop) and its stop. The server is stopped
+        only if it is still idle then: use in between (GPU utilisation at or
+        above the group's ``gpu_utilization_below``, or notebook activity where
+        that is the signal) cancels the stop.
         """,
     ).tag(config=True)
 
@@ -246,6 +278,13 @@ class GPUService(Application):
         self.registry, self.stopped_counter = metrics.registry(self.policy, self.snapshot)
         self.runtime_rules = RuntimeRules(
             self.policy, self.state, self._stop, self.stop_over_limit_after
+        )
+        self.idle_servers = IdleServers(
+            self.policy,
+            self.state,
+            self._stop,
+            Prometheus(self.prometheus_url) if self.prometheus_url else None,
+            self.idle_notice,
         )
         self._reconcile_passes: ReconcilePasses | None = None
         # at most this many stop requests to the hub at once
@@ -387,6 +426,10 @@ class GPUService(Application):
         """Stop servers past ``max_runtime``; report (optionally stop) groups over limit."""
         return await self.runtime_rules.run(datetime.now(UTC))
 
+    async def reclaim_idle(self) -> str:
+        """Warn idle GPU servers, stop those still idle after ``idle_notice``."""
+        return await self.idle_servers.run(datetime.now(UTC))
+
     async def _stop(self, user: str, name: str, reason: str) -> str | None:
         """Ask the hub to stop a server; the error in words, or None when done."""
         async with self._stops:
@@ -451,6 +494,8 @@ class GPUService(Application):
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
         self.add_periodic("GPU time", self.gpu_time.record, self.usage_interval)
         self.add_periodic("GPU budgets", self.budget_rule.run, self.usage_interval)
+        if self.idle_servers.active:
+            self.add_periodic("idle servers", self.reclaim_idle, self.rules_interval)
         if self.reconcile_interval > 0:
             self.add_periodic("reconcile", self.reconcile, self.reconcile_interval)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))

@@ -59,6 +59,7 @@ def servers_from_users(users: list[Mapping[str, Any]]) -> list[Server]:
                     started=_parse_time(model.get("started")),
                     ready=bool(model.get("ready")),
                     pending=model.get("pending"),
+                    last_activity=_parse_time(model.get("last_activity")),
                 )
             )
     return result

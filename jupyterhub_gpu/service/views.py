@@ -60,6 +60,8 @@ class Server:
     ready: bool
     pending: str | None  # "spawn", "stop", or None
     has_pod: bool = True  # False: no pod yet (e.g. waiting in its group's line)
+    #: the hub's last sign of use (proxied requests, the server's own activity reports)
+    last_activity: datetime | None = None
 
     @property
     def label(self) -> str:

@@ -1,0 +1,440 @@
+"""A simulated NVIDIA DCGM exporter for the local cluster's GPU server pods.
+
+The local cluster's GPUs are simulated (kwok nodes advertise them), so nothing
+measures their use. This exporter serves what NVIDIA's ``dcgm-exporter``
+would on those nodes, with its metric names and labels, for Prometheus to
+scrape: each server pod (labelled ``gpu.jupyterhub.org/group``, Running on a
+node) gets the devices it requested, with the utilisation a test or the demo
+sets for it (``set_utilization``, or ``PUT /utilization/<namespace>/<pod>``
+with ``{"percent": 50}``; default ``default_utilization``).
+
+What it serves, per device kind (as dcgm-exporter does when it maps devices to
+pods through the kubelet's pod-resources API):
+
+- whole GPUs (``nvidia.com/gpu`` on a node without sharing):
+  ``DCGM_FI_DEV_GPU_UTIL`` (percent) for every GPU of the node, with the pod's
+  ``namespace``, ``pod`` and ``container`` on those a pod holds;
+- time-sliced and MPS replicas (``nvidia.com/gpu.shared``, or ``nvidia.com/gpu``
+  on a node with a sharing strategy): ``DCGM_FI_DEV_GPU_UTIL`` of the device,
+  the sum of its pods' utilisation (at most 100), once per pod on it: each pod
+  sees the whole device's use, which is why it cannot be told apart;
+- MIG slices (``nvidia.com/mig-<profile>``, or ``nvidia.com/gpu`` on a node
+  with the single strategy): ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio 0 to 1)
+  per GPU instance, with ``GPU_I_PROFILE`` and ``GPU_I_ID``;
+- HAMi shares, KAI fractions and DRA claims: nothing (no per-pod device here).
+
+Every series has dcgm-exporter's device labels: ``gpu``, ``UUID``,
+``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` and
+``DCGM_FI_DRIVER_VERSION``.
+
+From Python (the HTTP server runs in a thread of its own, on 127.0.0.1)::
+
+    exporter = SimulatedDCGMExporter(cluster.state.kubeconfig).start()
+    prometheus = LocalPrometheus([exporter.target]).start()
+    exporter.set_utilization("hub-ns", "jupyter-ann", 50)
+    ...
+    prometheus.stop(); exporter.stop()
+
+Or ``python -m jupyterhub_gpu.dev.dcgm_exporter --kubeconfig PATH --port 9400``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+GROUP_LABEL = "gpu.jupyterhub.org/group"
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+DRIVER_VERSION = "570.133.20"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device a pod holds: a whole GPU, a shared replica's GPU, or a MIG instance."""
+
+    node: str
+    kind: str  # "gpu", "shared" or "mig"
+    gpu: int
+    mig_profile: str | None = None
+    instance: int | None = None  # GPU_I_ID
+
+
+@dataclass(frozen=True)
+class PodOnNode:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    container: str
+    requests: Mapping[str, int]  # nvidia.com/* resources, whole units
+
+
+def _pods(items: Iterable[Mapping[str, Any]]) -> list[PodOnNode]:
+    """The Running, bound, not-deleting pods with their NVIDIA device requests."""
+    result = []
+    for pod in items:
+        metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if metadata.get("deletionTimestamp") or not spec.get("nodeName"):
+            continue
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        containers = spec.get("containers") or [{}]
+        requests: dict[str, int] = {}
+        for container in containers:
+            resources = container.get("resources") or {}
+            wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+            for name, amount in wanted.items():
+                if name.startswith("nvidia.com/") and str(amount).isdigit():
+                    requests[name] = requests.get(name, 0) + int(amount)
+        result.append(
+            PodOnNode(
+                namespace=metadata.get("namespace", ""),
+                name=metadata.get("name", ""),
+                uid=metadata.get("uid", ""),
+                node=spec["nodeName"],
+                container=containers[0].get("name", ""),
+                requests=requests,
+            )
+        )
+    return sorted(result, key=lambda p: (p.node, p.namespace, p.name))
+
+
+def model_name(labels: Mapping[str, str]) -> str:
+    """``NVIDIA H200 NVL`` from GFD's ``nvidia.com/gpu.product`` (``NVIDIA-H200-NVL-SHARED``)."""
+    product = labels.get("nvidia.com/gpu.product", "NVIDIA-GPU")
+    product = product.partition("-MIG-")[0].removesuffix("-SHARED")
+    return product.replace("-", " ")
+
+
+class DeviceMap:
+    """Which devices each pod holds; a pod keeps its devices while it runs."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, list[Device]] = {}  # pod uid -> devices
+
+    def update(self, pods: list[PodOnNode], nodes: Mapping[str, Mapping[str, str]]) -> None:
+        running = {p.uid for p in pods}
+        for gone in set(self.held) - running:
+            del self.held[gone]
+        for pod in pods:
+            if pod.uid not in self.held:
+                self.held[pod.uid] = self._assign(pod, nodes.get(pod.node, {}))
+
+    def _taken(self, node: str) -> set[Device]:
+        return {d for devices in self.held.values() for d in devices if d.node == node}
+
+    def _assign(self, pod: PodOnNode, labels: Mapping[str, str]) -> list[Device]:
+        count = int(labels.get("nvidia.com/gpu.count", "0") or 0)
+        sharing = labels.get("nvidia.com/gpu.sharing-strategy", "none")
+        taken = self._taken(pod.node)
+        devices: list[Device] = []
+        for resource, amount in sorted(pod.requests.items()):
+            if resource.startswith("nvidia.com/mig-"):
+                profile = resource.removeprefix("nvidia.com/mig-")
+                devices += self._mig(pod.node, profile, amount, labels, taken)
+            elif resource == "nvidia.com/gpu" and labels.get("nvidia.com/mig.strategy") == "single":
+                profile = labels.get("nvidia.com/gpu.product", "").partition("-MIG-")[2]
+                devices += self._mig(pod.node, profile, amount, labels, taken)
+            elif resource == "nvidia.com/gpu.shared" or (
+                resource == "nvidia.com/gpu" and sharing in ("time-slicing", "mps")
+            ):
+                # replicas spread over the devices, as the device plugin hands them out
+                replicas = int(labels.get("nvidia.com/gpu.replicas", "1") or 1)
+                used = [d.gpu for d in taken if d.kind == "shared"]
+                for _ in range(amount):
+                    gpu = min(range(max(count, 1)), key=lambda g: (used.count(g), g))
+                    used.append(gpu)
+                    if used.count(gpu) <= replicas:
+                        devices.append(Device(pod.node, "shared", gpu))
+            elif resource == "nvidia.com/gpu" and labels.get("gpu") != "on":  # not HAMi
+                free = [g for g in range(count) if Device(pod.node, "gpu", g) not in taken]
+                devices += [Device(pod.node, "gpu", g) for g in free[:amount]]
+            taken |= set(devices)
+        return devices
+
+    @staticmethod
+    def _mig(
+        node: str, profile: str, amount: int, labels: Mapping[str, str], taken: set[Device]
+    ) -> list[Device]:
+        count = int(labels.get(f"nvidia.com/mig-{profile}.count", "0") or 0)
+        gpus = max(int(labels.get("nvidia.com/gpu.count", "1") or 1), 1)
+        profiles = sorted(
+            k for k in labels if k.startswith("nvidia.com/mig-") and k.endswith(".count")
+        )
+        first = profiles.index(f"nvidia.com/mig-{profile}.count") if count else 0
+        held = {d.instance for d in taken if d.kind == "mig" and d.mig_profile == profile}
+        free = [i for i in range(count) if i not in held][:amount]
+        # the instances of one profile live on one GPU (the mixed strategy's layout here)
+        return [Device(node, "mig", first % gpus, profile, i) for i in free]
+
+
+def _device_labels(device: Device, node_labels: Mapping[str, str]) -> dict[str, str]:
+    uid = uuid.uuid5(uuid.NAMESPACE_URL, f"jupyterhub-gpu-sim/{device.node}/{device.gpu}")
+    labels = {
+        "gpu": str(device.gpu),
+        "UUID": f"GPU-{uid}",
+        "pci_bus_id": f"00000000:{0x18 + device.gpu:02X}:00.0",
+        "device": f"nvidia{device.gpu}",
+        "modelName": model_name(node_labels),
+    }
+    if device.kind == "mig":
+        labels["GPU_I_PROFILE"] = device.mig_profile or ""
+        labels["GPU_I_ID"] = str(device.instance)
+    labels["Hostname"] = device.node
+    labels["DCGM_FI_DRIVER_VERSION"] = DRIVER_VERSION
+    return labels
+
+
+def metric_families(
+    pods: list[PodOnNode],
+    nodes: Mapping[str, Mapping[str, str]],
+    devices: DeviceMap,
+    utilization: Mapping[tuple[str, str], float],
+    default: float,
+) -> list[Metric]:
+    """The two metric families, as dcgm-exporter would report them now (pure)."""
+    util = Metric(GPU_UTIL, "GPU utilization (in %).", "gauge")
+    engine = Metric(ENGINE_ACTIVE, "Ratio of time the graphics engine is active.", "gauge")
+    by_pod = {p.uid: p for p in pods}
+
+    def percent(pod: PodOnNode) -> float:
+        return min(max(utilization.get((pod.namespace, pod.name), default), 0.0), 100.0)
+
+    def with_pod(labels: dict[str, str], pod: PodOnNode) -> dict[str, str]:
+        return {**labels, "container": pod.container, "namespace": pod.namespace, "pod": pod.name}
+
+    whole: dict[tuple[str, int], PodOnNode] = {}
+    shared: dict[tuple[str, int], list[PodOnNode]] = {}
+    for uid, held in sorted(devices.held.items()):
+        pod = by_pod.get(uid)
+        if pod is None:
+            continue
+        for device in held:
+            node_labels = nodes.get(device.node, {})
+            if device.kind == "gpu":
+                whole[(device.node, device.gpu)] = pod
+            elif device.kind == "shared":
+                shared.setdefault((device.node, device.gpu), []).append(pod)
+            else:
+                labels = with_pod(_device_labels(device, node_labels), pod)
+                engine.add_sample(ENGINE_ACTIVE, labels, percent(pod) / 100)
+    for node, labels in sorted(nodes.items()):
+        count = int(labels.get("nvidia.com/gpu.count", "0") or 0)
+        if labels.get("nvidia.com/mig.strategy") or labels.get("gpu") == "on" or not count:
+            continue
+        sharing = labels.get("nvidia.com/gpu.sharing-strategy", "none") != "none"
+        for gpu in range(count):
+            device = Device(node, "shared" if sharing else "gpu", gpu)
+            base = _device_labels(device, labels)
+            on_it = shared.get((node, gpu), []) if sharing else []
+            if not sharing and (node, gpu) in whole:
+                on_it = [whole[(node, gpu)]]
+            if not on_it:
+                util.add_sample(GPU_UTIL, base, 0.0)
+                continue
+            value = min(sum(percent(p) for p in on_it), 100.0)
+            for pod in on_it:
+                util.add_sample(GPU_UTIL, with_pod(base, pod), value)
+    return [util, engine]
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+class SimulatedDCGMExporter:
+    """dcgm-exporter's ``/metrics`` for the local cluster's server pods, on 127.0.0.1."""
+
+    def __init__(
+        self, kubeconfig: Path | str, *, port: int = 0, default_utilization: float = 0.0
+    ) -> None:
+        self.kubeconfig = Path(kubeconfig)
+        self.port = port
+        self.default_utilization = default_utilization
+        self.devices = DeviceMap()
+        self._utilization: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def target(self) -> str:
+        """``host:port``, as a Prometheus scrape target."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.target}"
+
+    def set_utilization(self, namespace: str, pod: str, percent: float | None) -> None:
+        """The GPU utilisation (0-100) the pod's devices report from the next scrape on;
+        None: back to ``default_utilization``."""
+        with self._lock:
+            if percent is None:
+                self._utilization.pop((namespace, pod), None)
+            else:
+                self._utilization[(namespace, pod)] = float(percent)
+
+    def utilization(self) -> dict[tuple[str, str], float]:
+        with self._lock:
+            return dict(self._utilization)
+
+    async def render(self, core) -> bytes:
+        """One scrape: the pods and nodes as the API server lists them now."""
+        nodes_raw = await core.list_node(_preload_content=False)
+        pods_raw = await core.list_pod_for_all_namespaces(
+            label_selector=GROUP_LABEL, _preload_content=False
+        )
+        nodes = {
+            n["metadata"]["name"]: n["metadata"].get("labels") or {}
+            for n in json.loads(await nodes_raw.read())["items"]
+        }
+        pods = _pods(json.loads(await pods_raw.read())["items"])
+        self.devices.update(pods, nodes)
+        families = metric_families(
+            pods, nodes, self.devices, self.utilization(), self.default_utilization
+        )
+        return generate_latest(_Families(families))
+
+    # ---- the server thread ------------------------------------------------------------
+
+    def start(self, timeout: float = 30) -> SimulatedDCGMExporter:
+        self._thread = threading.Thread(target=self._run, name="dcgm-exporter", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"the simulated DCGM exporter did not start within {timeout}s")
+        if self._error is not None:
+            raise RuntimeError(f"the simulated DCGM exporter failed: {self._error}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+
+    def __enter__(self) -> SimulatedDCGMExporter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as e:  # reported by start(), or logged by the thread
+            self._error = e
+            self._ready.set()
+            raise
+
+    async def _serve(self) -> None:
+        from kubernetes_asyncio import client
+
+        from .localcluster.kubeconfig import load_configuration
+
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        api = client.ApiClient(await load_configuration(self.kubeconfig))
+        app = web.Application(
+            [
+                (r"/metrics", _MetricsHandler, {"exporter": self, "core": client.CoreV1Api(api)}),
+                (r"/utilization", _UtilizationHandler, {"exporter": self}),
+                (r"/utilization/([^/]+)/([^/]+)", _UtilizationHandler, {"exporter": self}),
+            ]
+        )
+        server = HTTPServer(app)
+        sockets = bind_sockets(self.port, "127.0.0.1")
+        server.add_sockets(sockets)
+        self.port = sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            await self._stopping.wait()
+        finally:
+            server.stop()
+            await api.close()
+
+
+class _MetricsHandler(web.RequestHandler):
+    def initialize(self, exporter: SimulatedDCGMExporter, core: Any) -> None:
+        self.exporter = exporter
+        self.core = core
+
+    async def get(self) -> None:
+        body = await self.exporter.render(self.core)
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.write(body)
+
+
+class _UtilizationHandler(web.RequestHandler):
+    """``PUT /utilization/<namespace>/<pod>`` ``{"percent": 50}`` (null: the default);
+    ``GET /utilization``: what is set."""
+
+    def initialize(self, exporter: SimulatedDCGMExporter) -> None:
+        self.exporter = exporter
+
+    def get(self, namespace: str | None = None, pod: str | None = None) -> None:
+        self.write(
+            {f"{ns}/{name}": value for (ns, name), value in self.exporter.utilization().items()}
+        )
+
+    def put(self, namespace: str, pod: str) -> None:
+        try:
+            percent = json.loads(self.request.body or b"{}")["percent"]
+            if percent is not None and not 0 <= float(percent) <= 100:
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            raise web.HTTPError(
+                400, 'expected {"percent": a number from 0 to 100, or null}'
+            ) from None
+        self.exporter.set_utilization(namespace, pod, percent)
+        self.set_status(204)
+
+    post = put
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m jupyterhub_gpu.dev.dcgm_exporter", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--kubeconfig", required=True, help="the local cluster's kubeconfig")
+    parser.add_argument("--port", type=int, default=9400, help="port on 127.0.0.1 (0: any)")
+    parser.add_argument(
+        "--default-utilization", type=float, default=0.0, help="percent for pods not set"
+    )
+    args = parser.parse_args(argv)
+    exporter = SimulatedDCGMExporter(
+        args.kubeconfig, port=args.port, default_utilization=args.default_utilization
+    ).start()
+    print(f"simulated dcgm-exporter at {exporter.url}/metrics", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    exporter.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""Idle servers: GPUs reclaimed from servers nobody uses, warned first, then stopped.
+
+A group's ``idle: {after, gpu_utilization_below}`` rule applies to its servers
+that hold GPUs. Each run of the ``idle servers`` task judges every such server
+that has run for at least ``after``:
+
+- **GPU utilisation (DCGM)**, where it can be told apart per pod: whole GPUs
+  (``gpu`` flavors, and DRA devices) and MIG slices (``mig``). The service asks
+  Prometheus (``GPUService.prometheus_url``) for the highest utilisation the
+  NVIDIA DCGM exporter reported for the server's pod over the last ``after``:
+  ``DCGM_FI_DEV_GPU_UTIL`` (percent) for a whole GPU,
+  ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a ratio, times 100) for a MIG slice. Below
+  ``gpu_utilization_below`` all that time: idle. A pod whose samples do not
+  reach back to the start of that window is not idle (not enough data).
+- **Notebook activity**, where a GPU's use cannot be attributed to one pod
+  (``timeslice``, ``mps``, ``fraction`` and ``hami`` flavors share a device:
+  each pod sees the device's whole utilisation), where no Prometheus is
+  configured, or where Prometheus has no series for the pod: the hub's
+  ``last_activity`` of the server. No activity for ``after``: idle.
+
+An idle server gets a notice (the dashboard and the log) that says which
+signal was used and when it will be stopped; ``GPUService.idle_notice`` later,
+if it is still idle, the hub is asked to stop it. Use or activity coming back
+in between cancels the stop, with a notice. When Prometheus cannot be reached,
+the servers judged by DCGM are left as they are (neither warned nor stopped nor
+cleared) and the task fails, naming the URL, until it answers again.
+
+What is remembered (who was warned, when) lives in memory: after a restart of
+the service a server is warned again, which only ever delays a stop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import urlencode, urlparse
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from ..core.model import Idle, Policy
+from ..core.quantities import format_duration
+from .state import ServerPod, ServiceState
+from .views import Notice, Server
+
+#: asks the hub to stop (user, server name) for a reason; the error in words, or None
+StopServer = Callable[[str, str, str], Awaitable[str | None]]
+
+#: flavor kinds whose devices several pods share: a device's utilisation is not one pod's
+SHARED_KINDS = frozenset({"timeslice", "mps", "fraction", "hami"})
+#: dcgm-exporter's metrics: GPU utilisation in percent (whole GPUs, not MIG slices) ...
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+#: ... and the graphics engine's active ratio, 0 to 1 (MIG slices report this one)
+ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class PrometheusError(Exception):
+    """Prometheus did not answer a query; the message names the URL and what to check."""
+
+
+def prometheus_url_error(url: object) -> str | None:
+    """Why ``url`` cannot be the Prometheus server's URL, or None (empty: not configured)."""
+    if url == "" or url is None:
+        return None
+    if not isinstance(url, str):
+        return f"expected the Prometheus server's http(s) URL, got {url!r}"
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return (
+            "expected the Prometheus server's http(s) URL, such as "
+            f"http://prometheus-server.monitoring or http://127.0.0.1:9090, got {url!r}"
+        )
+    if parsed.query or parsed.fragment:
+        return f"expected a URL without ?query or #fragment, got {url!r}"
+    return None
+
+
+class Prometheus:
+    """Prometheus' HTTP API: instant queries (``/api/v1/query``)."""
+
+    def __init__(self, url: str, timeout: float = 20) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.http = AsyncHTTPClient()
+
+    def _failed(self, what: str) -> PrometheusError:
+        return PrometheusError(
+            f"Prometheus at {self.url} (GPUService.prometheus_url): {what}; "
+            "servers judged by GPU utilisation are neither warned nor stopped until it answers"
+        )
+
+    async def query(self, promql: str) -> list[dict]:
+        """The instant vector ``promql`` evaluates to now, as Prometheus gives it:
+        ``[{"metric": {label: value}, "value": [time, "number"]}]``."""
+        request = HTTPRequest(
+            f"{self.url}/api/v1/query",
+            method="POST",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            body=urlencode({"query": promql}),
+            request_timeout=self.timeout,
+        )
+        try:
+            response = await self.http.fetch(request, raise_error=False)
+        except OSError as e:
+            raise self._failed(f"cannot connect ({e})") from None
+        except HTTPClientError as e:  # a timeout: no response at all
+            raise self._failed(f"no answer within {self.timeout:g}s ({e})") from None
+        if response.code == 599:
+            raise self._failed(f"no answer ({response.error})")
+        try:
+            body = json.loads(response.body or b"")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "status" not in body:
+            raise self._failed(
+                f"HTTP {response.code} from /api/v1/query, not Prometheus' HTTP API "
+                "(give the URL Prometheus' own web page is at)"
+            )
+        if body["status"] != "success":
+            raise self._failed(f"the query failed: {body.get('errorType')}: {body.get('error')}")
+        data = body.get("data") or {}
+        if data.get("resultType") != "vector":
+            raise self._failed(f"expected an instant vector, got {data.get('resultType')!r}")
+        return list(data.get("result") or [])
+
+
+# ---- what is judged, and how (pure) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A running server holding GPUs in a group with an idle rule."""
+
+    server: Server
+    pod: ServerPod
+    rule: Idle
+    #: the DCGM metric its pod's utilisation is read from; None: its GPU is shared
+    metric: str | None
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.key.partition("/")[0]
+
+    @property
+    def pod_name(self) -> str:
+        return self.pod.key.partition("/")[2]
+
+
+def candidates(
+    policy: Policy, servers: Iterable[Server], pods: Mapping[str, ServerPod]
+) -> list[Candidate]:
+    """The servers an idle rule applies to now, with the metric each is judged by.
+
+    A server still starting or already stopping is left alone, and so is one
+    without a pod or without GPUs (CPU-only servers hold nothing to reclaim).
+    """
+    by_server = {(p.user, p.servername): p for p in pods.values() if p.charge is not None}
+    result = []
+    for server in servers:
+        if server.pending or not server.ready or server.started is None:
+            continue
+        group = policy.find_group(server.group)
+        pod = by_server.get((server.user, server.name))
+        if group is None or group.idle is None or pod is None or pod.charge is None:
+            continue
+        flavors = [policy.flavors.get(name) for name, _ in pod.charge.request.devices]
+        if not flavors:
+            continue
+        if any(f is None or f.kind in SHARED_KINDS for f in flavors):
+            metric = None  # unknown or shared: fall back to activity
+        elif all(f.kind == "mig" for f in flavors if f):
+            metric = ENGINE_ACTIVE
+        else:
+            metric = GPU_UTIL
+        result.append(Candidate(server=server, pod=pod, rule=group.idle, metric=metric))
+    return result
+
+
+def coverage_window(after: int) -> int:
+    """Seconds at each end of the ``after`` window that must hold samples: a tenth of
+    it, at least a minute (several scrapes), at most half of it."""
+    return max(min(max(after // 10, 60), after // 2), 1)
+
+
+def utilization_queries(metric: str, namespaces: Iterable[str], after: int) -> tuple[str, str]:
+    """PromQL for the pods of ``namespaces``: (their highest utilisation in percent over
+    the last ``after`` seconds; those whose samples cover the whole window).
+
+    Covered: samples in the window's first and last ``coverage_window`` seconds,
+    so a pod whose series starts (or stops) inside the window is not judged idle
+    on part of it.
+    """
+    names = sorted(set(namespaces))
+    bad = [n for n in names if not _DNS_LABEL.match(n)]
+    if bad:
+        raise ValueError(f"not a namespace name: {bad[0]!r}")
+    selector = f'namespace="{names[0]}"' if len(names) == 1 else f'namespace=~"{"|".join(names)}"'
+    series = f"{metric}{{{selector},pod!=''}}"
+    scale = " * 100" if metric == ENGINE_ACTIVE else ""
+    edge = coverage_window(after)
+    values = f"max by (namespace, pod) (max_over_time({series}[{after}s])){scale}"
+    covered = (
+        f"count by (namespace, pod) (count_over_time({series}[{edge}s] offset {after - edge}s))"
+        f" and on (namespace, pod) count by (namespace, pod) (count_over_time({series}[{edge}s]))"
+    )
+    return values, covered
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """One pod's highest GPU utilisation (percent) over the window, and whether its
+    samples cover all of it."""
+
+    highest: float
+    covered: bool
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one run found about one server."""
+
+    #: True: idle; False: in use (or not enough data to say it is idle);
+    #: None: unknown this run (Prometheus did not answer): nothing changes
+    idle: bool | None
+    #: the signal, in words, for the notice
+    signal: str
+
+
+def _since(server: Server) -> datetime | None:
+    """The server's last sign of use: the hub's last_activity, at the earliest its start."""
+    times = [t for t in (server.started, server.last_activity) if t is not None]
+    return max(times) if times else None
+
+
+def judge(
+    candidate: Candidate,
+    now: datetime,
+    utilization: Mapping[tuple[str, str], Utilization] | None,
+    *,
+    prometheus: bool,
+) -> Reading:
+    """Whether one server is idle now, and by which signal (pure).
+
+    ``utilization``: what Prometheus said for the candidate's metric (None: it
+    did not answer); ``prometheus``: whether one is configured at all.
+    """
+    rule, server = candidate.rule, candidate.server
+    after = format_duration(rule.after)
+    assert server.started is not None
+    if (now - server.started).total_seconds() < rule.after:
+        return Reading(False, "running for less than the idle time")
+    if candidate.metric is None:
+        why = "GPU use of a shared GPU cannot be attributed"
+    elif not prometheus:
+        why = "no GPU metrics configured"
+    elif utilization is None:
+        return Reading(None, "Prometheus did not answer")
+    else:
+        seen = utilization.get((candidate.namespace, candidate.pod_name))
+        if seen is not None:
+            if not seen.covered:
+                return Reading(False, f"DCGM samples do not cover the last {after}")
+            idle = seen.highest < rule.gpu_utilization_below
+            below = f"{rule.gpu_utilization_below:g}%"
+            if idle:
+                return Reading(True, f"GPU utilisation below {below} for {after} (DCGM)")
+            return Reading(False, f"GPU utilisation reached {seen.highest:g}% (DCGM)")
+        why = "no DCGM metrics for its pod"
+    since = _since(server)
+    idle = since is not None and (now - since).total_seconds() >= rule.after
+    return Reading(idle, f"no notebook activity for {after} ({why})")
+
+
+# ---- the rule at work ---------------------------------------------------------------
+
+
+@dataclass
+class IdleWarning:
+    """A server told it will be stopped for idling."""
+
+    at: datetime
+    stop_at: datetime
+    signal: str
+    stop_announced: bool = False
+
+
+class IdleServers:
+    """One run of the idle rule: read utilisation, warn, stop, cancel."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        state: ServiceState,
+        stop: StopServer,
+        prometheus: Prometheus | None,
+        notice_period: float,
+    ) -> None:
+        self.policy = policy
+        self.state = state
+        self.stop = stop
+        self.prometheus = prometheus
+        self.notice_period = notice_period
+        #: (user, server name, started) -> the warning it was given
+        self.warned: dict[tuple[str, str, datetime | None], IdleWarning] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether any group has an idle rule."""
+        return any(g.idle is not None for g in self.policy.all_groups)
+
+    async def utilization(
+        self, chosen: list[Candidate]
+    ) -> dict[tuple[str, int], dict[tuple[str, str], Utilization]]:
+        """Per (metric, after): each pod's utilisation, from one pair of queries."""
+        assert self.prometheus is not None
+        wanted: dict[tuple[str, int], set[str]] = {}
+        for c in chosen:
+            if c.metric is not None:
+                wanted.setdefault((c.metric, c.rule.after), set()).add(c.namespace)
+        result: dict[tuple[str, int], dict[tuple[str, str], Utilization]] = {}
+        for (metric, after), namespaces in sorted(wanted.items()):
+            values, covered = utilization_queries(metric, namespaces, after)
+            highest = await self.prometheus.query(values)
+            whole = {
+                (s["metric"].get("namespace", ""), s["metric"].get("pod", ""))
+                for s in await self.prometheus.query(covered)
+            }
+            result[(metric, after)] = {
+                key: Utilization(highest=float(s["value"][1]), covered=key in whole)
+                for s in highest
+                if (key := (s["metric"].get("namespace", ""), s["metric"].get("pod", "")))
+            }
+        return result
+
+    async def run(self, now: datetime) -> str:
+        """One run; raises when Prometheus did not answer or a stop failed, so the task
+        shows it and retries (what could be judged was acted on first)."""
+        state = self.state
+        if state.servers is None:
+            raise RuntimeError("no server list from the hub yet (see the hub-servers task)")
+        if state.server_pods is None:
+            raise RuntimeError("server pods not listed yet (see the watch server pods task)")
+        chosen = candidates(self.policy, state.servers, state.server_pods)
+        readings: dict[tuple[str, int], dict[tuple[str, str], Utilization]] | None = {}
+        failure: PrometheusError | None = None
+        if self.prometheus is not None and any(c.metric for c in chosen):
+            try:
+                readings = await self.utilization(chosen)
+            except PrometheusError as e:
+                readings, failure = None, e
+        errors: list[str] = []
+        warned = stopped = 0
+        seen = set()
+        for candidate in chosen:
+            server = candidate.server
+            key = (server.user, server.name, server.started)
+            seen.add(key)
+            utilization = (
+                None
+                if readings is None
+                else readings.get((candidate.metric or "", candidate.rule.after), {})
+            )
+            reading = judge(candidate, now, utilization, prometheus=self.prometheus is not None)
+            warning = self.warned.get(key)
+            if reading.idle is None:
+                continue
+            if not reading.idle:
+                if warning is not None:
+                    del self.warned[key]
+                    self._notice(
+                        now,
+                        server,
+                        f"{server.label}'s server in {server.group} is in "
+                        "use again: it will not be stopped",
+                    )
+                continue
+            if warning is None:
+                stop_at = now + timedelta(seconds=self.notice_period)
+                self.warned[key] = IdleWarning(at=now, stop_at=stop_at, signal=reading.signal)
+                warned += 1
+                self._notice(
+                    now,
+                    server,
+                    f"{server.label}'s server in {server.group} is idle: {reading.signal}; "
+                    f"it will be stopped at {stop_at:%H:%M:%S} UTC "
+                    f"(in {format_duration(int(self.notice_period))}) unless it is used",
+                )
+                continue
+            if now < warning.stop_at:
+                continue
+            if not warning.stop_announced:
+                warning.stop_announced = True
+                self._notice(
+                    now,
+                    server,
+                    f"Stopping {server.label}'s server in {server.group}: still idle "
+                    f"{format_duration(int(self.notice_period))} after the notice "
+                    f"({reading.signal})",
+                )
+            error = await self.stop(server.user, server.name, "idle")
+            if error:
+                errors.append(error)
+            else:
+                stopped += 1
+        # warnings of servers gone (stopped, or restarted since) are done with
+        for key in set(self.warned) - seen:
+            del self.warned[key]
+        if failure is not None:
+            raise failure
+        if errors:
+            raise RuntimeError(f"{len(errors)} idle stop(s) failed; first: {errors[0]}")
+        return (
+            f"{len(chosen)} server(s) checked, {warned} warned, {stopped} stopped, "
+            f"{len(self.warned)} awaiting their stop"
+        )
+
+    def _notice(self, now: datetime, server: Server, text: str) -> None:
+        self.state.notice(Notice(at=now, text=text, group=server.group, user=server.user))
