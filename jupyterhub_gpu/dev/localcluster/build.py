@@ -75,6 +75,13 @@ COMPONENTS = (
 )
 ALL_BINARIES = tuple(b for c in COMPONENTS for b in c.binaries)
 
+# Schedulers the local cluster can run besides kube-scheduler, each built only
+# when a cluster asks for it (`cluster build --scheduler kueue`): the plain
+# control plane never waits for them.
+SCHEDULER_COMPONENTS = {
+    "kueue": Component("kueue", "sigs.k8s.io/kueue", ("kueue",), ("sigs.k8s.io/kueue/cmd/kueue",)),
+}
+
 
 def cache_dir() -> Path:
     base = os.environ.get("JUPYTERHUB_GPU_CACHE") or os.path.join(
@@ -83,8 +90,19 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def versions() -> dict[str, str]:
-    return {c.name: c.version for c in COMPONENTS}
+def scheduler_components(schedulers: tuple[str, ...] | list[str] = ()) -> tuple[Component, ...]:
+    """The components of the schedulers named, in the order given."""
+    unknown = [name for name in schedulers if name not in SCHEDULER_COMPONENTS]
+    if unknown:
+        raise BuildError(
+            f"no scheduler {', '.join(unknown)} for the local cluster: "
+            f"choose from {', '.join(SCHEDULER_COMPONENTS)}"
+        )
+    return tuple(SCHEDULER_COMPONENTS[name] for name in dict.fromkeys(schedulers))
+
+
+def versions(schedulers: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    return {c.name: c.version for c in (*COMPONENTS, *scheduler_components(schedulers))}
 
 
 class BuildError(RuntimeError):
@@ -185,18 +203,24 @@ def _print_progress(message: str) -> None:
 
 
 def ensure_binaries(
-    bin_dir: str | os.PathLike | None = None, progress: ProgressFn | None = None
+    bin_dir: str | os.PathLike | None = None,
+    progress: ProgressFn | None = None,
+    schedulers: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """A folder holding every binary the local cluster needs, building what is missing.
 
+    ``schedulers`` names the schedulers besides kube-scheduler to build as well
+    (``"kueue"``); the control plane alone is built when it is empty.
     With ``bin_dir`` (or ``JUPYTERHUB_GPU_BIN_DIR``) that folder is used as is and
     nothing is built: a missing binary there is an error naming it.
     """
     progress = progress or _print_progress
+    components = (*COMPONENTS, *scheduler_components(schedulers))
     given = bin_dir or os.environ.get("JUPYTERHUB_GPU_BIN_DIR")
     if given:
         folder = Path(given).expanduser().resolve()
-        missing = [b for b in ALL_BINARIES if not os.access(folder / b, os.X_OK)]
+        wanted = [b for c in components for b in c.binaries]
+        missing = [b for b in wanted if not os.access(folder / b, os.X_OK)]
         if missing:
             raise BuildError(
                 f"--bin-dir {folder}: no executable {', '.join(missing)} there; "
@@ -207,7 +231,7 @@ def ensure_binaries(
     root = cache_dir() / "bin"
     with _lock(root / ".lock"):
         folders = []
-        for component in COMPONENTS:
+        for component in components:
             dest = root / component.key
             if not all((dest / b).exists() for b in component.binaries):
                 shutil.rmtree(dest, ignore_errors=True)
@@ -216,7 +240,7 @@ def ensure_binaries(
         # one folder of links, so every caller sees a single --bin-dir-like layout
         links = root / "active"
         links.mkdir(exist_ok=True)
-        for component, folder in zip(COMPONENTS, folders, strict=True):
+        for component, folder in zip(components, folders, strict=True):
             for binary in component.binaries:
                 link = links / binary
                 if link.is_symlink() or link.exists():
