@@ -35,6 +35,24 @@ class Component:
     binaries: tuple[str, ...]
     packages: tuple[str, ...]
     tags: str = ""
+    #: the package whose gitVersion/gitMajor/gitMinor the binaries report (as upstream's
+    #: release build stamps them); unstamped, kube-apiserver says v0.0.0-master, which
+    #: clients that read the server version (Kueue) refuse
+    version_package: str = ""
+
+    @property
+    def ldflags(self) -> str:
+        flags = ["-s", "-w"]
+        if self.version_package:
+            major, minor = self.version.lstrip("v").split(".")[:2]
+            for name, value in (
+                ("gitVersion", self.version),
+                ("gitMajor", major),
+                ("gitMinor", minor),
+                ("gitTreeState", "clean"),
+            ):
+                flags.append(f"-X {self.version_package}.{name}={value}")
+        return " ".join(flags)
 
     @property
     def module_dir(self) -> Path:
@@ -55,6 +73,8 @@ class Component:
         for f in sorted(self.module_dir.iterdir()):
             if f.suffix in (".mod", ".sum", ".go"):
                 digest.update(f.name.encode() + f.read_bytes())
+        if self.version_package:  # binaries built before they were stamped are rebuilt
+            digest.update(self.ldflags.encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
 
 
@@ -70,6 +90,7 @@ COMPONENTS = (
             "k8s.io/kubernetes/cmd/kube-scheduler",
         ),
         tags="selinux,notest",
+        version_package="k8s.io/component-base/version",
     ),
     Component("kwok", "sigs.k8s.io/kwok", ("kwok",), ("sigs.k8s.io/kwok/cmd/kwok",)),
 )
@@ -157,7 +178,7 @@ def _build(component: Component, dest: Path, progress: ProgressFn) -> None:
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    cmd = [_go(), "build", "-v", "-trimpath", "-ldflags", "-s -w"]
+    cmd = [_go(), "build", "-v", "-trimpath", "-ldflags", component.ldflags]
     if component.tags:
         cmd += ["-tags", component.tags]
     if component.packages == (".",):
@@ -237,8 +258,11 @@ def ensure_binaries(
                 shutil.rmtree(dest, ignore_errors=True)
                 _build(component, dest, progress)
             folders.append(dest)
-        # one folder of links, so every caller sees a single --bin-dir-like layout
-        links = root / "active"
+        # one folder of links, so every caller sees a single --bin-dir-like layout; named
+        # after the builds it links, so checkouts pinning other versions (or asking for
+        # other schedulers) never swap a running caller's binaries under it
+        keys = ",".join(component.key for component in components)
+        links = root / f"active-{hashlib.sha256(keys.encode()).hexdigest()[:12]}"
         links.mkdir(exist_ok=True)
         for component, folder in zip(components, folders, strict=True):
             for binary in component.binaries:
