@@ -17,6 +17,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.config.values import policy_from_values
+from jupyterhub_gpu.core.pending import kueue_waiting
 from jupyterhub_gpu.dev.localcluster import sockets
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.kube.reconciler import Reconciler
@@ -245,7 +246,10 @@ async def test_a_pod_created_past_the_hub_into_the_full_queue_waits_until_the_gp
     # the reason is Kueue's own, naming the resource the queue is out of
     assert reserved["reason"] == "Pending"
     assert "nvidia.com/gpu" in reserved["message"], reserved
+    line = kueue_waiting(workload)
+    assert line == f"waiting in Kueue queue lab: {reserved['message']}"
 
     await core.delete_namespaced_pod(first["metadata"]["name"], hub_namespace)
     pod, workload = await admitted_and_running(kube, hub_namespace, name)
     assert not any(g.name == GATE for g in pod.spec.scheduling_gates or [])
+    assert kueue_waiting(workload) is None
