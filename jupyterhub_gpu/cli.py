@@ -68,20 +68,29 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def _cluster(args: argparse.Namespace, build: Any, cluster: Any) -> int:
     existing = cluster.find(args.name)
     if args.action == "build":
-        folder = build.ensure_binaries(args.bin_dir)
-        print(
-            f"binaries in {folder}: " + ", ".join(f"{k} {v}" for k, v in build.versions().items())
-        )
+        schedulers = tuple(args.scheduler)
+        folder = build.ensure_binaries(args.bin_dir, schedulers=schedulers)
+        versions = build.versions(schedulers)
+        print(f"binaries in {folder}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
         return 0
     if args.action == "up":
         if existing:
             if all(existing.status()["processes"].values()):
+                missing = [s for s in args.scheduler if s not in existing.state.schedulers]
+                if missing:
+                    raise UserError(
+                        f"cluster {args.name!r} is already up without {', '.join(missing)}: "
+                        f"stop it with `jupyterhub-gpu cluster down --name {args.name}` first"
+                    )
                 print(f"cluster {args.name!r} is already up ({existing.state.server})")
                 print(f"KUBECONFIG={existing.state.kubeconfig}")
                 return 0
             existing.down()  # a half-dead leftover: clean it before starting again
         local = cluster.LocalCluster.create(
-            name=args.name, bin_dir=args.bin_dir, node_pools=_node_pools(args.node_pools)
+            name=args.name,
+            bin_dir=args.bin_dir,
+            node_pools=_node_pools(args.node_pools),
+            schedulers=tuple(args.scheduler),
         )
         print(f"cluster {args.name!r} is up at {local.state.server}")
         print(f"KUBECONFIG={local.state.kubeconfig}")
@@ -208,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default="default", help="which local cluster (default: default)")
     c.add_argument("--bin-dir", help=bin_dir_help)
     c.add_argument("--node-pools", help="a YAML file of simulated node pools")
+    c.add_argument(
+        "--scheduler",
+        action="append",
+        default=[],
+        choices=["kueue"],
+        help="a scheduler to build (build) and run (up) besides kube-scheduler: kueue runs "
+        "Kueue's manager with its CRDs and webhooks on 127.0.0.1 (repeatable)",
+    )
     c.set_defaults(func=cmd_cluster)
 
     values_help = "z2jh values files, merged in order like helm -f"

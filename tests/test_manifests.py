@@ -238,14 +238,14 @@ def test_kueue_cluster_queues_cohorts_and_local_queues_follow_parents():
     objects = desired_objects(policy("kueue"), HUB)
     for obj in objects:
         if "kueue" in obj["apiVersion"]:
-            assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+            assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     one(objects, "ResourceFlavor")
     assert one(objects, "Cohort", "org")["spec"] == {}  # a top-level parent
     cqs = {o["metadata"]["name"]: o["spec"] for o in find(objects, "ClusterQueue")}
-    assert cqs["lab"]["cohort"] == "org"
-    assert cqs["course"]["cohort"] == "org"
-    assert cqs["org"]["cohort"] == "org"  # the parent's own servers share its pool
-    assert "cohort" not in cqs["admins"]
+    assert cqs["lab"]["cohortName"] == "org"
+    assert cqs["course"]["cohortName"] == "org"
+    assert cqs["org"]["cohortName"] == "org"  # the parent's own servers share its pool
+    assert "cohortName" not in cqs["admins"]
 
     def quotas(name):
         resources = cqs[name]["resourceGroups"][0]["flavors"][0]["resources"]
@@ -287,7 +287,7 @@ def test_nested_parents_make_nested_kueue_cohorts():
     )
     objects = desired_objects(p, HUB)
     assert one(objects, "Cohort", "mid")["spec"] == {"parentName": "top"}
-    assert one(objects, "ClusterQueue", "leaf")["spec"]["cohort"] == "mid"
+    assert one(objects, "ClusterQueue", "leaf")["spec"]["cohortName"] == "mid"
 
 
 def test_pods_queue_label_names_the_queue_object_even_for_names_objects_cannot_have():

@@ -24,7 +24,7 @@ What is rendered, per group (``everyone`` included when it offers a profile):
   queue ``jupyterhub-gpu`` (KAI schedules only queues that have a parent);
   ``volcano``: a ``scheduling.volcano.sh/v1beta1`` Queue per group; ``kueue``:
   one ResourceFlavor, a ClusterQueue per group (a Cohort per parent group) and a
-  LocalQueue in the namespace its servers run in (``kueue.x-k8s.io/v1beta1``,
+  LocalQueue in the namespace its servers run in (``kueue.x-k8s.io/v1beta2``,
   the storage version of the pinned Kueue; see ``KUEUE_API``).
 - a DRA ResourceClaimTemplate (``resource.k8s.io/v1``) per dra flavor and device
   count a profile offers, in every namespace servers run in, named
@@ -54,9 +54,10 @@ IN_QUOTA_PRIORITY = 1000
 OVER_QUOTA_PRIORITY = 100
 #: the KAI queue every group queue hangs under (KAI v0.12 schedules only queues with a parent)
 KAI_ROOT_QUEUE = "jupyterhub-gpu"
-#: Kueue's storage version in the pinned release (v0.15): v1beta2 is served too, but
-#: the CRD alone has no conversion webhook, so v1beta2's renamed fields would be lost
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
+#: Kueue's storage version in the pinned release (v0.19): v1beta1 is served too, but
+#: a cluster with Kueue's CRDs and no Kueue running has no conversion webhook, and
+#: v1beta1's fields renamed in v1beta2 (a ClusterQueue's ``cohort``) would be lost
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
 KUEUE_FLAVOR = "jupyterhub-gpu"
 #: Kueue has no "unlimited" nominal quota; an uncapped resource gets this many units
 KUEUE_UNBOUNDED = 1_000_000
@@ -472,7 +473,7 @@ def kueue_objects(policy: Policy, hub: str) -> list[dict[str, Any]]:
             },
         }
         if cohort:
-            cq_spec["cohort"] = queue_name(policy.groups[cohort])
+            cq_spec["cohortName"] = queue_name(policy.groups[cohort])
         objects.append(
             {
                 "apiVersion": KUEUE_API,

@@ -81,3 +81,23 @@ def explain_unschedulable(
     if short_of_gpu and short_of:
         text += f"; also short of {', '.join(short_of)}"
     return text + ". The server starts by itself as soon as there is room; stop it to give up."
+
+
+def kueue_waiting(workload: dict) -> str | None:
+    """Why Kueue holds a pod, from its Workload (API form); None once it is admitted.
+
+    Kueue gates a queued pod until its Workload is admitted; the QuotaReserved
+    condition says why not yet (e.g. ``couldn't assign flavors to pod set main:
+    insufficient unused quota for nvidia.com/gpu in flavor jupyterhub-gpu, 1 more
+    needed``). The line names the LocalQueue, as the pod's label does.
+    """
+    conditions = {c.get("type"): c for c in workload.get("status", {}).get("conditions", [])}
+    if conditions.get("Admitted", {}).get("status") == "True":
+        return None
+    queue = workload.get("spec", {}).get("queueName", "?")
+    for kind in ("Evicted", "QuotaReserved", "Admitted"):
+        condition = conditions.get(kind)
+        wanted = "True" if kind == "Evicted" else "False"
+        if condition and condition.get("status") == wanted and condition.get("message"):
+            return f"waiting in Kueue queue {queue}: {condition['message']}"
+    return f"waiting in Kueue queue {queue}: not yet considered by Kueue"

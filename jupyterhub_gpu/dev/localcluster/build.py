@@ -35,6 +35,24 @@ class Component:
     binaries: tuple[str, ...]
     packages: tuple[str, ...]
     tags: str = ""
+    #: the package whose gitVersion/gitMajor/gitMinor the binaries report (as upstream's
+    #: release build stamps them); unstamped, kube-apiserver says v0.0.0-master, which
+    #: clients that read the server version (Kueue) refuse
+    version_package: str = ""
+
+    @property
+    def ldflags(self) -> str:
+        flags = ["-s", "-w"]
+        if self.version_package:
+            major, minor = self.version.lstrip("v").split(".")[:2]
+            for name, value in (
+                ("gitVersion", self.version),
+                ("gitMajor", major),
+                ("gitMinor", minor),
+                ("gitTreeState", "clean"),
+            ):
+                flags.append(f"-X {self.version_package}.{name}={value}")
+        return " ".join(flags)
 
     @property
     def module_dir(self) -> Path:
@@ -55,6 +73,8 @@ class Component:
         for f in sorted(self.module_dir.iterdir()):
             if f.suffix in (".mod", ".sum", ".go"):
                 digest.update(f.name.encode() + f.read_bytes())
+        if self.version_package:  # binaries built before they were stamped are rebuilt
+            digest.update(self.ldflags.encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
 
 
@@ -70,10 +90,18 @@ COMPONENTS = (
             "k8s.io/kubernetes/cmd/kube-scheduler",
         ),
         tags="selinux,notest",
+        version_package="k8s.io/component-base/version",
     ),
     Component("kwok", "sigs.k8s.io/kwok", ("kwok",), ("sigs.k8s.io/kwok/cmd/kwok",)),
 )
 ALL_BINARIES = tuple(b for c in COMPONENTS for b in c.binaries)
+
+# Schedulers the local cluster can run besides kube-scheduler, each built only
+# when a cluster asks for it (`cluster build --scheduler kueue`): the plain
+# control plane never waits for them.
+SCHEDULER_COMPONENTS = {
+    "kueue": Component("kueue", "sigs.k8s.io/kueue", ("kueue",), ("sigs.k8s.io/kueue/cmd/kueue",)),
+}
 
 
 def cache_dir() -> Path:
@@ -83,8 +111,19 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def versions() -> dict[str, str]:
-    return {c.name: c.version for c in COMPONENTS}
+def scheduler_components(schedulers: tuple[str, ...] | list[str] = ()) -> tuple[Component, ...]:
+    """The components of the schedulers named, in the order given."""
+    unknown = [name for name in schedulers if name not in SCHEDULER_COMPONENTS]
+    if unknown:
+        raise BuildError(
+            f"no scheduler {', '.join(unknown)} for the local cluster: "
+            f"choose from {', '.join(SCHEDULER_COMPONENTS)}"
+        )
+    return tuple(SCHEDULER_COMPONENTS[name] for name in dict.fromkeys(schedulers))
+
+
+def versions(schedulers: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    return {c.name: c.version for c in (*COMPONENTS, *scheduler_components(schedulers))}
 
 
 class BuildError(RuntimeError):
@@ -139,7 +178,7 @@ def _build(component: Component, dest: Path, progress: ProgressFn) -> None:
     staging = dest.with_name(dest.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    cmd = [_go(), "build", "-v", "-trimpath", "-ldflags", "-s -w"]
+    cmd = [_go(), "build", "-v", "-trimpath", "-ldflags", component.ldflags]
     if component.tags:
         cmd += ["-tags", component.tags]
     if component.packages == (".",):
@@ -185,18 +224,24 @@ def _print_progress(message: str) -> None:
 
 
 def ensure_binaries(
-    bin_dir: str | os.PathLike | None = None, progress: ProgressFn | None = None
+    bin_dir: str | os.PathLike | None = None,
+    progress: ProgressFn | None = None,
+    schedulers: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """A folder holding every binary the local cluster needs, building what is missing.
 
+    ``schedulers`` names the schedulers besides kube-scheduler to build as well
+    (``"kueue"``); the control plane alone is built when it is empty.
     With ``bin_dir`` (or ``JUPYTERHUB_GPU_BIN_DIR``) that folder is used as is and
     nothing is built: a missing binary there is an error naming it.
     """
     progress = progress or _print_progress
+    components = (*COMPONENTS, *scheduler_components(schedulers))
     given = bin_dir or os.environ.get("JUPYTERHUB_GPU_BIN_DIR")
     if given:
         folder = Path(given).expanduser().resolve()
-        missing = [b for b in ALL_BINARIES if not os.access(folder / b, os.X_OK)]
+        wanted = [b for c in components for b in c.binaries]
+        missing = [b for b in wanted if not os.access(folder / b, os.X_OK)]
         if missing:
             raise BuildError(
                 f"--bin-dir {folder}: no executable {', '.join(missing)} there; "
@@ -207,16 +252,19 @@ def ensure_binaries(
     root = cache_dir() / "bin"
     with _lock(root / ".lock"):
         folders = []
-        for component in COMPONENTS:
+        for component in components:
             dest = root / component.key
             if not all((dest / b).exists() for b in component.binaries):
                 shutil.rmtree(dest, ignore_errors=True)
                 _build(component, dest, progress)
             folders.append(dest)
-        # one folder of links, so every caller sees a single --bin-dir-like layout
-        links = root / "active"
+        # one folder of links, so every caller sees a single --bin-dir-like layout; named
+        # after the builds it links, so checkouts pinning other versions (or asking for
+        # other schedulers) never swap a running caller's binaries under it
+        keys = ",".join(component.key for component in components)
+        links = root / f"active-{hashlib.sha256(keys.encode()).hexdigest()[:12]}"
         links.mkdir(exist_ok=True)
-        for component, folder in zip(COMPONENTS, folders, strict=True):
+        for component, folder in zip(components, folders, strict=True):
             for binary in component.binaries:
                 link = links / binary
                 if link.is_symlink() or link.exists():

@@ -14,6 +14,7 @@ are in 127.0.0.0/8. Everything a cluster writes lives in its state folder, which
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ipaddress
 import json
@@ -36,6 +37,7 @@ from typing import Any
 import yaml
 
 from . import build, nodepools, pki, sockets
+from . import kueue as kueue_manager
 
 #: Pod IPs come from one /18 of this range per cluster: two clusters running at
 #: once (a test session and the demo) must never give out the same pod IP, or one
@@ -60,6 +62,8 @@ CONTROLLERS = (
 )
 
 ProgressFn = Callable[[str], None]
+#: the servers Kueue's manager runs, each on a port of its own on 127.0.0.1
+KUEUE_SERVERS = ("webhook", "metrics", "health", "visibility")
 
 
 class ClusterError(RuntimeError):
@@ -120,6 +124,8 @@ class ClusterState:
     #: scheduler names kube-scheduler also answers to, placing their pods as its own
     #: (stand-ins for schedulers this cluster does not run, e.g. kai-scheduler)
     stand_in_schedulers: list[str] = field(default_factory=list)
+    #: schedulers this cluster runs besides kube-scheduler (``kueue``)
+    schedulers: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -195,32 +201,37 @@ class LocalCluster:
         progress: ProgressFn | None = None,
         start_timeout: float = 60,
         stand_in_schedulers: tuple[str, ...] = (),
+        schedulers: tuple[str, ...] = (),
     ) -> LocalCluster:
         """Build (or reuse) the binaries and start a fresh cluster; return when it is Ready.
 
         ``stand_in_schedulers``: scheduler names (``schedulerName`` of pods) that
         kube-scheduler places as its own, for a policy whose scheduler the cluster
         does not run: every label and annotation stays, the placement is the default's.
+        ``schedulers``: schedulers the cluster runs for real besides kube-scheduler
+        (``"kueue"``: Kueue's manager with its CRDs and webhooks), built on first use.
         """
         progress = progress or (lambda m: print(f"[cluster] {m}", file=sys.stderr, flush=True))
-        binaries = build.ensure_binaries(bin_dir, progress=progress)
+        schedulers = tuple(dict.fromkeys(schedulers))
+        binaries = build.ensure_binaries(bin_dir, progress=progress, schedulers=schedulers)
         description = node_pools or yaml.safe_load(DEFAULT_NODE_POOLS.read_text())
         nodes = nodepools.render_nodes(description)  # fail on a bad description before starting
         if directory is None:
             state_root().mkdir(parents=True, exist_ok=True)
             directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=state_root()))
         directory.mkdir(parents=True, exist_ok=True)
-        ports = {
-            k: free_port()
-            for k in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
-        }
+        roles = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
+        if "kueue" in schedulers:
+            roles += [f"kueue-{server}" for server in KUEUE_SERVERS]
+        ports = {k: free_port() for k in roles}
         state = ClusterState(
             name=name,
             directory=str(directory),
             ports=ports,
-            versions=build.versions(),
+            versions=build.versions(schedulers),
             pod_cidr=choose_pod_cidr(pod_addresses_in_use()),
             stand_in_schedulers=list(stand_in_schedulers),
+            schedulers=list(schedulers),
         )
         cluster = cls(state)
         try:
@@ -381,7 +392,105 @@ class LocalCluster:
         )
         progress(f"registering {len(nodes)} simulated nodes")
         asyncio.run(self._register_nodes(nodes, timeout - (time.monotonic() - started)))
+        if "kueue" in self.state.schedulers:
+            self._start_kueue(bins, progress, timeout)
         progress(f"cluster ready in {time.monotonic() - started:.1f}s")
+
+    def _start_kueue(self, bins: Path, progress: ProgressFn, timeout: float) -> None:
+        """Kueue's CRDs, certificate Secret and webhooks, then its manager on 127.0.0.1;
+        returns once the API server reaches its webhooks."""
+        p = self.state.ports
+        pk = self.state.path / "pki"
+        kubeconfig, secret_data = kueue_manager.write_credentials(pk, self.state.server)
+        webhook_url = f"https://127.0.0.1:{p['kueue-webhook']}"
+        ca_bundle = base64.b64encode(secret_data["ca.crt"]).decode()
+        # the Secret's files, where a kubelet would mount it for Kueue's webhook server
+        cert_dir = self.state.path / "kueue-certs"
+        cert_dir.mkdir(exist_ok=True)
+        for name, content in secret_data.items():
+            (cert_dir / name).write_bytes(content)
+            if name.endswith(".key"):
+                (cert_dir / name).chmod(0o600)
+        config = kueue_manager.configuration(
+            {server: p[f"kueue-{server}"] for server in KUEUE_SERVERS}, cert_dir
+        )
+        config_path = self.state.path / "kueue-config.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+        progress("installing Kueue's CRDs and webhooks")
+        asyncio.run(self._install_kueue(webhook_url, ca_bundle, secret_data, timeout))
+        progress(f"starting Kueue {self.state.versions.get('kueue', '')}")
+        self._spawn(
+            "kueue",
+            [str(bins / "kueue"), f"--config={config_path}", f"--kubeconfig={kubeconfig}"],
+        )
+        self._wait(
+            lambda: self._http_ok(f"http://127.0.0.1:{p['kueue-health']}/readyz"), "kueue", timeout
+        )
+        asyncio.run(self._kueue_webhooks_answer(webhook_url, timeout))
+
+    async def _install_kueue(
+        self, webhook_url: str, ca_bundle: str, secret_data: dict[str, bytes], within: float
+    ) -> None:
+        """What Kueue needs before it starts: its CRDs (converted through its webhook),
+        its namespace, the certificate Secret its rotator adopts, and its webhook
+        configurations (the rotator waits for them to exist)."""
+        from kubernetes_asyncio import client
+
+        from . import crds
+
+        async with self.api() as api:
+            await crds.install(
+                api,
+                "kueue",
+                within=within,
+                adapt=lambda crd: kueue_manager.with_conversion_webhook(
+                    crd, webhook_url, ca_bundle
+                ),
+            )
+            core = client.CoreV1Api(api)
+            await core.create_namespace({"metadata": {"name": kueue_manager.NAMESPACE}})
+            await core.create_namespaced_secret(
+                kueue_manager.NAMESPACE, kueue_manager.certificate_secret(secret_data)
+            )
+            registration = client.AdmissionregistrationV1Api(api)
+            for configuration in kueue_manager.webhook_configurations(
+                kueue_manager.module_manifests(), webhook_url, ca_bundle
+            ):
+                if configuration["kind"] == "MutatingWebhookConfiguration":
+                    await registration.create_mutating_webhook_configuration(configuration)
+                else:
+                    await registration.create_validating_webhook_configuration(configuration)
+
+    async def _kueue_webhooks_answer(self, webhook_url: str, within: float) -> None:
+        """Wait until the API server reaches Kueue's webhooks: a server-side dry run
+        passes the admission webhooks, so once one for a Kueue object succeeds, pods
+        and queues are Kueue's."""
+        from kubernetes_asyncio import client
+
+        probe = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "jupyterhub-gpu-webhook-probe"},
+            "spec": {},
+        }
+        async with self.api() as api:
+            custom = client.CustomObjectsApi(api)
+            deadline = time.monotonic() + within
+            while True:
+                try:
+                    await custom.create_cluster_custom_object(
+                        "kueue.x-k8s.io", "v1beta2", "resourceflavors", probe, dry_run="All"
+                    )
+                    return
+                except client.ApiException as e:
+                    if time.monotonic() > deadline:
+                        raise ClusterError(
+                            f"Kueue's webhooks at {webhook_url} do not answer the API server "
+                            f"after {within:.0f}s ({e.status} {e.reason}: {e.body}); "
+                            f"see {self.state.path / 'logs' / 'kueue.log'}"
+                        ) from e
+                await asyncio.sleep(0.25)
 
     async def _register_nodes(self, nodes: list[dict], within: float) -> None:
         from kubernetes_asyncio.client import ApiException
@@ -458,14 +567,16 @@ class LocalCluster:
     def _wait(self, check: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         pid = self.state.pids.get(what)
+        log = self.state.path / "logs" / f"{what}.log"
         while not check():
             if pid and not _alive(pid):
-                log = self.state.path / "logs" / f"{what}.log"
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise ClusterError(f"{what} exited during start-up; its log ({log}) ends:\n{tail}")
             if time.monotonic() > deadline:
+                # the state folder goes with the failed cluster: say what the log said
+                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise ClusterError(
-                    f"{what} not ready after {timeout:.0f}s; see {self.state.path}/logs"
+                    f"{what} not ready after {timeout:.0f}s; its log ({log}) ends:\n{tail}"
                 )
             time.sleep(0.1)
 

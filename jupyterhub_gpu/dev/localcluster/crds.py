@@ -13,6 +13,7 @@ import functools
 import json
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,19 @@ SOURCES = (
         "kueue",
         "sigs.k8s.io/kueue",
         "config/components/crd/bases",
+        # every one of them: Kueue's manager, when the cluster runs it, watches them all
         (
             "kueue.x-k8s.io_resourceflavors.yaml",
             "kueue.x-k8s.io_clusterqueues.yaml",
             "kueue.x-k8s.io_localqueues.yaml",
             "kueue.x-k8s.io_cohorts.yaml",
+            "kueue.x-k8s.io_workloads.yaml",
+            "kueue.x-k8s.io_admissionchecks.yaml",
+            "kueue.x-k8s.io_workloadpriorityclasses.yaml",
+            "kueue.x-k8s.io_provisioningrequestconfigs.yaml",
+            "kueue.x-k8s.io_multikueueconfigs.yaml",
+            "kueue.x-k8s.io_multikueueclusters.yaml",
+            "kueue.x-k8s.io_topologies.yaml",
         ),
     ),
 )
@@ -125,10 +134,17 @@ def crds(scheduler: str) -> list[dict[str, Any]]:
     ]
 
 
-async def install(api_client: Any, scheduler: str, within: float = 60) -> list[str]:
+async def install(
+    api_client: Any,
+    scheduler: str,
+    within: float = 60,
+    adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> list[str]:
     """Create a scheduler's CRDs in a cluster (those missing) and wait until they serve.
 
-    ``api_client`` is a kubernetes_asyncio ApiClient. Returns the CRD names.
+    ``api_client`` is a kubernetes_asyncio ApiClient; ``adapt`` changes each CRD
+    before it is created (e.g. to convert through a webhook the cluster runs).
+    Returns the CRD names.
     """
     import asyncio
     import time
@@ -138,6 +154,7 @@ async def install(api_client: Any, scheduler: str, within: float = 60) -> list[s
     ext = client.ApiextensionsV1Api(api_client)
     names = []
     for crd in crds(scheduler):
+        crd = adapt(crd) if adapt else crd
         names.append(crd["metadata"]["name"])
         try:
             await ext.create_custom_resource_definition(crd)

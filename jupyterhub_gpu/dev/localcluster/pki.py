@@ -42,7 +42,7 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
 
 class CertificateAuthority:
     def __init__(self) -> None:
-        self.key = _key()
+        self.key: ec.EllipticCurvePrivateKey = _key()
         now = datetime.datetime.now(datetime.UTC)
         self.cert = (
             x509.CertificateBuilder()
@@ -68,6 +68,62 @@ class CertificateAuthority:
                 critical=True,
             )
             .sign(self.key, hashes.SHA256())
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> CertificateAuthority:
+        """The CA that ``write_pki`` wrote to ``directory``, to sign more certificates."""
+        ca = cls.__new__(cls)
+        ca.key = serialization.load_pem_private_key(  # type: ignore[assignment]
+            (directory / "ca.key").read_bytes(), password=None
+        )
+        ca.cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+        return ca
+
+    def intermediate(self, common_name: str, dns_names: list[str]) -> CertificateAuthority:
+        """A CA signed by this one, with an RSA key and ``dns_names`` as its names: the
+        shape Kueue's certificate rotator accepts as its own CA (it checks the CA for
+        the name ``kueue-ca`` and reads the key as PKCS#1 RSA)."""
+        sub = CertificateAuthority.__new__(CertificateAuthority)
+        sub.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)  # type: ignore[assignment]
+        now = datetime.datetime.now(datetime.UTC)
+        sub.cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name))
+            .issuer_name(self.cert.subject)
+            .public_key(sub.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=True,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        return sub
+
+    @property
+    def key_pem_pkcs1(self) -> bytes:
+        """The key as PKCS#1 ("RSA PRIVATE KEY"), for an RSA CA (see ``intermediate``)."""
+        return self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
         )
 
     def issue(

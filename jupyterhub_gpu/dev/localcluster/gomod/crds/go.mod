@@ -9,6 +9,6 @@ go 1.26.0
 
 require (
 	github.com/NVIDIA/KAI-scheduler v0.12.0
-	sigs.k8s.io/kueue v0.15.2
+	sigs.k8s.io/kueue v0.19.2
 	volcano.sh/volcano v1.10.0
 )
