@@ -13,13 +13,23 @@ import re
 import signal
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from hub_helpers import running_hub
 from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.core.budgets import UsageRecord
 from kube_helpers import eventually, pod_manifest
-from test_service_hub import aget, service_pids, start_server, user_token, wait_for_service
+from test_service_hub import (
+    SCREENSHOTS,
+    aget,
+    login,
+    service_pids,
+    start_server,
+    user_token,
+    wait_for_service,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -294,3 +304,61 @@ async def test_a_used_up_warn_budget_tells_the_user_and_leaves_the_server_runnin
     assert model["servers"][""]["ready"]
     # nobody else is told about tia
     assert not [t for t in await notices_for(time_hub, "bob") if "tia" in t]
+
+
+async def test_the_dashboard_draws_gpu_use_over_time_and_offers_the_showback_csv(time_hub, browser):
+    # a day of alpha's earlier use, so the chart has a shape to draw
+    now = time.time()
+    earlier = [(2, now - 20 * 3600, now - 14 * 3600), (1, now - 16 * 3600, now - 13 * 3600)]
+    earlier.append((3, now - 8 * 3600, now - 6 * 3600))
+    await asyncio.to_thread(
+        store_of(time_hub).open,
+        [
+            UsageRecord(
+                f"earlier-{i}", f"x/earlier-{i}", "amy", "alpha", "small", "h200", g, s, e, e
+            )
+            for i, (g, s, e) in enumerate(earlier)
+        ],
+    )
+    root = await user_token(time_hub, "root")
+
+    async def counted():
+        status, view = await get_json(time_hub, root, "api/usage")
+        hours = view["gpu_hours"]["groups"].get("alpha") if status == 200 else None
+        return hours and hours["used"] > 12 + 3 + 6
+
+    await eventually(counted, "the service to read the earlier use", within=30)
+    context = await browser.new_context(accept_downloads=True)
+    try:
+        page = await context.new_page()
+        await login(page, time_hub, "root")
+        await page.goto(time_hub.service_url)
+        await page.wait_for_selector("[data-chart=alpha] svg polygon")
+        await asyncio.to_thread(SCREENSHOTS.mkdir, parents=True, exist_ok=True)
+        shot = SCREENSHOTS / "dashboard-gpu-time.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        chart = page.locator("[data-chart=alpha]")
+        legend = await chart.locator(".legend").inner_text()
+        assert "H200" in legend
+        assert "quota 4" in legend
+        # 100 GPU-hours a week allow 0.595 GPUs used evenly
+        assert "budget (sustained GPUs it allows) 0.595" in legend
+        # the stacked area is drawn higher where more GPUs were in use
+        box = await chart.locator("svg polygon").first.bounding_box()
+        assert box["height"] > 20
+        text = await page.inner_text("body")
+        assert "Showback for " in text
+        assert "of a 100 GPU-hour budget" in text
+        async with page.expect_download() as download_info:
+            await page.click("text=Download CSV")
+        download = await download_info.value
+        path = await download.path()
+        content = await asyncio.to_thread(Path(path).read_text)
+        assert content.splitlines()[0] == "month,group,user,flavor,gpu_hours"
+        assert any(line.split(",")[1:3] == ["alpha", "amy"] for line in content.splitlines())
+        # the week's view draws the same group over seven days
+        await page.click("text=week")
+        await page.wait_for_selector("[data-chart=alpha] svg polygon")
+        assert "range=week" in page.url
+    finally:
+        await context.close()
