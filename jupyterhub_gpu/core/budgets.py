@@ -57,7 +57,19 @@ def gpu_hours(
     records: Iterable[UsageRecord], since: float, now: float, running: Container[str] = ()
 ) -> float:
     """GPU-equivalent-hours the records used from ``since`` to ``now``."""
-    return sum(r.gpu_seconds(since, now, now, running) for r in records) / HOUR
+    # ``UsageRecord.gpu_seconds`` inlined: this runs for every record in every budget
+    # window a spawn counts against, in the spawn path
+    total = 0.0
+    for r in records:
+        end = r.ended
+        if end is None:
+            end = now if r.key in running else max(r.last_seen, r.started)
+        if end > now:
+            end = now
+        start = r.started if r.started > since else since
+        if end > start:
+            total += r.gpus * (end - start)
+    return total / HOUR
 
 
 class UsageBook:

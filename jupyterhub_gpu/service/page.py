@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from ..core.budgets import format_period
 from ..core.quantities import format_duration
 
 _CSS = """
@@ -214,6 +215,8 @@ def chart_svg(chart: dict[str, Any], width: int = 560, height: int = 170) -> str
     plot_w, plot_h = width - left - right, height - top - bottom
     stacked = [sum(values[i] for values in flavors.values()) for i in range(len(times))]
     lines = {k: chart.get(k) for k in ("quota", "limit", "budget") if chart.get(k)}
+    if lines.get("limit") == lines.get("quota"):
+        lines.pop("limit", None)  # one line, not two drawn on top of each other
     peak = max([*stacked, *lines.values(), 1e-9])
     scale = peak * 1.1
     count = max(len(times), 1)
@@ -250,7 +253,7 @@ def chart_svg(chart: dict[str, Any], width: int = 560, height: int = 170) -> str
         parts.append(
             f'<line x1="{left}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
             f'stroke="{_LINES[name]}" stroke-width="1.5" stroke-dasharray="5 3">'
-            f"<title>{name}: {value:g} GPUs</title></line>"
+            f"<title>{name}: {value:.3g} GPUs</title></line>"
         )
     for value in (0.0, scale / 2, scale):
         parts.append(
@@ -277,7 +280,7 @@ def chart_svg(chart: dict[str, Any], width: int = 560, height: int = 170) -> str
         "budget": "budget (sustained GPUs it allows)",
     }
     legend += [
-        f'<span><i class="key" style="background:{_LINES[k]}"></i>{described[k]} {v:g}</span>'
+        f'<span><i class="key" style="background:{_LINES[k]}"></i>{described[k]} {v:.3g}</span>'
         for k, v in lines.items()
     ]
     return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
@@ -310,7 +313,7 @@ def gpu_time_section(view: dict[str, Any]) -> str:
         hours = gpu_hours["groups"].get(chart["group"])
         note = ""
         if hours:
-            window = format_duration(hours["period_seconds"])
+            window = format_period(hours["period_seconds"])
             note = f"{_hours(hours['used'])} GPU-hours in the last {window}"
             if hours["budget"] is not None:
                 note += f" of a {hours['budget']:g} GPU-hour budget"
