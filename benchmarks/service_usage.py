@@ -48,6 +48,7 @@ from pathlib import Path
 GROUPS = 500
 SERVERS = 5000
 NODES = 640
+STARTED = "2026-11-23T08:00:00Z"
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -94,6 +95,7 @@ def server_pods(policy) -> list[dict]:
                 "metadata": {
                     "name": f"jupyter-{user}",
                     "namespace": "jhub",
+                    "uid": f"uid-{i}",
                     "creationTimestamp": "2026-11-22T10:00:00Z",
                     "labels": {"component": "singleuser-server", **pod_shape.labels},
                     "annotations": {"hub.jupyter.org/username": user, **pod_shape.annotations},
@@ -110,10 +112,49 @@ def server_pods(policy) -> list[dict]:
                         }
                     ],
                 },
-                "status": {"phase": "Running"},
+                "status": {"phase": "Running", "startTime": STARTED},
             }
         )
     return pods
+
+
+def month_of_usage(url: str, now: float) -> int:
+    """Each of the 5,000 servers' seats used a GPU 2-10 hours a day for the last
+    31 days: the rows ``api/showback`` and the dashboard read. Returns the row count."""
+    import random
+
+    from jupyterhub_gpu.accounting.store import UsageStore
+    from jupyterhub_gpu.core.budgets import UsageRecord
+
+    rng = random.Random(3)
+    store = UsageStore(url)
+    rows = 0
+    for day in range(31, 0, -1):
+        batch = []
+        for i in range(SERVERS):
+            user, group = f"u{i:04d}", f"g{i % GROUPS:03d}"
+            start = now - day * 86400 + rng.uniform(0, 12) * 3600
+            end = start + rng.uniform(2, 10) * 3600
+            flavor = rng.choice(("h200", "shared"))
+            gpus = 1.0 if flavor == "h200" else 0.25
+            batch.append(
+                UsageRecord(
+                    f"d{day}-{i}",
+                    f"jhub/old-{user}",
+                    user,
+                    group,
+                    "gpu",
+                    flavor,
+                    gpus,
+                    start,
+                    end,
+                    end,
+                )
+            )
+        store.open(batch, now)
+        rows += len(batch)
+    store.dispose()
+    return rows
 
 
 def hub_users() -> list[dict]:
@@ -157,7 +198,15 @@ async def main(requests: int) -> None:
 
     directory = Path(tempfile.mkdtemp(prefix="service-bench-"))
     config = directory / "jupyterhub_config.py"
-    config.write_text(f"c = get_config()  # noqa\nc.GPUPolicy.update({policy_values()!r})\n")
+    usage_url = f"sqlite:///{directory / 'usage.sqlite'}"
+    config.write_text(
+        f"c = get_config()  # noqa\nc.GPUPolicy.update({policy_values()!r})\n"
+        f"c.GPUPolicy.accounting_url = {usage_url!r}\n"
+    )
+    t0 = time.perf_counter()
+    rows = month_of_usage(usage_url, time.time())
+    wrote = time.perf_counter() - t0
+    print(f"usage database: {rows:,} rows (a month of 5,000 servers) in {wrote:.0f}s")
     os.environ.update(
         {
             "JUPYTERHUB_SERVICE_NAME": "gpu",
@@ -195,6 +244,8 @@ async def main(requests: int) -> None:
     ):
         feed(reflector, objects)
     state.set_servers(servers_from_users(hub_users()))
+    t0 = time.perf_counter()
+    print(f"GPU time pass: {await service.gpu_time.record()} in {time.perf_counter() - t0:.1f}s")
     print(
         f"fed {len(pods)} pods, {len(nodes)} nodes, {SERVERS} hub servers "
         f"in {time.perf_counter() - started:.1f}s"
@@ -267,6 +318,29 @@ async def main(requests: int) -> None:
     results["api/usage, admin, one pod event before each"] = await timed(
         "api/usage", "admin", one_watch_event
     )
+    month = time.strftime("%Y-%m", time.gmtime())
+    showback = f"api/showback?month={month}"
+    # the first request of a scope computes it; the rest until the next pass reuse it
+    results["api/showback, admin, the month's first request (computed)"] = await timed(
+        showback, "admin", service.gpu_time._showbacks.clear
+    )
+    await service.gpu_time.record()  # a pass: it computes this month's showback once
+    results["api/showback, admin, after a pass (ready until the next)"] = await timed(
+        showback, "admin"
+    )
+    results["api/showback, member of 2 groups, computed each time"] = await timed(
+        showback, "member", service.gpu_time._showbacks.clear
+    )
+    results["api/showback?format=csv, admin"] = await timed(f"{showback}&format=csv", "admin")
+    results["api/history, one group, a day in 5-minute steps"] = await timed(
+        "api/history?group=g007&step=5m", "member"
+    )
+    results["dashboard page, admin (12 charts + showback, computed)"] = await timed(
+        "", "admin", service.gpu_time._showbacks.clear
+    )
+    await service.gpu_time.record()  # a pass: what every admin request then finds ready
+    results["dashboard page, admin (after a pass: showback ready)"] = await timed("", "admin")
+    results["dashboard page, member (2 charts + showback)"] = await timed("", "member")
     results["reference: authenticated `{}` (HTTP + auth floor)"] = await timed("api/ping", "member")
     charges = [p.charge for p in state.server_pods.values()]
     rebuild = []

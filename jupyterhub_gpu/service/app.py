@@ -46,7 +46,6 @@ from .runtime_rules import RuntimeRules
 from .startup import default_config_file, listen_address, read_hub_config
 from .state import ServiceState
 from .tasks import BackgroundTask
-from .time_views import showback_json
 from .views import CachedUsage, Snapshot, Viewer, is_policy_admin, visible_groups
 
 #: the most GPU-use charts the dashboard draws (the groups with the most use)
@@ -362,9 +361,7 @@ class GPUService(Application):
         view["charts_hidden"] = max(len(shown) - MAX_CHARTS, 0)
         month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
         admin, groups = self.showback_scope(viewer)
-        result = await self.gpu_time.showback(month, groups)
-        budgets = {n: h.to_json() for n, h in hours.items() if h.budget is not None}
-        view["showback"] = showback_json(month, result, viewer, admin, groups, budgets)
+        view["showback"] = await self.gpu_time.showback_view(month, viewer, admin, groups)
         return view
 
     def visible_group(self, viewer: Viewer, name: str) -> Group | None:

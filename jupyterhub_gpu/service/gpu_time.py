@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from ..accounting.store import AccountingUnavailable, UsageStore
@@ -30,6 +31,8 @@ from ..core.budgets import (
 from ..core.model import Group, Policy
 from ..core.showback import Series, Showback, history, month_bounds, showback
 from .state import ServiceState
+from .time_views import showback_json
+from .views import Viewer
 
 log = logging.getLogger("jupyterhub_gpu.service")
 
@@ -97,6 +100,10 @@ class GPUTime:
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
         self.snapshot = GPUTimeSnapshot(fail_open=fail_open)
         self._read_at: float | None = None
+        #: showbacks computed since the book last changed, by (month, groups)
+        self._showbacks: dict[tuple[str, tuple[str, ...] | None], Showback] = {}
+        #: what was rendered from them for every admin alike (views, JSON, CSV), by key
+        self.rendered: dict[tuple[str, ...], Any] = {}
 
     @property
     def running(self) -> Mapping[str, Any]:
@@ -124,6 +131,8 @@ class GPUTime:
         except AccountingUnavailable as e:
             self.snapshot.error = str(e)
             raise
+        # this month for every group, ready before an admin asks (the largest answer)
+        await self.showback(datetime.fromtimestamp(now, UTC).strftime("%Y-%m"), None)
         for record in ended:
             log.info(
                 "GPU usage: %s's server %s ended unseen; counted until last seen",
@@ -144,6 +153,8 @@ class GPUTime:
         self.book.prune(now)
         self._read_at = now
         self.snapshot = self.compute(now)
+        self._showbacks.clear()
+        self.rendered.clear()
 
     def compute(self, now: float) -> GPUTimeSnapshot:
         running = self.running
@@ -182,12 +193,19 @@ class GPUTime:
         self, since: float, until: float, groups: set[str] | None
     ) -> list[UsageRecord]:
         """Records of ``groups`` (None: all) overlapping [since, until): from memory when
-        it reaches back that far, else from the database."""
+        it reaches back that far (only those groups' own records), else from the database."""
         if self._read_at is not None and since >= self.clock() - self.book.horizon:
-            records: Any = self.book.records.values()
-        else:
-            wanted = None if groups is None else sorted(groups)
-            records = await asyncio.to_thread(self.store.overlapping, since, until, wanted)
+            if groups is None:
+                return list(self.book.records.values())
+            found: dict[str, UsageRecord] = {}
+            for group in groups:
+                # a group's index holds its children's records too: keep its own
+                found.update(
+                    (r.uid, r) for r in self.book.group_records(group) if r.group in groups
+                )
+            return list(found.values())
+        wanted = None if groups is None else sorted(groups)
+        records = await asyncio.to_thread(self.store.overlapping, since, until, wanted)
         return [r for r in records if groups is None or r.group in groups]
 
     def family(self, group: str) -> set[str]:
@@ -205,7 +223,31 @@ class GPUTime:
     async def showback(self, month: str, groups: set[str] | None) -> Showback:
         """GPU-hours of a month (``YYYY-MM``) for ``groups`` (None: every group)."""
         since, until = month_bounds(month)
+        key = (month, None if groups is None else tuple(sorted(groups)))
+        cached = self._showbacks.get(key)
+        if cached is not None:
+            # the same until the next pass reads the book again (usage_interval)
+            return cached
         now = self.clock()
         until = min(until, now)
         records = await self._records(since, until, groups) if until > since else []
-        return showback(records, since, until, now, self.running)
+        result = showback(records, since, until, now, self.running)
+        if len(self._showbacks) >= 256:
+            self._showbacks.pop(next(iter(self._showbacks)))
+        self._showbacks[key] = result
+        return result
+
+    async def showback_view(
+        self, month: str, viewer: Viewer, admin: bool, groups: set[str] | None
+    ) -> dict[str, Any]:
+        """``api/showback``'s JSON view for this viewer (an admin's is every admin's,
+        rendered once until the next pass)."""
+        result = await self.showback(month, groups)
+        key = ("view", month)
+        if admin and key in self.rendered:
+            return self.rendered[key]
+        budgets = {n: h.to_json() for n, h in self.snapshot.groups.items() if h.budget is not None}
+        view = showback_json(month, result, viewer, admin, groups, budgets)
+        if admin:
+            self.rendered[key] = view
+        return view

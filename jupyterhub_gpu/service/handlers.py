@@ -30,7 +30,7 @@ from ..core.quantities import QuantityError, parse_duration
 from ..core.selection import shown
 from ..core.showback import ShowbackError
 from .page import render_page
-from .time_views import showback_csv, showback_json
+from .time_views import showback_csv
 from .views import Viewer
 
 access_log = logging.getLogger("jupyterhub_gpu.service.access")
@@ -196,24 +196,32 @@ class ShowbackHandler(APIHandler):
         if output not in ("json", "csv"):
             raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")
         admin, groups = service.showback_scope(viewer)
+        gpu_time = service.gpu_time
         try:
-            result = await service.gpu_time.showback(month, groups)
+            if output == "csv":
+                result = await gpu_time.showback(month, groups)
+            else:
+                view = await gpu_time.showback_view(month, viewer, admin, groups)
         except ShowbackError as e:
             raise web.HTTPError(400, str(e)) from None
+        # an admin's answer is every admin's: rendered once until the next pass
+        rendered = gpu_time.rendered.get((month, output)) if admin else None
+        if rendered is None:
+            if output == "csv":
+                rendered = showback_csv(month, result, viewer, admin, groups)
+            else:
+                rendered = json.dumps(view)
+            if admin:
+                gpu_time.rendered[(month, output)] = rendered
         if output == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header(
                 "Content-Disposition", f'attachment; filename="gpu-showback-{month}.csv"'
             )
-            self.set_header("Cache-Control", "no-store")
-            self.finish(showback_csv(month, result, viewer, admin, groups))
-            return
-        budgets = {
-            name: hours.to_json()
-            for name, hours in service.gpu_time.snapshot.groups.items()
-            if hours.budget is not None
-        }
-        self.write_json(showback_json(month, result, viewer, admin, groups, budgets))
+        else:
+            self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(rendered)
 
 
 class MetricsHandler(APIHandler):
