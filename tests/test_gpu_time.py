@@ -12,6 +12,7 @@ from hub_helpers import api, page_as
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.budgets import UsageRecord
 from kube_helpers import eventually
+from test_service_hub import aget, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -154,3 +155,51 @@ async def test_gpu_time_used_before_a_hub_restart_still_counts_after_it(
     assert status == 403, body
     assert body["message"].startswith("Lab used 0.00"), body
     assert "of 0.002 GPU-hours in the last 1 hour" in body["message"]
+
+
+async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_fail_open(
+    hub_factory, core, tmp_path
+):
+    # a directory that cannot exist: the database can be neither created nor read
+    unreadable = "c.GPUPolicy.accounting_url = 'sqlite:////proc/no-such-folder/usage.sqlite'\n"
+    hub = await hub_factory(
+        policy=lab_policy({"gpu_hours": 10, "period": "1d"}),
+        users={**USERS, "root": []},
+        admin_users=("root",),
+        gpu_service=True,
+        extra_config=unreadable
+        + "c.GPUService.usage_interval = 1\n"
+        + 'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+        '"services": ["test-admin"]})\n',
+    )
+    status, body = await api(hub, "POST", "/users/ann/server", GPU)
+    assert (status, body["message"]) == (
+        403,
+        "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
+        "GPU servers of groups with a budget start again once it is back",
+    )
+    assert (await core.list_namespaced_pod(hub.namespace)).items == []
+    # the dashboard says so, and which way spawns fail
+    await wait_for_service(hub)
+    token = await user_token(hub, "root")
+
+    async def reported():
+        view, _ = await usage(hub, token)
+        accounting = view["gpu_hours"]["accounting"]
+        return accounting["ok"] is False and accounting
+
+    accounting = await eventually(reported, "the service to report the database", within=30)
+    assert accounting["when_unavailable"] == "refuse"
+    assert "/proc/no-such-folder/usage.sqlite" in accounting["error"]
+    status, _, page = await aget(hub.service_url, token)
+    assert status == 200
+    assert "GPU spawns of groups with a budget are refused until it is back" in page
+    status, _, body = await aget(hub.service_url + "api/showback", token)
+    assert status == 503
+    assert "the GPU usage database (sqlite:////proc/no-such-folder/usage.sqlite)" in body
+    # an admin who prefers availability says so: the spawn goes ahead unchecked
+    hub.extra_config += "c.GPUPolicy.accounting_fail_open = True\n"
+    await asyncio.to_thread(hub.restart)
+    status, body = await api(hub, "POST", "/users/bob/server", GPU)
+    assert status in (201, 202), body
+    await running(hub, "bob")

@@ -29,7 +29,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Float, Int, Unicode, default
 from traitlets.config import Application
 
-from ..accounting.store import UsageStore
+from ..accounting.store import AccountingUnavailable, UsageStore
 from ..config.policy import GPUPolicy
 from ..config.values import service_setting_errors
 from ..core.model import Group, PolicyError
@@ -339,6 +339,17 @@ class GPUService(Application):
         ]
         shown.sort(key=lambda g: -(hours[g.name].used if g.name in hours else 0))
         view["charts"] = []
+        try:
+            await self._add_gpu_time(view, viewer, shown, span, now)
+        except AccountingUnavailable as e:
+            # the page still shows everything else, and says why this part is missing
+            self.log.warning("dashboard without GPU-time charts: %s", e)
+            view["charts"], view["showback"] = [], None
+        return view
+
+    async def _add_gpu_time(
+        self, view: dict[str, Any], viewer: Viewer, shown: list[Group], span: float, now: float
+    ) -> None:
         for group in shown[:MAX_CHARTS]:
             series = await self.gpu_time.history(group.name, now - span, now, span / 144)
             budget = group.budget
@@ -362,7 +373,6 @@ class GPUService(Application):
         month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
         admin, groups = self.showback_scope(viewer)
         view["showback"] = await self.gpu_time.showback_view(month, viewer, admin, groups)
-        return view
 
     def visible_group(self, viewer: Viewer, name: str) -> Group | None:
         """The group named ``name`` if this viewer may see it."""

@@ -26,6 +26,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
+from ..accounting.store import AccountingUnavailable
 from ..core.quantities import QuantityError, parse_duration
 from ..core.selection import shown
 from ..core.showback import ShowbackError
@@ -170,6 +171,8 @@ class HistoryHandler(APIHandler):
             series = await service.gpu_time.history(group.name, since, until, step)
         except ShowbackError as e:
             raise web.HTTPError(400, str(e)) from None
+        except AccountingUnavailable as e:
+            raise web.HTTPError(503, str(e)) from None
         hours = service.gpu_time.snapshot.groups.get(group.name)
         self.write_json(
             {
@@ -204,6 +207,8 @@ class ShowbackHandler(APIHandler):
                 view = await gpu_time.showback_view(month, viewer, admin, groups)
         except ShowbackError as e:
             raise web.HTTPError(400, str(e)) from None
+        except AccountingUnavailable as e:
+            raise web.HTTPError(503, str(e)) from None
         # an admin's answer is every admin's: rendered once until the next pass
         rendered = gpu_time.rendered.get((month, output)) if admin else None
         if rendered is None:
