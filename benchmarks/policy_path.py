@@ -202,7 +202,7 @@ async def main(
         ]
         selection = select(policy, groups_of_user, options)
         over = budget_refusal(
-            policy, book, user, selection.group, float(selection.request.gpus), now, ledger.charges
+            policy, book, user, selection.group, float(selection.request.gpus), now, ledger
         )
         decision = ledger.admit(policy, f"ns/new-{i}", user, selection.group, selection.request)
         ledger.release(policy, f"ns/new-{i}")

@@ -213,13 +213,7 @@ class SpawnAdmission:
                 "GPU servers of groups with a budget start again once it is back"
             )
         return budget_refusal(
-            policy,
-            self.usage,
-            user,
-            group,
-            float(request.gpus),
-            self.clock(),
-            running=self.ledger.charges,
+            policy, self.usage, user, group, float(request.gpus), self.clock(), self.ledger
         )
 
     def budgets(self, policy: Policy, user: str, group: Group) -> list[BudgetState]:

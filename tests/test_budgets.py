@@ -14,7 +14,7 @@ from jupyterhub_gpu.core.budgets import (
 )
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.profiles import profile_entry
-from jupyterhub_gpu.core.selection import offers
+from jupyterhub_gpu.core.selection import offers, select
 
 H = 3600.0
 DAY = 86400.0
@@ -161,3 +161,35 @@ def test_the_profile_list_shows_each_budget_left_beside_the_quota():
     ]
     (cpu,) = [o for o in offers(p, ["research"]) if o.profile.name == "cpu"]
     assert "GPU-hours" not in profile_entry(p, Ledger(), cpu, None, states)["description"]
+
+
+def test_a_stop_budget_admits_only_as_many_gpus_as_its_remainder_gives_their_grace():
+    p = parse_policy(
+        flavors={"a100": {"kind": "gpu"}},
+        profiles={"gpu": {"gpu": {"flavor": "a100"}}},
+        groups={
+            "course": {
+                "quota": {"gpus": 10},
+                "profiles": ["gpu"],
+                "budget": {
+                    "gpu_hours": 1,
+                    "period": "1h",
+                    "when_exhausted": "stop",
+                    "grace": "15m",
+                },
+            }
+        },
+    )
+    course = p.groups["course"]
+    book = book_of(p, record("a", group="course", gpus=1, start=-30 * 60, end=-6 * 60))  # 0.4
+    ledger = Ledger()
+    request = select(p, ["course"], {"profile": "course--gpu"}).request
+    ledger.admit(p, "ns/first", "ann", course, request)
+    # 0.6 left; the running GPU and this one need 2 x 15 min = 0.5: admitted
+    assert budget_refusal(p, book, "bob", course, 1.0, NOW, ledger) is None
+    ledger.admit(p, "ns/second", "bob", course, request)
+    # with two running, a third would need 0.75 of the 0.6 left
+    assert budget_refusal(p, book, "cat", course, 1.0, NOW, ledger) == (
+        "course has 0.6 of 1 GPU-hours left in the last 1 hour; its servers' 2 GPUs and "
+        "this server's 1 need 0.75 for the 15 minutes each may run once it is used up"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import re
 import time
 
 import pytest
@@ -203,3 +204,31 @@ async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_f
     status, body = await api(hub, "POST", "/users/bob/server", GPU)
     assert status in (201, 202), body
     await running(hub, "bob")
+
+
+async def test_concurrent_spawns_never_jointly_promise_more_than_a_stop_budget_has(
+    hub_factory, core, tmp_path
+):
+    # 1 GPU-hour a day, every server promised 10 minutes once it is used up:
+    # the remainder covers exactly 6 one-GPU servers, the quota 10
+    users = {f"u{i}": ["lab"] for i in range(10)}
+    budget = {"gpu_hours": 1, "period": "1d", "when_exhausted": "stop", "grace": "10m"}
+    policy = lab_policy(budget)
+    policy["groups"]["lab"]["quota"] = {"gpus": 10}
+    hub = await hub_factory(policy=policy, users=users)
+    results = await asyncio.gather(*(api(hub, "POST", f"/users/{u}/server", GPU) for u in users))
+    admitted = [body for status, body in results if status in (201, 202)]
+    refused = [body["message"] for status, body in results if status == 403]
+    assert (len(admitted), len(refused)) == (6, 4), results
+    for message in refused:
+        # what is left shrinks a little as the admitted servers start using it
+        assert re.fullmatch(
+            r"Lab has (1\.0|0\.9\d+) of 1 GPU-hours left in the last 1 day; its servers' 6 GPUs "
+            r"and this server's 1 need 1\.2 for the 10 minutes each may run once it is used up",
+            message,
+        ), message
+
+    async def pods():
+        return len((await core.list_namespaced_pod(hub.namespace)).items) == 6
+
+    await eventually(pods, "the 6 admitted servers' pods")

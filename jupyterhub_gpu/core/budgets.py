@@ -20,6 +20,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from .admission import Ledger
 from .model import Budget, Group, Policy
 
 HOUR = 3600.0
@@ -174,6 +175,8 @@ class BudgetState:
     used: float  # GPU-equivalent-hours in the window
     #: the owner's records (a live view of the book, not a copy)
     records: Iterable[UsageRecord] = field(default=(), compare=False, repr=False)
+    group: str = ""  # the group whose budget it is (for a member's own: their group)
+    user: str | None = None  # the member, for a member's own budget
 
     @property
     def exhausted(self) -> bool:
@@ -195,7 +198,7 @@ def budgets_of(
     """The budgets a GPU server of ``user`` charged to ``group`` counts against: the
     group's, each parent's, and the user's own in the group; nearest first."""
     owners = [
-        (level.display_name, level.budget, book.group_records(level.name))
+        (level.display_name, level.budget, book.group_records(level.name), level.name, None)
         for level in policy.ancestors(group.name)
         if level.budget is not None and not level.unlimited
     ]
@@ -205,11 +208,20 @@ def budgets_of(
                 f"{user} in {group.display_name}",
                 group.user_budget,
                 book.user_records(user, group.name),
+                group.name,
+                user,
             )
         )
     return [
-        BudgetState(owner, budget, gpu_hours(records, now - budget.period, now, running), records)
-        for owner, budget, records in owners
+        BudgetState(
+            owner,
+            budget,
+            gpu_hours(records, now - budget.period, now, running),
+            records,
+            group_name,
+            member,
+        )
+        for owner, budget, records, group_name, member in owners
     ]
 
 
@@ -292,14 +304,38 @@ def budget_refusal(
     group: Group,
     gpus: float,
     now: float,
-    running: Container[str] = (),
+    ledger: Ledger | None = None,
 ) -> str | None:
     """Why a server with ``gpus`` GPU-equivalents may not start now, or None.
 
-    A server without GPUs is never refused for GPU time."""
+    Refused when a budget it counts against is used up. A ``when_exhausted: stop``
+    budget promises every server it admits its ``grace`` of run time: it admits a
+    server only while what is left covers the grace of every GPU the owner's servers
+    hold in ``ledger`` (running, starting, reserved) and this one's, so servers
+    admitted together can never jointly promise more than the budget has. A server
+    without GPUs is never refused for GPU time.
+    """
     if not gpus:
         return None
+    running: Container[str] = ledger.charges if ledger is not None else ()
     for state in budgets_of(policy, book, user, group, now, running):
         if state.exhausted:
             return exhausted_reason(state, now, running)
+        if state.budget.when_exhausted != "stop" or ledger is None:
+            continue
+        held = float(
+            ledger.user_usage(state.user, state.group).gpus
+            if state.user is not None
+            else ledger.usage(state.group).gpus
+        )
+        promised = (held + gpus) * state.budget.grace / HOUR
+        if state.remaining < promised:
+            return (
+                f"{state.owner} has {format_hours(state.remaining)} of "
+                f"{format_cap(float(state.budget.gpu_hours))} GPU-hours left in the last "
+                f"{format_period(state.budget.period)}; its servers' "
+                f"{format_cap(held)} GPUs and this server's {format_cap(gpus)} need "
+                f"{format_hours(promised)} for the {format_period(state.budget.grace)} "
+                "each may run once it is used up"
+            )
     return None
