@@ -66,7 +66,7 @@ END_ERROR = 5 + 2 + 1
 
 
 @pytest.fixture(scope="module")
-async def time_hub(local_cluster, core, priority_class_objects):
+async def time_hub(local_cluster, core, priority_class_objects, gpu_metrics):
     async with running_hub(
         local_cluster,
         core,
@@ -82,6 +82,7 @@ async def time_hub(local_cluster, core, priority_class_objects):
         gpu_service=True,
         extra_config=(
             "c.GPUService.usage_interval = 2\n"
+            f"c.GPUService.prometheus_url = {gpu_metrics.prometheus.url!r}\n"
             "c.GPUService.hub_poll_interval = 1\n"
             "c.GPUService.auth_cache_max_age = 3\n"
             "c.GPUKubeSpawner.ledger_resync_interval = 3\n"
@@ -193,7 +194,9 @@ async def test_gpu_time_survives_a_service_restart_and_a_server_ended_while_it_w
     assert (hours["budget"], hours["period_seconds"], hours["exhausted"]) == (100, 7 * 86400, False)
 
 
-async def test_members_see_their_own_groups_history_and_showback_only(time_hub):
+async def test_members_see_their_own_groups_history_and_showback_only(time_hub, gpu_metrics):
+    # amy's GPU is busy 60% of the time (the simulated DCGM exporter), bob's idle
+    gpu_metrics.exporter.set_utilization(time_hub.namespace, "jupyter-amy", 60)
     await start_server(time_hub, "amy", "alpha--small")
     await start_server(time_hub, "bob", "beta--small")
     await asyncio.sleep(3)
@@ -227,7 +230,22 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub):
         return {("alpha", "amy"), ("beta", "bob")} <= users and body
 
     everything = await eventually(with_bob_and_amy, "showback to list amy and bob", within=30)
-    assert {g["group"] for g in everything["groups"]} == {"alpha", "beta"}
+    assert {g["group"] for g in everything["groups"]} >= {"alpha", "beta"}
+
+    # allocated versus utilised, where DCGM measured the GPU: amy's at 60%, bob's idle
+    async def measured():
+        body = await showback(root)
+        users = {(u["group"], u["user"]): u for u in body["users"]}
+        amy_row, bob_row = users[("alpha", "amy")], users[("beta", "bob")]
+        return amy_row["measured_gpu_hours"] and bob_row["measured_gpu_hours"] and body
+
+    everything = await eventually(measured, "Prometheus to have amy's and bob's GPUs", within=40)
+    users = {(u["group"], u["user"]): u for u in everything["users"]}
+    amy_row, bob_row = users[("alpha", "amy")], users[("beta", "bob")]
+    assert amy_row["utilised_gpu_hours"] == pytest.approx(
+        0.6 * amy_row["measured_gpu_hours"], rel=0.05
+    )
+    assert bob_row["utilised_gpu_hours"] == 0
     mine = await showback(amy)
     assert {g["group"] for g in mine["groups"]} == {"alpha"}
     # ann's earlier use is in alpha's total, but under no name amy may read
@@ -238,6 +256,15 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub):
     assert status == 200
     table = list(csv.DictReader(io.StringIO(text)))
     assert {(r["group"], r["user"]) for r in table} == {("alpha", "amy"), ("alpha", "(others)")}
+    assert list(table[0]) == [
+        "month",
+        "group",
+        "user",
+        "flavor",
+        "gpu_hours",
+        "measured_gpu_hours",
+        "utilised_gpu_hours",
+    ]
     assert sum(float(r["gpu_hours"]) for r in table) == pytest.approx(
         mine["groups"][0]["gpu_hours"], abs=1e-3
     )
@@ -354,7 +381,7 @@ async def test_the_dashboard_draws_gpu_use_over_time_and_offers_the_showback_csv
         download = await download_info.value
         path = await download.path()
         content = await asyncio.to_thread(Path(path).read_text)
-        assert content.splitlines()[0] == "month,group,user,flavor,gpu_hours"
+        assert content.splitlines()[0].startswith("month,group,user,flavor,gpu_hours,")
         assert any(line.split(",")[1:3] == ["alpha", "amy"] for line in content.splitlines())
         # the week's view draws the same group over seven days
         await page.click("text=week")

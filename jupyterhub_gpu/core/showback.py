@@ -11,8 +11,8 @@ from __future__ import annotations
 import calendar
 import re
 from collections import defaultdict
-from collections.abc import Container, Iterable
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from .budgets import HOUR, UsageRecord
@@ -97,6 +97,10 @@ class Showback:
     users: dict[tuple[str, str], float]  # (group, user)
     flavors: dict[tuple[str, str], float]  # (group, flavor)
     detail: dict[tuple[str, str, str], float]  # (group, user, flavor)
+    #: of ``detail``, the GPU-hours of servers whose utilisation was measured, and how
+    #: many of those GPU-hours the GPUs were busy (allocated x mean utilisation)
+    measured: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    utilised: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
 
 def showback(
@@ -105,8 +109,16 @@ def showback(
     until: float,
     now: float,
     running: Container[str] = (),
+    utilisation: Mapping[str, float] | None = None,
 ) -> Showback:
-    """GPU-hours used from ``since`` to ``until`` by group, by user and by flavor."""
+    """GPU-hours used from ``since`` to ``until`` by group, by user and by flavor.
+
+    ``utilisation``: each measured server's mean GPU utilisation (percent) in the
+    range, by its key; those servers' hours are also counted as measured, and
+    as utilised in proportion."""
+    utilisation = utilisation or {}
+    measured: dict[tuple[str, str, str], float] = {}
+    utilised: dict[tuple[str, str, str], float] = {}
     detail: dict[tuple[str, str, str], float] = {}
     for r in records:
         # UsageRecord.gpu_seconds inlined: a month of a large site is ~150,000 records
@@ -118,7 +130,12 @@ def showback(
         start = r.started if r.started > since else since
         if end > start:
             key = (r.group, r.user, r.flavor or NO_FLAVOR)
-            detail[key] = detail.get(key, 0.0) + r.gpus * (end - start) / HOUR
+            hours = r.gpus * (end - start) / HOUR
+            detail[key] = detail.get(key, 0.0) + hours
+            busy = utilisation.get(r.key)
+            if busy is not None:
+                measured[key] = measured.get(key, 0.0) + hours
+                utilised[key] = utilised.get(key, 0.0) + hours * min(max(busy, 0.0), 100.0) / 100
     groups: dict[str, float] = defaultdict(float)
     users: dict[tuple[str, str], float] = defaultdict(float)
     flavors: dict[tuple[str, str], float] = defaultdict(float)
@@ -126,4 +143,6 @@ def showback(
         groups[group] += hours
         users[(group, user)] += hours
         flavors[(group, flavor)] += hours
-    return Showback(since, until, dict(groups), dict(users), dict(flavors), dict(detail))
+    return Showback(
+        since, until, dict(groups), dict(users), dict(flavors), dict(detail), measured, utilised
+    )

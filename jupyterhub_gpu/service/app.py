@@ -295,6 +295,7 @@ class GPUService(Application):
             self.state,
             UsageStore(settings.accounting_url),
             fail_open=settings.accounting_fail_open,
+            prometheus=self.idle_servers.prometheus,
         )
         self.budget_rule = BudgetRule(self.policy, self.state, self.gpu_time, self._stop)
 

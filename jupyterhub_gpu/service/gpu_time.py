@@ -30,6 +30,7 @@ from ..core.budgets import (
 )
 from ..core.model import Group, Policy
 from ..core.showback import Series, Showback, history, month_bounds, showback
+from .idle import ENGINE_ACTIVE, GPU_UTIL, SHARED_KINDS, Prometheus, PrometheusError
 from .state import ServiceState
 from .time_views import showback_json
 from .views import Viewer
@@ -92,8 +93,11 @@ class GPUTime:
         *,
         fail_open: bool = False,
         clock: Callable[[], float] = time.time,
+        prometheus: Prometheus | None = None,
     ) -> None:
         self.policy = policy
+        #: where GPUs' utilisation is read for showback (allocated versus utilised)
+        self.prometheus = prometheus
         self.state = state
         self.store = store
         self.clock = clock
@@ -231,11 +235,44 @@ class GPUTime:
         now = self.clock()
         until = min(until, now)
         records = await self._records(since, until, groups) if until > since else []
-        result = showback(records, since, until, now, self.running)
+        utilisation = await self.utilisation(since, until) if records else None
+        result = showback(records, since, until, now, self.running, utilisation)
         if len(self._showbacks) >= 256:
             self._showbacks.pop(next(iter(self._showbacks)))
         self._showbacks[key] = result
         return result
+
+    async def utilisation(self, since: float, until: float) -> dict[str, float] | None:
+        """Each measured server pod's mean GPU utilisation (percent) from ``since`` to
+        ``until``, by ``<namespace>/<pod>``, from the DCGM metrics in Prometheus; None
+        without Prometheus or when it does not answer (showback then has no
+        utilisation, and says so by leaving it empty)."""
+        if self.prometheus is None:
+            return None
+        window, at = max(int(until - since), 1), until
+        found: dict[str, float] = {}
+        try:
+            # MIG first, so a whole GPU's own utilisation wins where a pod has both
+            for metric, scale in ((ENGINE_ACTIVE, 100.0), (GPU_UTIL, 1.0)):
+                series = await self.prometheus.query(
+                    f"avg by (namespace, pod) "
+                    f"(avg_over_time({metric}{{pod!=''}}[{window}s] @ {at:.0f}))"
+                )
+                for item in series:
+                    labels = item.get("metric") or {}
+                    key = f"{labels.get('namespace')}/{labels.get('pod')}"
+                    found[key] = float(item["value"][1]) * scale
+        except PrometheusError as e:
+            log.warning("showback without GPU utilisation: %s", e)
+            return None
+        # a shared GPU's utilisation is every sharer's: it tells nothing of one pod
+        shared = {
+            r.key
+            for r in self.book.records.values()
+            if r.flavor in self.policy.flavors
+            and self.policy.flavors[r.flavor].kind in SHARED_KINDS
+        }
+        return {key: value for key, value in found.items() if key not in shared}
 
     async def showback_view(
         self, month: str, viewer: Viewer, admin: bool, groups: set[str] | None

@@ -350,11 +350,14 @@ def showback_section(showback: dict[str, Any] | None) -> str:
     for item in showback["groups"]:
         budget = item.get("budget")
         cap = f"{budget['budget']:g}" if budget else ""
+        busy = ""
+        if item.get("measured_gpu_hours"):
+            busy = f"{_hours(item['utilised_gpu_hours'])} of {_hours(item['measured_gpu_hours'])}"
         rows.append(
             f"<tr><td>{escape(item['group'])}</td>"
             f'<td class="num">{_hours(item["gpu_hours"])}</td>'
             f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
-            f'<td class="num">{cap}</td></tr>'
+            f'<td class="num">{busy}</td><td class="num">{cap}</td></tr>'
         )
     users = [
         f"<tr><td>{escape(u['group'])}</td><td>{escape(u['user'])}</td>"
@@ -367,7 +370,9 @@ def showback_section(showback: dict[str, Any] | None) -> str:
         f'<p><a href="{link}" download>Download CSV</a> (GPU-hours by group, user and flavor)</p>'
         + (
             '<table class="showback"><tr><th>Group</th><th class="num">GPU-hours</th>'
-            '<th>By flavor</th><th class="num">Budget</th></tr>' + "".join(rows) + "</table>"
+            '<th>By flavor</th><th class="num" title="GPU-hours the GPUs were busy, of those '
+            'whose utilisation was measured (DCGM)">Busy GPU-hours</th>'
+            '<th class="num">Budget</th></tr>' + "".join(rows) + "</table>"
             if rows
             else '<p class="muted">No GPU use this month.</p>'
         )

@@ -24,15 +24,39 @@ def _iso(epoch: float) -> str:
 
 def showback_rows(
     result: Showback, viewer: Viewer, admin: bool, groups: set[str] | None
-) -> list[tuple[str, str, str, float]]:
-    """(group, user, flavor, GPU-hours) rows this viewer may see."""
-    rows: dict[tuple[str, str, str], float] = defaultdict(float)
-    for (group, user, flavor), hours in result.detail.items():
+) -> list[tuple[str, str, str, float, float, float]]:
+    """(group, user, flavor, GPU-hours, measured GPU-hours, utilised GPU-hours) rows
+    this viewer may see."""
+    rows: dict[tuple[str, str, str], list[float]] = {}
+    for key, hours in result.detail.items():
+        group, user, flavor = key
         if groups is not None and group not in groups:
             continue
         shown_user = user if admin or user == viewer.name else OTHERS
-        rows[(group, shown_user, flavor)] += hours
-    return [(g, u, f, h) for (g, u, f), h in sorted(rows.items())]
+        row = rows.setdefault((group, shown_user, flavor), [0.0, 0.0, 0.0])
+        row[0] += hours
+        row[1] += result.measured.get(key, 0.0)
+        row[2] += result.utilised.get(key, 0.0)
+    return [(g, u, f, *values) for (g, u, f), values in sorted(rows.items())]
+
+
+def _sums(rows, index) -> dict:
+    sums: dict = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for row in rows:
+        total = sums[index(row)]
+        for i in range(3):
+            total[i] += row[3 + i]
+    return sums
+
+
+def _hours(values: list[float]) -> dict[str, float | None]:
+    used, measured, utilised = values
+    return {
+        "gpu_hours": round(used, 4),
+        # allocated versus utilised, where the GPUs' utilisation was measured (DCGM)
+        "measured_gpu_hours": round(measured, 4) if measured else None,
+        "utilised_gpu_hours": round(utilised, 4) if measured else None,
+    }
 
 
 def showback_json(
@@ -44,28 +68,19 @@ def showback_json(
     budgets: dict[str, Any],
 ) -> dict[str, Any]:
     rows = showback_rows(result, viewer, admin, groups)
-    by_group: dict[str, float] = defaultdict(float)
-    by_user: dict[tuple[str, str], float] = defaultdict(float)
-    by_flavor: dict[tuple[str, str], float] = defaultdict(float)
-    for group, user, flavor, hours in rows:
-        by_group[group] += hours
-        by_user[(group, user)] += hours
-        by_flavor[(group, flavor)] += hours
+    by_group = _sums(rows, lambda r: r[0])
+    by_user = _sums(rows, lambda r: (r[0], r[1]))
+    by_flavor = _sums(rows, lambda r: (r[0], r[2]))
     return {
         "month": month,
         "from": _iso(result.since),
         "to": _iso(result.until),
         "groups": [
-            {"group": g, "gpu_hours": round(h, 4), "budget": budgets.get(g)}
-            for g, h in sorted(by_group.items())
+            {"group": g, **_hours(v), "budget": budgets.get(g)} for g, v in sorted(by_group.items())
         ],
-        "users": [
-            {"group": g, "user": u, "gpu_hours": round(h, 4)}
-            for (g, u), h in sorted(by_user.items())
-        ],
+        "users": [{"group": g, "user": u, **_hours(v)} for (g, u), v in sorted(by_user.items())],
         "flavors": [
-            {"group": g, "flavor": f, "gpu_hours": round(h, 4)}
-            for (g, f), h in sorted(by_flavor.items())
+            {"group": g, "flavor": f, **_hours(v)} for (g, f), v in sorted(by_flavor.items())
         ],
     }
 
@@ -75,7 +90,30 @@ def showback_csv(
 ) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["month", "group", "user", "flavor", "gpu_hours"])
-    for group, user, flavor, hours in showback_rows(result, viewer, admin, groups):
-        writer.writerow([month, group, user, flavor, f"{hours:.4f}"])
+    writer.writerow(
+        [
+            "month",
+            "group",
+            "user",
+            "flavor",
+            "gpu_hours",
+            "measured_gpu_hours",
+            "utilised_gpu_hours",
+        ]
+    )
+    for group, user, flavor, hours, measured, utilised in showback_rows(
+        result, viewer, admin, groups
+    ):
+        known = measured > 0
+        writer.writerow(
+            [
+                month,
+                group,
+                user,
+                flavor,
+                f"{hours:.4f}",
+                f"{measured:.4f}" if known else "",
+                f"{utilised:.4f}" if known else "",
+            ]
+        )
     return out.getvalue()
