@@ -49,28 +49,28 @@ class UsageRecord:
         self, since: float, until: float, now: float, running: Container[str] = ()
     ) -> float:
         """GPU-equivalent-seconds used between ``since`` and ``until``."""
-        start = max(self.started, since)
-        end = min(self.end(now, running), until)
-        return self.gpus * (end - start) if end > start else 0.0
+        return used_seconds(self, since, until, now, running)
+
+
+def used_seconds(
+    r: UsageRecord, since: float, until: float, now: float, running: Container[str] = ()
+) -> float:
+    """GPU-equivalent-seconds ``r`` used between ``since`` and ``until`` (as known at
+    ``now``): a plain function, as it runs for every record of a window or a month."""
+    end = r.ended
+    if end is None:
+        end = now if r.key in running else max(r.last_seen, r.started)
+    if end > until:
+        end = until
+    start = r.started if r.started > since else since
+    return r.gpus * (end - start) if end > start else 0.0
 
 
 def gpu_hours(
     records: Iterable[UsageRecord], since: float, now: float, running: Container[str] = ()
 ) -> float:
     """GPU-equivalent-hours the records used from ``since`` to ``now``."""
-    # ``UsageRecord.gpu_seconds`` inlined: this runs for every record in every budget
-    # window a spawn counts against, in the spawn path
-    total = 0.0
-    for r in records:
-        end = r.ended
-        if end is None:
-            end = now if r.key in running else max(r.last_seen, r.started)
-        if end > now:
-            end = now
-        start = r.started if r.started > since else since
-        if end > start:
-            total += r.gpus * (end - start)
-    return total / HOUR
+    return sum(used_seconds(r, since, now, now, running) for r in records) / HOUR
 
 
 class UsageBook:

@@ -15,7 +15,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from .budgets import HOUR, UsageRecord
+from .budgets import HOUR, UsageRecord, used_seconds
 
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the most points one history answer has (a year at one-hour steps is 8,760)
@@ -121,16 +121,10 @@ def showback(
     utilised: dict[tuple[str, str, str], float] = {}
     detail: dict[tuple[str, str, str], float] = {}
     for r in records:
-        # UsageRecord.gpu_seconds inlined: a month of a large site is ~150,000 records
-        end = r.ended
-        if end is None:
-            end = now if r.key in running else max(r.last_seen, r.started)
-        if end > until:
-            end = until
-        start = r.started if r.started > since else since
-        if end > start:
+        seconds = used_seconds(r, since, until, now, running)
+        if seconds > 0:
             key = (r.group, r.user, r.flavor or NO_FLAVOR)
-            hours = r.gpus * (end - start) / HOUR
+            hours = seconds / HOUR
             detail[key] = detail.get(key, 0.0) + hours
             busy = utilisation.get(r.key)
             if busy is not None:
