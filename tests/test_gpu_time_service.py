@@ -389,3 +389,22 @@ async def test_the_dashboard_draws_gpu_use_over_time_and_offers_the_showback_csv
         assert "range=week" in page.url
     finally:
         await context.close()
+
+
+async def test_metrics_expose_each_groups_gpu_hours_and_budget(time_hub):
+    async def scraped():
+        status, _, body = await aget(time_hub.service_url + "metrics", time_hub.api_token)
+        assert status == 200, body
+        values = {}
+        for line in body.splitlines():
+            if line.startswith("jupyterhub_gpu_group_gpu_hours"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values.get('jupyterhub_gpu_group_gpu_hours_used{group="alpha"}') and values
+
+    values = await eventually(scraped, "alpha's GPU-hours in the metrics")
+    assert values['jupyterhub_gpu_group_gpu_hours_budget{group="alpha"}'] == 100
+    assert values['jupyterhub_gpu_group_gpu_hours_window_seconds{group="alpha"}'] == 7 * 86400
+    # a group without a budget: its use over 30 days, and no budget series
+    assert values['jupyterhub_gpu_group_gpu_hours_window_seconds{group="beta"}'] == 30 * 86400
+    assert 'jupyterhub_gpu_group_gpu_hours_budget{group="beta"}' not in values
