@@ -506,7 +506,7 @@ def _group_step(plan: DemoPlan, group: Group, metrics: GPUMetrics | None) -> _St
             cap = format_cap(float(budget.gpu_hours))
             text += (
                 f' A GPU server started then is refused with the numbers ("{group.display_name}'
-                f" used {cap} of {cap} GPU-hours in the last {format_period(budget.period)}; "
+                f" used ... of {cap} GPU-hours in the last {format_period(budget.period)}; "
                 '... free again by ...").'
             )
     if text:
