@@ -65,8 +65,8 @@ async def fresh_namespace(core) -> str:
     return name
 
 
-def page_as(url: str, user: str, password: str, path: str = "/hub/spawn") -> str:
-    """Log in through the hub's login form as a browser would; the page at ``path``."""
+def logged_in_opener(url: str, user: str, password: str) -> urllib.request.OpenerDirector:
+    """A cookie-keeping opener logged in through the hub's login form, as a browser is."""
     opener = urllib.request.build_opener(
         urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
     )
@@ -74,6 +74,12 @@ def page_as(url: str, user: str, password: str, path: str = "/hub/spawn") -> str
     xsrf = re.search(r'name="_xsrf"\s+value="([^"]+)"', login)
     form = {"username": user, "password": password, **({"_xsrf": xsrf.group(1)} if xsrf else {})}
     opener.open(f"{url}/hub/login", urllib.parse.urlencode(form).encode(), timeout=30).read()
+    return opener
+
+
+def page_as(url: str, user: str, password: str, path: str = "/hub/spawn") -> str:
+    """Log in through the hub's login form as a browser would; the page at ``path``."""
+    opener = logged_in_opener(url, user, password)
     return opener.open(f"{url}{path}", timeout=60).read().decode()
 
 

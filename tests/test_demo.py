@@ -10,12 +10,15 @@ listening sockets).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -24,10 +27,12 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from browser import log_in
 from demo_helpers import Demo
+from hub_helpers import logged_in_opener
 from jupyterhub_gpu.dev.demo import DEMO_VALUES, plan_demo
 from jupyterhub_gpu.dev.localcluster import sockets
 from jupyterhub_gpu.dev.localcluster.cluster import free_port
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
+from kube_helpers import eventually
 
 PASSWORD = "jupyterhub-gpu"
 #: a loaded two-core machine: JupyterLab's first start and page load can be slow
@@ -60,6 +65,80 @@ def test_progress_then_the_url_and_the_logins(demo):
         assert re.search(rf"^\s+{user}\s", after, re.MULTILINE), after
     assert "Press Ctrl-C to stop everything." in after
     assert f"usage dashboard: {demo.url}/services/gpu/" in after
+
+
+# ---- GPU time: budgets, the usage database, Prometheus and the DCGM exporter -------
+
+
+def fetch(url: str, method: str = "GET", body: dict | None = None):
+    """(status, parsed JSON body or None) of an HTTP request to the demo's addresses."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode() if body is not None else None, method=method
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def printed(demo: Demo, pattern: str) -> str:
+    return demo.wait_for(pattern, timeout=5).group(1)
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_the_banner_names_prometheus_and_the_exporter_and_prometheus_scrapes_it(demo):
+    prometheus = printed(demo, r"^\s+prometheus: (http://127\.0\.0\.1:\d+) ")
+    exporter = printed(demo, r"^\s+dcgm-exporter: (http://127\.0\.0\.1:\d+)/metrics")
+    assert "starting Prometheus" in demo.output  # progress while it starts
+    # the walkthrough's GPU time steps (wrapped): the budget line, the refusal, the dashboard
+    words = " ".join(demo.output.split())
+    assert '"Students: 0.025 of 0.025 GPU-hours left (last 1 hour)"' in words
+    assert "refused with the numbers" in words
+    assert "showback table" in words
+
+    async def scraped():
+        status, body = await asyncio.to_thread(fetch, f"{prometheus}/api/v1/targets")
+        assert status == 200, body
+        targets = body["data"]["activeTargets"]
+        return [t for t in targets if t["scrapeUrl"] == f"{exporter}/metrics"] and all(
+            t["health"] == "up" for t in targets
+        )
+
+    await eventually(scraped, "Prometheus to scrape the exporter", within=30)
+
+    # the walkthrough's command makes a server's GPU busy, as the exporter reports it
+    command = printed(demo, r"^\s+(curl -X PUT http://127\.0\.0\.1:\S+ -d .*)$")
+    url = command.split()[3]
+    assert url == f"{exporter}/utilization/default/jupyter-research-1", command
+    body = json.loads(command.split(" -d ", 1)[1].strip("'"))
+    assert fetch(url, "PUT", body)[0] == 204
+    assert fetch(f"{exporter}/utilization") == (200, {"default/jupyter-research-1": 80.0})
+    assert fetch(url, "PUT", {"percent": None})[0] == 204
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_the_service_shows_the_course_groups_gpu_hours_and_budget(demo):
+    """GPU time is recorded in the demo's state folder, and the service reads it back."""
+    # the hub admin, logged in; the dashboard's OAuth login gives the service's cookie
+    session = await asyncio.to_thread(logged_in_opener, demo.url, "admin", PASSWORD)
+    await asyncio.to_thread(session.open, f"{demo.url}/services/gpu/", timeout=60)
+
+    async def students_hours():
+        response = await asyncio.to_thread(
+            session.open, f"{demo.url}/services/gpu/api/usage", timeout=30
+        )
+        view = json.loads(response.read())
+        return view["gpu_hours"]["groups"].get("students")
+
+    hours = await eventually(students_hours, "the service's GPU time", within=60)
+    assert (demo.cluster_dir / "jupyterhub-gpu-usage.sqlite").is_file()
+    assert hours["budget"] == 0.025
+    assert hours["period_seconds"] == 3600
+    assert hours["used"] >= 0
 
 
 @asynccontextmanager
@@ -294,12 +373,19 @@ def test_ctrl_c_stops_everything_and_leaves_nothing_behind(demo):
     assert [a for a in addresses if not sockets.is_loopback(a)] == []
     assert demo.cluster_dir.is_dir()
     assert demo.hub_dir.is_dir()
+    # Prometheus runs as a process of its own; the simulated exporter serves from the demo's
+    prometheus = [pid for pid in processes if Path(cmdline(pid).split(" ")[0]).name == "prometheus"]
+    assert len(prometheus) == 1, [cmdline(pid) for pid in processes]
+    exporter = printed(demo, r"dcgm-exporter: http://(127\.0\.0\.1:\d+)/metrics")
+    assert exporter in addresses
 
     assert demo.interrupt() == 0, demo.output
     assert "stopped; nothing is left running" in demo.output
     assert "Traceback" not in demo.output
     assert still_running(processes) == []
+    assert still_running({pid: processes[pid] for pid in prometheus}) == []
     assert [a for a in addresses if accepts(a)] == []
+    assert not accepts(exporter)
     assert not demo.cluster_dir.exists()
     assert not demo.hub_dir.exists()
 

@@ -8,9 +8,13 @@ cluster with simulated nodes that offer every flavor of the policy (or the
 starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
 configured from ``hub.config`` the way z2jh does, and the GPU service at
 /services/gpu/, with two demo users in each group who log in with a shared
-password. Prints the URL, the logins and an admin API token; Ctrl-C (or SIGTERM,
-or closing the terminal) stops the hub, its servers and the cluster, and removes
-their folders; what a demo killed outright left, the next demo removes.
+password. GPU time is recorded in a usage database in the demo's state folder;
+for the built-in example (and values with an ``idle`` rule) a simulated NVIDIA
+DCGM exporter reports the servers' GPU use to a local Prometheus, which the
+service's idle rule asks (``GPUService.prometheus_url``). Prints the URL, the
+logins, an admin API token and what to try; Ctrl-C (or SIGTERM, or closing the
+terminal) stops the hub, its servers, Prometheus, the exporter and the cluster,
+and removes their folders; what a demo killed outright left, the next demo removes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import shutil
 import signal
 import socket
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +36,15 @@ from typing import Any
 import yaml
 
 from ..config.values import checked_values
+from ..core.budgets import BudgetState, format_cap, format_period
 from ..core.manifests import desired_objects
-from ..core.model import Policy
-from ..core.selection import offers
+from ..core.model import Budget, Group, Policy
+from ..core.profiles import budget_line
+from ..core.quantities import format_duration
+from ..core.selection import base_request, offers
+from ..core.shaping import namespace_for
 from ..kube.reconciler import Reconciler
+from .dcgm_exporter import SimulatedDCGMExporter
 from .localcluster import crds
 from .localcluster.cluster import (
     DEFAULT_NODE_POOLS,
@@ -47,6 +57,7 @@ from .localcluster.cluster import (
 from .localcluster.hub import LocalHub
 from .localcluster.nodepools import NodePoolError, read_node_pools, render_nodes
 from .localcluster.policy_pools import node_pools_for, without_nodes
+from .prometheus import LocalPrometheus, PrometheusNotFound, prometheus_binary
 
 #: The demo's policy: a z2jh values file (``jupyterhub-gpu check`` works on it).
 DEMO_VALUES = Path(__file__).with_name("demo_values.yaml")
@@ -57,6 +68,11 @@ HUB_NAMESPACE = "default"
 #: the schedulers the local cluster does not run: kube-scheduler answers to their
 #: name (``schedulerName``), and the pods keep every label and annotation
 STAND_IN_SCHEDULERS = {"kai": "kai-scheduler", "volcano": "volcano"}
+#: the usage database (GPU time), in the demo cluster's state folder
+USAGE_DATABASE = "jupyterhub-gpu-usage.sqlite"
+#: seconds between Prometheus's scrapes of the simulated DCGM exporter (each scrape
+#: lists the cluster's pods and nodes: more often would only cost CPU)
+SCRAPE_INTERVAL = 5.0
 
 
 class DemoError(RuntimeError):
@@ -151,6 +167,8 @@ class DemoPlan:
     crds: str | None = None
     #: one line each: what the demo does differently from a real deployment
     notes: list[str] = field(default_factory=list)
+    #: start a simulated DCGM exporter and a Prometheus scraping it, for the idle rule
+    gpu_metrics: bool = False
 
 
 def plan_demo(values: list[str] | None = None, node_pools_file: str | None = None) -> DemoPlan:
@@ -201,6 +219,26 @@ def plan_demo(values: list[str] | None = None, node_pools_file: str | None = Non
         for pool in node_pools["node_pools"].values() if selector else ():
             # singleuser.nodeSelector applies to every server: every node carries it
             pool["labels"] = {**pool.get("labels", {}), **selector}
+    gpu_metrics = not values or any(g.idle for g in policy.all_groups)
+    if gpu_metrics:
+        try:
+            prometheus_binary()
+        except PrometheusNotFound as e:
+            gpu_metrics = False
+            notes.append(
+                f"idle rule: GPU use is not measured: {e}; idle servers are found by "
+                "notebook activity alone"
+            )
+    if gpu_metrics and service_settings.get("prometheus_url"):
+        notes.append(
+            "idle rule: the demo's Prometheus (scraping a simulated DCGM exporter) instead of "
+            f"hub.config.GPUService.prometheus_url ({service_settings['prometheus_url']})"
+        )
+    if policy_values.get("accounting_url"):
+        notes.append(
+            "GPU time: the demo's usage database in its state folder instead of "
+            f"hub.config.GPUPolicy.accounting_url ({policy_values['accounting_url']})"
+        )
     scheduler = policy.scheduler.name
     names = {f.scheduler_name for f in policy.flavors.values() if f.scheduler_name}
     if scheduler in STAND_IN_SCHEDULERS:
@@ -224,6 +262,7 @@ def plan_demo(values: list[str] | None = None, node_pools_file: str | None = Non
         stand_ins=stand_ins,
         crds=scheduler if scheduler != "default" else None,
         notes=notes,
+        gpu_metrics=gpu_metrics,
     )
 
 
@@ -359,7 +398,161 @@ def user_table(plan: DemoPlan) -> list[tuple[str, str, str]]:
     return rows
 
 
-def banner(plan: DemoPlan, hub: LocalHub, cluster: LocalCluster) -> str:
+@dataclass
+class GPUMetrics:
+    """What measures the simulated GPUs' use: the exporter and the Prometheus scraping it."""
+
+    exporter: SimulatedDCGMExporter
+    prometheus: LocalPrometheus
+
+
+def _minutes(budget: Budget, gpus: float) -> str:
+    """How long one server holding ``gpus`` GPU-equivalents takes to use ``budget`` up."""
+    minutes = float(budget.gpu_hours) / gpus * 60
+    return f"{minutes:.0f} minutes" if minutes >= 2 else f"{minutes * 60:.0f} seconds"
+
+
+def _first_gpu_server(plan: DemoPlan, group: Group) -> tuple[str, str, float] | None:
+    """A demo user of ``group``, the display name of the group's first GPU profile and
+    its GPU-equivalents; None if the group offers no GPU profile."""
+    for name in group.profiles:
+        profile = plan.policy.profiles[name]
+        gpus = float(base_request(plan.policy, profile).gpus)
+        if gpus:
+            return f"{group.name.lower()}-1", profile.display_name, gpus
+    return None
+
+
+def _per(seconds: int) -> str:
+    """ "hour", "7 days": what a budget's window reads as after "per"."""
+    window = format_period(seconds)
+    return window.removeprefix("1 ")
+
+
+def _when_used_up(budget: Budget) -> str:
+    if budget.when_exhausted == "stop":
+        return (
+            f"a notice on the dashboard, and {format_duration(budget.grace)} later "
+            "the server is stopped"
+        )
+    return "a notice on the dashboard; the server keeps running"
+
+
+#: one step of the walkthrough: paragraphs, and (in a tuple) a command to run
+_Step = list[str | tuple[str]]
+
+
+def _group_step(plan: DemoPlan, group: Group, metrics: GPUMetrics | None) -> _Step | None:
+    """What to try in ``group``: its budgets and its idle rule, with one server."""
+    server = _first_gpu_server(plan, group)
+    owners = [
+        (owner, budget)
+        for owner, budget in (
+            ("the group's", group.budget),
+            (f"{server[0] if server else ''}'s own", group.user_budget),
+        )
+        if budget is not None
+    ]
+    if server is None or not (owners or group.idle):
+        return None
+    user, profile, gpus = server
+    text = f"Log in as {user}"
+    if owners:
+        shown = [
+            budget_line(BudgetState(owner, budget, used=0.0))
+            for owner, budget in (
+                (group.display_name, group.budget),
+                (f"{user} in {group.display_name}", group.user_budget),
+            )
+            if budget is not None
+        ]
+        text += ": the spawn form shows " + " and ".join(f'"{line}"' for line in shown)
+    text += f'. Start "{profile}".'
+    step: _Step = []
+    if group.idle is not None:
+        after = format_duration(group.idle.after)
+        notice = format_duration(int(plan.service_settings.get("idle_notice", 600)))
+        namespace = namespace_for(plan.policy, group.name) or HUB_NAMESPACE
+        if metrics is not None:
+            text += (
+                " Idle reclaim: the simulated GPUs report 0% use until told otherwise, so "
+                f"after {after} below {group.idle.gpu_utilization_below:g}% the dashboard "
+                f"shows a notice, and {notice} later the server is stopped. Keep it busy "
+                '(and {"percent": null} to idle again):'
+            )
+            step += [
+                text,
+                (
+                    f"curl -X PUT {metrics.exporter.url}/utilization/{namespace}/"
+                    f"""jupyter-{user} -d '{{"percent": 80}}'""",
+                ),
+            ]
+        else:
+            text += (
+                f" Idle reclaim: after {after} without notebook activity the dashboard "
+                f"shows a notice, and {notice} later the server is stopped."
+            )
+            step.append(text)
+        text = "Kept busy, it" if owners else ""
+    else:
+        text += " It"
+    for number, (owner, budget) in enumerate(owners):
+        text += (
+            f"{' It' if number else ''} uses {owner} {format_cap(float(budget.gpu_hours))} "
+            f"GPU-hours per {_per(budget.period)} in about "
+            f"{_minutes(budget, gpus)}: then {_when_used_up(budget)}."
+        )
+        if budget is group.budget:
+            cap = format_cap(float(budget.gpu_hours))
+            text += (
+                f' A GPU server started then is refused with the numbers ("{group.display_name}'
+                f" used ... of {cap} GPU-hours in the last {format_period(budget.period)}; "
+                '... free again by ...").'
+            )
+    if text:
+        step.append(text)
+    return step
+
+
+def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> str:
+    """What to try with GPU time (budgets, showback, idle reclaim), for this policy."""
+    steps = [
+        step
+        for group in plan.policy.groups.values()
+        if (step := _group_step(plan, group, metrics)) is not None
+    ]
+    if not steps:
+        return ""
+    steps.append(
+        [
+            f"The dashboard ({hub.service_url}): each group's GPU use over the last day, "
+            "week or month, this month's showback table (GPU-hours by group, user and "
+            "flavor) with its CSV download, and the notices."
+        ]
+    )
+    lines = ["  GPU time, what to try (budgets, showback, idle reclaim):"]
+    for number, step in enumerate(steps, 1):
+        for index, part in enumerate(step):
+            if isinstance(part, tuple):  # a command: on one line, to copy
+                lines.append(f"         {part[0]}")
+                continue
+            first = f"    {number}. " if index == 0 else " " * 7
+            lines += textwrap.wrap(
+                part,
+                width=88,
+                initial_indent=first,
+                subsequent_indent=" " * 7,
+                break_on_hyphens=False,
+            )
+    return "\n".join(lines) + "\n\n"
+
+
+def banner(
+    plan: DemoPlan,
+    hub: LocalHub,
+    cluster: LocalCluster,
+    metrics: GPUMetrics | None = None,
+) -> str:
     rows = user_table(plan)
     width = max(len(r[0]) for r in rows)
     group_width = max(9, *(len(r[1]) for r in rows))
@@ -372,15 +565,24 @@ def banner(plan: DemoPlan, hub: LocalHub, cluster: LocalCluster) -> str:
         f"  log in as (password for all: {hub.password}):\n"
         f"    {'user':<{width}}  {'groups':<{group_width}}  offered\n{table}\n\n"
         f"  usage dashboard: {hub.service_url}\n"
-        f"  REST API as an admin:\n"
+        + walkthrough(plan, hub, metrics)
+        + f"  REST API as an admin:\n"
         f"    export JUPYTERHUB_API_URL={hub.url}/hub/api\n"
         f"    export JUPYTERHUB_API_TOKEN={hub.api_token}\n\n"
         f"  policy:  {values}\n"
         f"           (`jupyterhub-gpu profiles {values} --groups GROUP`)\n"
         f"  nodes:   {len(render_nodes(plan.node_pools))} simulated, {plan.node_pools_source}\n"
         f"  kubectl: export KUBECONFIG={cluster.state.kubeconfig}\n"
-        f"  hub log: {hub.directory / 'jupyterhub.log'}\n\n"
-        "Press Ctrl-C to stop everything.\n"
+        f"  hub log: {hub.directory / 'jupyterhub.log'}\n"
+        f"  GPU time: {cluster.state.path / USAGE_DATABASE}\n"
+        + (
+            f"  prometheus: {metrics.prometheus.url} (scrapes the simulated DCGM exporter "
+            f"every {SCRAPE_INTERVAL:g} s)\n"
+            f"  dcgm-exporter: {metrics.exporter.url}/metrics (simulated)\n"
+            if metrics
+            else ""
+        )
+        + "\nPress Ctrl-C to stop everything.\n"
     )
 
 
@@ -393,9 +595,28 @@ def banner(plan: DemoPlan, hub: LocalHub, cluster: LocalCluster) -> str:
 MARKER = "demo.json"
 
 
-def _mark(cluster: LocalCluster, hub: LocalHub | None) -> None:
+def _mark(
+    cluster: LocalCluster, hub: LocalHub | None, prometheus: LocalPrometheus | None = None
+) -> None:
     marker = {"pid": os.getpid(), "hub_directory": str(hub.directory) if hub else None}
+    if prometheus is not None and prometheus.process is not None:
+        # Prometheus runs in a session of its own (the exporter is a thread of the demo)
+        marker["prometheus"] = {
+            "pid": prometheus.process.pid,
+            "directory": str(prometheus.directory),
+        }
     (cluster.state.path / MARKER).write_text(json.dumps(marker))
+
+
+def stop_leftover_prometheus(prometheus: dict[str, Any]) -> None:
+    try:
+        pid = int(prometheus["pid"])
+    except (KeyError, TypeError, ValueError):
+        return
+    if _alive(pid):
+        _stop_group(pid, grace=10)
+    if prometheus.get("directory"):
+        shutil.rmtree(prometheus["directory"], ignore_errors=True)
 
 
 def stop_leftover_hub(directory: Path) -> None:
@@ -424,6 +645,8 @@ def clean_leftovers(say) -> None:
         say(f"stopping what an earlier demo (pid {pid}) left running")
         if marker.get("hub_directory"):
             stop_leftover_hub(Path(marker["hub_directory"]))
+        if marker.get("prometheus"):
+            stop_leftover_prometheus(marker["prometheus"])
         LocalCluster(ClusterState.load(directory)).down()
 
 
@@ -455,6 +678,8 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
         signal.signal(sig, _interrupt)
     cluster: LocalCluster | None = None
     hub: LocalHub | None = None
+    exporter: SimulatedDCGMExporter | None = None
+    prometheus: LocalPrometheus | None = None
     try:
         # a Ctrl-C while it starts: create() removes what it started, then re-raises
         cluster = LocalCluster.create(
@@ -467,28 +692,56 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
         _mark(cluster, None)
         created = asyncio.run(reconcile_once(cluster, plan.policy, plan.crds))
         say(f"reconciled the policy's cluster objects: created {', '.join(created) or 'none'}")
+        # GPU time outlives hub restarts in a real deployment; here it lives as long as
+        # the demo's cluster, in its state folder (an absolute path: the hub and the
+        # service each read it)
+        policy_values = {
+            **plan.policy_values,
+            "accounting_url": f"sqlite:///{cluster.state.path / USAGE_DATABASE}",
+        }
+        service_settings = dict(plan.service_settings)
+        metrics: GPUMetrics | None = None
+        if plan.gpu_metrics:
+            exporter = SimulatedDCGMExporter(cluster.state.kubeconfig)
+            exporter.start()
+            say(f"started the simulated DCGM exporter at {exporter.url}/metrics")
+            prometheus = LocalPrometheus([exporter.target], scrape_interval=SCRAPE_INTERVAL)
+            say(f"starting Prometheus at {prometheus.url}, scraping the exporter")
+            try:
+                prometheus.start()
+            except RuntimeError as e:
+                raise DemoError(str(e)) from None
+            _mark(cluster, None, prometheus)
+            metrics = GPUMetrics(exporter, prometheus)
+            service_settings["prometheus_url"] = prometheus.url
         hub = LocalHub(
             cluster,
             namespace=HUB_NAMESPACE,
             users=plan.users,
             admin_users=(DEMO_ADMIN,),
             port=port,
-            policy=plan.policy_values,
+            policy=policy_values,
             hub_config=plan.hub_config,
-            service_settings=plan.service_settings,
+            service_settings=service_settings,
             # hub.config as z2jh lays it out in a hub pod, read through its helper
             z2jh_layout=True,
             # the GPU service at /services/gpu/: dashboard, usage API, runtime rules,
             # and the reconciler keeping the policy's objects in the cluster
             gpu_service=True,
         )
-        _mark(cluster, hub)
+        _mark(cluster, hub, prometheus)
         say(f"starting JupyterHub with GPUKubeSpawner and the policy on port {port}")
         try:
             hub.start(timeout=180)
         except RuntimeError as e:
             raise DemoError(str(e)) from None
-        print(banner(plan, hub, cluster), flush=True)
+        if prometheus is not None:
+            try:
+                prometheus.wait_for_targets()
+            except RuntimeError as e:
+                raise DemoError(f"{e}; its log: {prometheus.log_path}") from None
+            say("Prometheus scrapes the exporter")
+        print(banner(plan, hub, cluster, metrics), flush=True)
         while hub.process.poll() is None:
             time.sleep(0.5)
         tail = hub.log_path.read_text(errors="replace")[-3000:]
@@ -500,10 +753,19 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
         # a second Ctrl-C must not cut the clean-up short and leave processes behind
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        say("stopping the hub, its servers and the cluster")
+        say(
+            "stopping the hub, its servers, "
+            + ("Prometheus, the DCGM exporter " if prometheus or exporter else "")
+            + "and the cluster"
+        )
+        # the callbacks run last first: the hub, Prometheus, the exporter, the cluster
         with contextlib.ExitStack() as cleanup:
             if cluster:
                 cleanup.callback(cluster.down)
+            if exporter:
+                cleanup.callback(exporter.stop)
+            if prometheus:
+                cleanup.callback(prometheus.stop)
             if hub:
                 cleanup.callback(hub.stop)  # first: it stops the servers' pods
         say("stopped; nothing is left running")
