@@ -49,12 +49,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import glob
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -68,8 +65,9 @@ from kubernetes_asyncio import client, config
 
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.dev.demo import reconcile_once
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster, free_port
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu.dev.postgres import PostgresMissing, throwaway_postgres
 
 USERS = [f"u{i:03d}" for i in range(200)]
 POLICY = {
@@ -222,36 +220,10 @@ def hub_database(kind: str) -> Iterator[str]:
     if kind != "postgres":
         raise SystemExit(f"--hub-db: expected sqlite or postgres, got {kind!r}")
     try:
-        import psycopg2  # noqa: F401  (the hub process imports it through SQLAlchemy)
-    except ImportError:
-        raise SystemExit(
-            "--hub-db postgres needs psycopg2: pip install -e '.[benchmarks]'"
-        ) from None
-    binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not binaries:
-        raise SystemExit("--hub-db postgres needs Debian's postgresql: apt-get install postgresql")
-    bin_dir = Path(binaries[-1]).parent
-    # PostgreSQL refuses to run as root: as root, run it as Debian's postgres user
-    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    data = Path(tempfile.mkdtemp(prefix="storm-postgres-"))
-    if as_owner:
-        shutil.chown(data, "postgres")
-    port = free_port()
-
-    def run(*argv) -> None:
-        subprocess.run([*as_owner, *argv], check=True, capture_output=True)
-
-    try:
-        run(bin_dir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres")
-        options = f"-h 127.0.0.1 -p {port} -k {data}"
-        run(bin_dir / "pg_ctl", "-D", data / "db", "-o", options, "-l", data / "log", "-w", "start")
-        try:
-            run(bin_dir / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "hub")
-            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/hub"
-        finally:
-            run(bin_dir / "pg_ctl", "-D", data / "db", "-m", "fast", "-w", "stop")
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+        with throwaway_postgres() as url:
+            yield url
+    except PostgresMissing as e:
+        raise SystemExit(f"--hub-db postgres: {e}") from None
 
 
 async def wait_no_servers(cluster: LocalCluster) -> None:
