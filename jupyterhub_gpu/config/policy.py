@@ -141,11 +141,11 @@ class GPUPolicy(Configurable):
         server pod with its GPU-equivalents, start and end. The hub writes a
         server's start and stop; the service records every GPU pod it sees and
         closes those that ended while the hub was not looking. Budgets, history
-        and showback are read from it, so it must outlive hub restarts: in z2jh
-        put the sqlite file on the hub's volume
-        (``sqlite:////srv/jupyterhub/jupyterhub-gpu-usage.sqlite``), or point it
-        at the hub's PostgreSQL. A relative sqlite path is relative to the
-        process's working directory.
+        and showback are read from it, so it must outlive hub restarts. A
+        relative sqlite path is relative to the hub's working directory (the
+        service the hub starts shares it): in a z2jh hub pod that is
+        ``/srv/jupyterhub``, the hub's volume, beside ``jupyterhub.sqlite``.
+        Or point it at the hub's PostgreSQL.
         """,
     ).tag(config=True)
 
