@@ -157,36 +157,14 @@ async def gated_pod(kube, namespace: str, user: str) -> dict | None:
     return pod if GATE in gates else None
 
 
-async def test_a_gpu_server_spawned_through_the_hub_is_admitted_by_kueue_and_becomes_ready(
-    hub, kube, stopped_after
-):
-    status, body = await api(hub, "POST", "/users/ann/server", GPU)
-    assert status in (201, 202), body
-    await eventually(lambda: ready(hub, "ann"), "ann's server ready", within=120)
-    pods = await client.CoreV1Api(kube).list_namespaced_pod(
-        hub.namespace, label_selector="hub.jupyter.org/username=ann"
-    )
-    pod = pods.items[0]
-    assert pod.metadata.labels["kueue.x-k8s.io/managed"] == "true"  # Kueue took it on
-    assert not pod.spec.scheduling_gates
-    workloads = await client.CustomObjectsApi(kube).list_namespaced_custom_object(
-        *KUEUE, hub.namespace, "workloads"
-    )
-    mine = [
-        w
-        for w in workloads["items"]
-        if any(o["uid"] == pod.metadata.uid for o in w["metadata"].get("ownerReferences", []))
-    ]
-    assert len(mine) == 1
-    assert mine[0]["status"]["admission"]["clusterQueue"] == "lab"
-
-
 async def test_a_queued_server_shows_its_place_outlasts_start_timeout_and_starts_when_one_stops(
     hub, kube, stopped_after
 ):
+    # a GPU server spawned through the hub: Kueue admits it, and it becomes ready
     status, body = await api(hub, "POST", "/users/ann/server", GPU)
     assert status in (201, 202), body
     await eventually(lambda: ready(hub, "ann"), "ann's server ready", within=120)
+    await admitted_by_kueue(kube, hub.namespace, "ann")
 
     # the hub admits bob over lab's quota (up to its limit); Kueue's queue is full
     status, body = await api(hub, "POST", "/users/bob/server", GPU)
@@ -217,17 +195,40 @@ async def test_a_queued_server_shows_its_place_outlasts_start_timeout_and_starts
     # ann stops: Kueue admits bob, first in line, who starts; cy moves up
     await api(hub, "DELETE", "/users/ann/server")
     await eventually(lambda: ready(hub, "bob"), "bob's server after ann stopped", within=90)
+    await admitted_by_kueue(kube, hub.namespace, "bob")
     await asyncio.to_thread(progress_messages, hub, "cy", "waiting in Kueue queue lab: position 1")
 
-    # cy is still queued at queue_timeout: the spawn is given up, its pod deleted
-    cy_queued_for = QUEUE_TIMEOUT + 30
-    await eventually(
-        lambda: _no_server(hub, "cy"), "cy's spawn given up at queue_timeout", within=cy_queued_for
+    # cy is still queued at queue_timeout: the spawn page says the spawn was given up
+    messages = await asyncio.to_thread(
+        progress_messages, hub, "cy", "without being admitted", QUEUE_TIMEOUT + 30
     )
-    log = hub.log_path.read_text()
-    assert "in Kueue queue lab without being admitted" in log
-    assert f"queue_timeout is {QUEUE_TIMEOUT} s" in log
+    assert messages[-1].startswith("Spawn failed: the server waited"), messages[-1]
+    assert (
+        "in Kueue queue lab without being admitted (the hub's queue_timeout is " in (messages[-1])
+    )
+    assert f"queue_timeout is {QUEUE_TIMEOUT} s" in messages[-1]
+    await eventually(lambda: _no_server(hub, "cy"), "cy's server gone", within=30)
     await eventually(lambda: _no_pod(kube, hub.namespace, "cy"), "cy's pod deleted", within=60)
+    assert await ready(hub, "bob")  # the queue's timeout touched no running server
+
+
+async def admitted_by_kueue(kube, namespace: str, user: str) -> None:
+    pods = await client.CoreV1Api(kube).list_namespaced_pod(
+        namespace, label_selector=f"hub.jupyter.org/username={user}"
+    )
+    pod = pods.items[0]
+    assert pod.metadata.labels["kueue.x-k8s.io/managed"] == "true"  # Kueue took it on
+    assert not pod.spec.scheduling_gates
+    workloads = await client.CustomObjectsApi(kube).list_namespaced_custom_object(
+        *KUEUE, namespace, "workloads"
+    )
+    mine = [
+        w
+        for w in workloads["items"]
+        if any(o["uid"] == pod.metadata.uid for o in w["metadata"].get("ownerReferences", []))
+    ]
+    assert len(mine) == 1
+    assert mine[0]["status"]["admission"]["clusterQueue"] == "lab"
 
 
 async def _no_server(hub, user: str) -> bool:
