@@ -746,6 +746,10 @@ class GPUKubeSpawner(KubeSpawner):
         async def forward() -> None:
             try:
                 async for event in super(GPUKubeSpawner, self).progress():
+                    if self._kueue_wait_message and not {"raw_event", "progress"} & set(event):
+                        # KubeSpawner's "please be patient" would take the place of the
+                        # line that says where the server waits
+                        continue
                     await events.put(self._explained(event))
             finally:
                 await events.put(done)

@@ -82,6 +82,8 @@ async def hub(kueue_cluster, kube):
         f"c.KubeSpawner.start_timeout = {START_TIMEOUT}\n"
         f"c.GPUKubeSpawner.queue_timeout = {QUEUE_TIMEOUT}\n"
         "c.GPUKubeSpawner.wait_poll_interval = 1\n"
+        # KubeSpawner 7.1's "please be patient", early: it must not hide the queue line
+        "c.KubeSpawner.slow_spawn_message_threshold = 3\n"
         'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 1}\n'
     )
     async with running_hub(
@@ -255,6 +257,10 @@ async def test_the_spawn_page_shows_the_place_in_the_kueue_queue(hub, kube, page
     await message.get_by_text("waiting in Kueue queue lab: position 1").wait_for(timeout=60_000)
     text = await message.inner_text()
     assert "Kueue: couldn't assign flavors" in text, text
+    # still there after KubeSpawner's "please be patient" would have replaced it
+    await asyncio.sleep(8)
+    text = await message.inner_text()
+    assert text.startswith("waiting in Kueue queue lab: position 1"), text
     await page.click("#progress-details summary")  # the event log, for the screenshot
     await asyncio.to_thread(SCREENSHOTS.mkdir, parents=True, exist_ok=True)
     await page.screenshot(path=str(SCREENSHOTS / "spawn-kueue-queue.png"), full_page=True)
