@@ -40,9 +40,15 @@ QUEUE_TIMEOUT = 45
 
 POLICY = {
     "scheduler": {"name": "kueue"},
-    "flavors": {"h200": {"kind": "gpu", "node_selector": {"nvidia.com/gpu.product": H200}}},
+    "flavors": {
+        "h200": {"kind": "gpu", "node_selector": {"nvidia.com/gpu.product": H200}},
+        # no node has it: Kueue admits such a server (it counts quota, not nodes), and
+        # then the scheduler cannot place it
+        "b300": {"kind": "gpu", "node_selector": {"nvidia.com/gpu.product": "NVIDIA-B300"}},
+    },
     "profiles": {
-        "gpu": {"display_name": "One H200", "cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}}
+        "gpu": {"display_name": "One H200", "cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}},
+        "b300": {"display_name": "One B300", "cpu": 1, "memory": "1Gi", "gpu": {"flavor": "b300"}},
     },
     "groups": {
         "dept": {"quota": {"gpus": 1}, "limit": {"gpus": 3}},
@@ -52,10 +58,12 @@ POLICY = {
             "limit": {"gpus": 3},
             "profiles": ["gpu"],
         },
+        "ops": {"quota": {"gpus": 1}, "profiles": ["b300"]},
     },
 }
 GPU = {"profile": "lab--gpu"}
-USERS = ("ann", "bob", "cy", "dee")
+USERS = ("ann", "bob", "cy", "dee", "eve")
+GROUPS = {"eve": ["ops"]}
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +99,13 @@ async def hub(kueue_cluster, kube):
         core,
         start=False,
         policy=POLICY,
-        users={u: ["lab"] for u in USERS},
+        users={u: GROUPS.get(u, ["lab"]) for u in USERS},
         extra_config=extra,
     ) as hub:
         report = await Reconciler(kube, hub.namespace).reconcile(parse_policy(**POLICY))
         assert report.ok, report.summary()
         custom = client.CustomObjectsApi(kube)
-        for name in ("lab", "dept"):
+        for name in ("lab", "dept", "ops"):
             await eventually(
                 lambda name=name: _active(
                     custom.get_cluster_custom_object(*KUEUE, "clusterqueues", name)
@@ -105,13 +113,13 @@ async def hub(kueue_cluster, kube):
                 f"ClusterQueue {name} Active",
                 within=60,
             )
-        await eventually(
-            lambda: _active(
-                custom.get_namespaced_custom_object(*KUEUE, hub.namespace, "localqueues", "lab")
-            ),
-            "LocalQueue lab Active",
-            within=60,
-        )
+        local_queue = custom.get_namespaced_custom_object
+        for name in ("lab", "ops"):
+            await eventually(
+                lambda name=name: _active(local_queue(*KUEUE, hub.namespace, "localqueues", name)),
+                f"LocalQueue {name} Active",
+                within=60,
+            )
         await asyncio.to_thread(hub.start)
         yield hub
 
@@ -212,6 +220,22 @@ async def test_a_queued_server_shows_its_place_outlasts_start_timeout_and_starts
     await eventually(lambda: _no_server(hub, "cy"), "cy's server gone", within=30)
     await eventually(lambda: _no_pod(kube, hub.namespace, "cy"), "cy's pod deleted", within=60)
     assert await ready(hub, "bob")  # the queue's timeout touched no running server
+
+
+async def test_start_timeout_still_bounds_a_start_that_kueue_admitted(hub, kube, stopped_after):
+    """Kueue admits eve's server at once (its queue is empty), but no node has its GPU."""
+    started = time.monotonic()
+    status, body = await api(hub, "POST", "/users/eve/server", {"profile": "ops--b300"})
+    assert status == 202, body
+    messages = await asyncio.to_thread(
+        progress_messages, hub, "eve", "Spawn failed", START_TIMEOUT + 30
+    )
+    failed_after = time.monotonic() - started
+    # start_timeout, not the longer bound the hub keeps for servers queued in Kueue
+    assert failed_after < START_TIMEOUT + 10, failed_after
+    assert f"did not start in {START_TIMEOUT} seconds" in messages[-1], messages
+    await eventually(lambda: _no_server(hub, "eve"), "eve's server gone", within=30)
+    await eventually(lambda: _no_pod(kube, hub.namespace, "eve"), "eve's pod deleted", within=60)
 
 
 async def admitted_by_kueue(kube, namespace: str, user: str) -> None:
