@@ -23,12 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import aiohttp
 import jupyterhub
-from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Preconditions
+from kubernetes_asyncio.client import (
+    ApiException,
+    CustomObjectsApi,
+    V1DeleteOptions,
+    V1Preconditions,
+)
 from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Any as AnyValue
@@ -40,11 +45,18 @@ from .core.admission import Charge, Decision, Ledger
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
 from .core.model import Policy, PolicyError
-from .core.pending import explain_unschedulable
+from .core.pending import (
+    explain_unschedulable,
+    gated_by_kueue,
+    kueue_position,
+    kueue_queue_line,
+    workload_of,
+)
 from .core.profiles import profile_entry, without_overrides
 from .core.selection import Malformed, Refused, Selection, offers, select
 from .core.shaping import (
     GROUP_LABEL,
+    QUEUE_LABELS,
     PodShape,
     apply_to_pod,
     charge_from_pod,
@@ -58,6 +70,10 @@ from .spawn_admission import SpawnAdmission
 
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
 JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
+#: Kueue's Workloads, in the version the pinned Kueue stores (it serves v1beta1 too)
+KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")
+#: "wait indefinitely" as a number of seconds (JupyterHub's start_timeout is an Integer)
+NO_QUEUE_TIMEOUT = 10 * 365 * 24 * 3600
 
 
 class SpawnRefused(web.HTTPError):
@@ -94,6 +110,21 @@ class GPUKubeSpawner(KubeSpawner):
         all namespaces. Needs RBAC the chart does not grant (``jupyterhub-gpu
         manifests`` renders it); without it the list says capacity is unknown and
         the hub log warns once.
+        """,
+    ).tag(config=True)
+
+    queue_timeout = Float(
+        24 * 3600.0,
+        help="""
+        Seconds a server may wait in its Kueue queue (scheduler ``kueue``) before
+        its spawn is given up and its pod deleted; 0: wait as long as it takes.
+
+        While Kueue holds the server's pod behind its admission gate, the spawn
+        page shows the server's position in the queue and Kueue's reason, and
+        ``start_timeout`` does not run: it bounds the start before the pod is
+        queued, and starts again from zero when Kueue admits the pod, so a server
+        admitted after an hour in the queue still gets all of ``start_timeout``
+        to start.
         """,
     ).tag(config=True)
 
@@ -136,6 +167,14 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_reservation: Charge | None = None
     #: the last start was refused before anything was written to Kubernetes
     _gpu_refused_before_kubernetes: bool = False
+    #: what the spawn page shows while Kueue holds this server's pod in its queue
+    _kueue_wait_message: str | None = None
+    #: start_timeout as configured (start() lengthens it for JupyterHub while queued)
+    _start_timeout_configured: int | None = None
+    #: the Kueue Workloads listed per namespace: (when, the listing), shared by spawners
+    _kueue_listings: dict[str, tuple[float, asyncio.Future]] = {}
+    #: the hub was refused reading Kueue's Workloads (logged once)
+    _kueue_read_refused: bool = False
     #: KubeSpawner is applying validated options (it reads the profile list for them)
     _gpu_applying_options: bool = False
     #: what the last validated spawn chose, and the pod shape the policy gives it
@@ -384,9 +423,23 @@ class GPUKubeSpawner(KubeSpawner):
         if reservation is not None:
             await self._release(only=reservation)
 
+    def start(self):
+        if self._kueue_queues_servers():
+            # JupyterHub gives start() start_timeout seconds, read once as this returns;
+            # a server queued in Kueue must outlast that. The hub's bound becomes a
+            # backstop past every deadline _watch_kueue_queue enforces itself: the
+            # start before the pod is queued, the time in the queue, the start after
+            # admission.
+            if self._start_timeout_configured is None:
+                self._start_timeout_configured = self.start_timeout
+            configured = self._start_timeout_configured
+            queued = int(self.queue_timeout) if self.queue_timeout > 0 else NO_QUEUE_TIMEOUT
+            self.start_timeout = 2 * configured + queued + 10
+        return super().start()
+
     async def _start(self):
         try:
-            return await self._start_charged()
+            return await self._within_kueue_timeouts(self._start_charged())
         except SpawnRefused as e:
             if e.status_code < 500:
                 _not_a_hub_failure(self)
@@ -423,6 +476,144 @@ class GPUKubeSpawner(KubeSpawner):
         if pod is not None:
             self.admission.record_start(self.gpu_policy, pod)
         return result
+
+    # ---- waiting in a Kueue queue ----------------------------------------------------
+
+    def _kueue_queues_servers(self) -> bool:
+        try:
+            return self.gpu_policy.scheduler.name == "kueue"
+        except PolicyError:
+            return False  # every spawn is refused with the policy's errors
+
+    async def _within_kueue_timeouts(self, starting: Awaitable[Any]) -> Any:
+        """``starting`` (the start), bounded by start_timeout except while Kueue queues it.
+
+        KubeSpawner waits for the pod to run under the lengthened start_timeout (see
+        ``start``); the watch beside it gives up on the start when one of its own
+        deadlines passes, and the start is cancelled (JupyterHub then stops the
+        server, which deletes its pod and frees its charge).
+        """
+        if self._start_timeout_configured is None or not self._kueue_queues_servers():
+            return await starting
+        started = asyncio.get_running_loop().time()
+        start = asyncio.ensure_future(starting)
+        watch = asyncio.ensure_future(self._watch_kueue_queue(started))
+        try:
+            await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if start.done():
+                return start.result()
+            start.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await start
+            return watch.result()  # it only ends by raising: a deadline passed
+        finally:
+            for task in (start, watch):
+                task.cancel()
+            self._kueue_wait_message = None
+            self.start_timeout = self._start_timeout_configured
+
+    async def _watch_kueue_queue(self, started: float) -> None:
+        """Raise when the start runs out of time, not counting the time queued in Kueue.
+
+        Until the pod is queued, and again from Kueue's admission (its gate gone), the
+        start has ``start_timeout``; while the pod is gated, ``queue_timeout``.
+        Meanwhile the spawn page's line says where the server is in Kueue's queue.
+        """
+        loop = asyncio.get_running_loop()
+        start_timeout = self._start_timeout_configured or 0
+        gated_since: float | None = None
+        admitted_at: float | None = None
+        while True:
+            now = loop.time()
+            pod = self._starting_pod()
+            if pod is not None and gated_by_kueue(pod):
+                gated_since = gated_since if gated_since is not None else now
+                self._kueue_wait_message = await self._kueue_queue_line(pod)
+                if self.queue_timeout > 0 and now - gated_since >= self.queue_timeout:
+                    queue = pod["metadata"].get("labels", {}).get(QUEUE_LABELS["kueue"], "?")
+                    # 429, a handled rejection (a busy cluster, not a broken hub): it
+                    # never counts towards the hub's consecutive_failure_limit
+                    raise SpawnRefused(
+                        f"the server waited {_duration(now - gated_since)} in Kueue queue "
+                        f"{queue} without being admitted (the hub's queue_timeout is "
+                        f"{_duration(self.queue_timeout)}); it was not started: try again "
+                        "later, or ask an admin about the queue",
+                        429,
+                    )
+            else:
+                if gated_since is not None and admitted_at is None:
+                    admitted_at = now
+                    self._kueue_wait_message = None
+                    self.log.info(
+                        "Kueue admitted %s after %s in its queue",
+                        self._log_name,
+                        _duration(now - gated_since),
+                    )
+                since = admitted_at if admitted_at is not None else started
+                if now - since >= start_timeout:
+                    after = " after Kueue admitted it" if admitted_at is not None else ""
+                    raise TimeoutError(
+                        f"pod {self._server_key} did not start in {start_timeout} seconds{after}"
+                    )
+            await asyncio.sleep(self.wait_poll_interval)
+
+    def _starting_pod(self) -> dict | None:
+        """This server's pod as the pod watch last saw it (none while being deleted)."""
+        reflector = self.pod_reflector
+        pod = reflector.pods.get(self._server_key) if reflector is not None else None
+        if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
+            return None
+        return pod
+
+    async def _kueue_queue_line(self, pod: dict) -> str:
+        """Where ``pod`` waits in its Kueue queue, and Kueue's reason, in one line."""
+        queue = pod["metadata"].get("labels", {}).get(QUEUE_LABELS["kueue"], "?")
+        try:
+            workloads = await self._kueue_workloads(pod["metadata"]["namespace"])
+        except ApiException as e:
+            if e.status != 403:
+                # the line keeps what it said; waiting goes on, watched by the pod watch
+                self.log.warning(
+                    "Reading Kueue's Workloads for %s: %s", self._log_name, exception_message(e)
+                )
+                return self._kueue_wait_message or kueue_queue_line(queue, None, None)
+            if not GPUKubeSpawner._kueue_read_refused:
+                GPUKubeSpawner._kueue_read_refused = True
+                self.log.warning(
+                    "Cannot read Kueue's Workloads (%s): the spawn page cannot show a "
+                    "server's place in its Kueue queue. Grant the hub get/list/watch on "
+                    "workloads.kueue.x-k8s.io (`jupyterhub-gpu manifests` renders it).",
+                    exception_message(e),
+                )
+            return kueue_queue_line(queue, None, None)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            # the pod watch rides out an outage; the line waits for the API server too
+            self.log.warning("Reading Kueue's Workloads for %s: %s", self._log_name, e)
+            return self._kueue_wait_message or kueue_queue_line(queue, None, None)
+        workload = workload_of(pod, workloads)
+        position = kueue_position(workload, workloads) if workload is not None else None
+        return kueue_queue_line(queue, workload, position)
+
+    async def _kueue_workloads(self, namespace: str) -> list[dict]:
+        """The Workloads in ``namespace``; one listing per poll interval for all spawners,
+        however many servers wait in the namespace's queues."""
+        now = asyncio.get_running_loop().time()
+        cached = GPUKubeSpawner._kueue_listings.get(namespace)
+        if cached is None or now - cached[0] >= self.wait_poll_interval:
+            listing = asyncio.ensure_future(
+                CustomObjectsApi(self.api.api_client).list_namespaced_custom_object(
+                    KUEUE_WORKLOADS[0],
+                    KUEUE_WORKLOADS[1],
+                    namespace,
+                    KUEUE_WORKLOADS[2],
+                    _request_timeout=self.k8s_api_request_timeout,
+                )
+            )
+            # a listing whose every reader was cancelled still has its error read
+            listing.add_done_callback(lambda f: f.cancelled() or f.exception())
+            cached = GPUKubeSpawner._kueue_listings[namespace] = (now, listing)
+        listed = await asyncio.shield(cached[1])
+        return listed.get("items", [])
 
     async def poll(self):
         """None while the server's pod exists, as KubeSpawner says; and None when the
@@ -547,8 +738,41 @@ class GPUKubeSpawner(KubeSpawner):
         while self._gpu_wait_message:
             yield {"progress": 1, "message": self._gpu_wait_message}
             await asyncio.sleep(1)
-        async for event in super().progress():
-            yield self._explained(event)
+        # KubeSpawner's events, and whenever it changes, where the pod waits in Kueue
+        # (a gated pod has no events of its own to show)
+        events: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def forward() -> None:
+            try:
+                async for event in super(GPUKubeSpawner, self).progress():
+                    if self._kueue_wait_message and not {"raw_event", "progress"} & set(event):
+                        # KubeSpawner's "please be patient" would take the place of the
+                        # line that says where the server waits
+                        continue
+                    await events.put(self._explained(event))
+            finally:
+                await events.put(done)
+
+        forwarding = asyncio.ensure_future(forward())
+        shown = None
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), timeout=1)
+                except TimeoutError:
+                    event = None
+                if event is done:
+                    break
+                if event is not None:
+                    yield event
+                line = self._kueue_wait_message
+                if line and line != shown:
+                    yield {"message": line}  # no "progress": the bar stays where it is
+                shown = line
+        finally:
+            forwarding.cancel()
+        await forwarding  # KubeSpawner's errors, if any, are the page's
 
     def _explained(self, event: dict[str, Any]) -> dict[str, Any]:
         """A scheduler's FailedScheduling event, said in plain language."""
@@ -573,6 +797,21 @@ def _not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
     if JUPYTERHUB_COUNTS_REFUSALS and spawner.handler is not None:
         settings = spawner.handler.settings
         settings["failure_count"] = settings.get("failure_count", 0) - 1
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3 h 20 min``, ``2 d 4 h``."""
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -> None:

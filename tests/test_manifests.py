@@ -356,6 +356,14 @@ def test_rbac_grants_what_the_reconciler_and_spawner_need_to_the_hub_service_acc
         ("rbac.authorization.k8s.io", "rolebindings"),
     ]:
         assert needed in granted, needed
+    # the spawn page's place in a Kueue queue is read from Kueue's Workloads
+    reads = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert {"get", "list", "watch"} <= reads[("kueue.x-k8s.io", "workloads")]
     binding = one(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "jhub"}]
     spawner = one(objects, "ClusterRole", "jupyterhub-gpu-spawner")

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.core.pending import explain_unschedulable
+from jupyterhub_gpu.core.pending import (
+    explain_unschedulable,
+    gated_by_kueue,
+    kueue_position,
+    kueue_queue_line,
+    workload_of,
+)
 
 POLICY = parse_policy(
     flavors={
@@ -55,3 +61,69 @@ def test_cpu_only_server_waiting_for_room():
 
 def test_other_events_are_left_alone():
     assert explain_unschedulable("Successfully assigned ns/pod to node-1", H200) is None
+
+
+NO_QUOTA = (
+    "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu "
+    "in flavor jupyterhub-gpu, 1 more needed"
+)
+
+
+def workload(
+    name: str,
+    created: str,
+    *,
+    queue: str = "lab",
+    namespace: str = "hub",
+    priority: int | None = None,
+    reserved: bool = False,
+    owner: str = "",
+) -> dict:
+    status = "True" if reserved else "False"
+    message = "Quota reserved in ClusterQueue lab" if reserved else NO_QUOTA
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "creationTimestamp": created,
+            "ownerReferences": [{"kind": "Pod", "uid": owner or f"uid-{name}"}],
+        },
+        "spec": {"queueName": queue, **({"priority": priority} if priority is not None else {})},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": status, "message": message}]},
+    }
+
+
+def test_kueue_position_is_fifo_by_priority_within_the_local_queue():
+    running = workload("ann", "2026-01-01T10:00:00Z", reserved=True)
+    bob = workload("bob", "2026-01-01T10:01:00Z")
+    cy = workload("cy", "2026-01-01T10:02:00Z")
+    urgent = workload("urgent", "2026-01-01T10:03:00Z", priority=100)
+    elsewhere = workload("other", "2026-01-01T09:00:00Z", queue="physics")
+    other_namespace = workload("far", "2026-01-01T09:00:00Z", namespace="other")
+    every = [running, bob, cy, urgent, elsewhere, other_namespace]
+    # the running one holds quota: not in line; a higher priority goes first
+    assert kueue_position(urgent, every) == 1
+    assert kueue_position(bob, every) == 2
+    assert kueue_position(cy, every) == 3
+    assert kueue_position(running, every) is None
+    assert kueue_position(bob, [running, bob, cy]) == 1
+
+
+def test_kueue_queue_line_has_the_position_and_kueues_reason():
+    queued = workload("bob", "2026-01-01T10:01:00Z")
+    assert kueue_queue_line("lab", queued, 1) == (
+        f"waiting in Kueue queue lab: position 1. Kueue: {NO_QUOTA}. "
+        "The server starts by itself when Kueue admits it; stop it to give up."
+    )
+    assert kueue_queue_line("lab", None, None).startswith(
+        "waiting in Kueue queue lab: Kueue has not taken the server into its queue yet."
+    )
+
+
+def test_a_pods_workload_and_gate_are_found():
+    pod = {"metadata": {"uid": "uid-bob"}, "spec": {"schedulingGates": []}}
+    bob = workload("bob", "2026-01-01T10:01:00Z")
+    assert workload_of(pod, [workload("ann", "2026-01-01T10:00:00Z"), bob]) is bob
+    assert not gated_by_kueue(pod)
+    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    assert gated_by_kueue(pod)

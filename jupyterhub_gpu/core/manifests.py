@@ -637,9 +637,10 @@ def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, Any]:
 def rbac_objects(hub_namespace: str, service_account: str = "hub") -> list[dict[str, Any]]:
     """ClusterRoles and a binding for the hub's service account (hub and service share it).
 
-    ``jupyterhub-gpu``: what the reconciler and the capacity views need, cluster
-    wide. ``jupyterhub-gpu-spawner``: what KubeSpawner needs in a group namespace;
-    the reconciler binds it there (hence ``bind`` on it) as it creates the namespace.
+    ``jupyterhub-gpu``: what the reconciler, the capacity views and the spawn
+    page's place in a Kueue queue (Kueue's Workloads) need, cluster wide.
+    ``jupyterhub-gpu-spawner``: what KubeSpawner needs in a group namespace; the
+    reconciler binds it there (hence ``bind`` on it) as it creates the namespace.
     """
     subject = {"kind": "ServiceAccount", "name": service_account, "namespace": hub_namespace}
     reconciler_rules = [
@@ -658,6 +659,8 @@ def rbac_objects(hub_namespace: str, service_account: str = "hub") -> list[dict[
             "verbs": ["bind"],
         },
         *({**rule, "verbs": _WRITE} for rule in _SCHEDULER_RULES),
+        # the spawn page says where a server waits in its Kueue queue, from the Workloads
+        _rule("kueue.x-k8s.io", ["workloads"], ["get", "list", "watch"]),
     ]
     spawner_rules = [
         {

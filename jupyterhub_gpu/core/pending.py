@@ -101,3 +101,98 @@ def kueue_waiting(workload: dict) -> str | None:
         if condition and condition.get("status") == wanted and condition.get("message"):
             return f"waiting in Kueue queue {queue}: {condition['message']}"
     return f"waiting in Kueue queue {queue}: not yet considered by Kueue"
+
+
+#: the scheduling gate Kueue's pod integration puts on a queued pod until it is admitted
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+#: the label Kueue puts on a pod's Workload: the pod's uid
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def gated_by_kueue(pod: dict) -> bool:
+    """True while Kueue holds ``pod`` (API form) behind its admission gate."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == KUEUE_GATE for g in gates)
+
+
+def workload_of(pod: dict, workloads: list[dict]) -> dict | None:
+    """The Workload Kueue made for ``pod``: the one its owner reference names."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    for workload in workloads:
+        owners = workload.get("metadata", {}).get("ownerReferences") or []
+        if uid and any(o.get("uid") == uid for o in owners):
+            return workload
+    return None
+
+
+def _condition_true(workload: dict, kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in workload.get("status", {}).get("conditions", [])
+    )
+
+
+def _kueue_pending(workload: dict) -> bool:
+    """Waiting for quota: not holding any, not finished, not deactivated."""
+    if workload.get("spec", {}).get("active") is False:
+        return False
+    return not any(_condition_true(workload, k) for k in ("QuotaReserved", "Admitted", "Finished"))
+
+
+def kueue_position(workload: dict, workloads: list[dict]) -> int | None:
+    """``workload``'s place (1: next) among the pending Workloads of its LocalQueue.
+
+    ``workloads`` are the Workloads of its namespace. Kueue's queues order by
+    priority, then by creation time (``BestEffortFIFO`` and ``StrictFIFO``
+    alike); Workloads that hold quota, finished or were deactivated are not in
+    line. None when ``workload`` itself is not waiting.
+
+    Kueue's own answer is its visibility API (``pendingworkloads`` of a
+    LocalQueue), which needs an aggregated API server registered with the
+    cluster; this order is what that API reports for a LocalQueue, read from the
+    Workloads themselves.
+    """
+    if not _kueue_pending(workload):
+        return None
+    namespace = workload.get("metadata", {}).get("namespace")
+    queue = workload.get("spec", {}).get("queueName")
+
+    def order(w: dict) -> tuple[int, str, str]:
+        meta = w.get("metadata", {})
+        priority = w.get("spec", {}).get("priority") or 0
+        # RFC 3339 timestamps of one API server sort as strings
+        return (-priority, meta.get("creationTimestamp") or "", meta.get("name") or "")
+
+    mine = order(workload)
+    ahead = sum(
+        1
+        for w in workloads
+        if w.get("metadata", {}).get("namespace") == namespace
+        and w.get("spec", {}).get("queueName") == queue
+        and _kueue_pending(w)
+        and order(w) < mine
+    )
+    return ahead + 1
+
+
+def kueue_queue_line(queue: str, workload: dict | None, position: int | None) -> str:
+    """What the spawn page says while Kueue holds the server's pod in ``queue``.
+
+    E.g. ``waiting in Kueue queue lab: position 1. Kueue: couldn't assign flavors
+    to pod set main: insufficient unused quota for nvidia.com/gpu in flavor
+    jupyterhub-gpu, 1 more needed. The server starts by itself when Kueue admits
+    it; stop it to give up.``
+    """
+    prefix = f"waiting in Kueue queue {queue}"
+    reason = kueue_waiting(workload) if workload is not None else None
+    if workload is None:
+        why = "Kueue has not taken the server into its queue yet"
+    elif reason is None:
+        why = "admitted by Kueue, about to be scheduled"
+    else:
+        why = "Kueue: " + reason.split(": ", 1)[1]
+    where = f"position {position}. " if position is not None else ""
+    return (
+        f"{prefix}: {where}{why.rstrip('.')}. "
+        "The server starts by itself when Kueue admits it; stop it to give up."
+    )
