@@ -17,6 +17,7 @@ hub has one. Synchronous (SQLAlchemy Core); async callers run it in a thread.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -74,13 +75,15 @@ class AccountingUnavailable(RuntimeError):
 
 
 def _record(row: Any) -> UsageRecord:
+    # a server's key, user, group, profile and flavor repeat in every row of it: one
+    # string each in memory, where the service keeps two months of rows
     return UsageRecord(
         uid=row.uid,
-        key=row.key,
-        user=row.user,
-        group=row.group,
-        profile=row.profile,
-        flavor=row.flavor,
+        key=sys.intern(row.key),
+        user=sys.intern(row.user),
+        group=sys.intern(row.group),
+        profile=sys.intern(row.profile),
+        flavor=sys.intern(row.flavor) if row.flavor is not None else None,
         gpus=row.gpus,
         started=row.started,
         last_seen=row.last_seen,

@@ -27,7 +27,7 @@ from .model import Budget, Group, Policy
 HOUR = 3600.0
 
 
-@dataclass
+@dataclass(slots=True)  # the service keeps two months of them: a few hundred thousand
 class UsageRecord:
     uid: str  # the pod's uid: one record per pod
     key: str  # "<namespace>/<pod name>", the server's key in the admission ledger
