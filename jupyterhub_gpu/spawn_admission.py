@@ -186,7 +186,7 @@ class SpawnAdmission:
             return
         for record in records:
             self.usage.put(policy, record)
-        self.usage.prune(now)
+        self.usage.prune(policy, now)
         self._usage_read_at = now
         if self.usage_error is not None:
             self.log.info("GPU usage database readable again")

@@ -142,7 +142,7 @@ def test_records_older_than_every_window_are_pruned():
         record("ancient", start=-40 * DAY, end=-31 * DAY),
         record("recent", start=-2 * DAY, end=-DAY),
     )
-    assert book.prune(NOW) == 1
+    assert book.prune(p, NOW) == 1
     assert set(book.records) == {"recent"}
     assert list(book.group_records("department")) == [book.records["recent"]]
 

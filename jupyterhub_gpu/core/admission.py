@@ -104,13 +104,8 @@ class Ledger:
     def user_usage(self, user: str, group: str) -> Usage:
         return self.users.get((user, group)) or Usage()
 
-    def _chain(self, policy: Policy, group: str) -> list[str]:
-        if policy.find_group(group) is None:
-            return [group]  # a group removed from the policy still holds its servers
-        return [g.name for g in policy.ancestors(group)]
-
     def _record(self, policy: Policy, charge: Charge, sign: int = 1) -> None:
-        for name in self._chain(policy, charge.group):
+        for name in policy.charged_groups(charge.group):
             usage = self.groups.setdefault(name, Usage())
             usage.add(charge.request, sign)
             if usage.is_zero():

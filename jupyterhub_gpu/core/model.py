@@ -357,6 +357,14 @@ class Policy:
             current = group.parent
         return chain
 
+    def charged_groups(self, name: str) -> list[str]:
+        """The names of the groups a server charged to ``name`` counts for: the group
+        and its parents; just ``name`` for a group the policy has since dropped (its
+        servers and usage stay its own)."""
+        if self.find_group(name) is None:
+            return [name]
+        return [g.name for g in self.ancestors(name)]
+
 
 # ---- parsing --------------------------------------------------------------------
 
