@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from ..core.budgets import format_cap, format_hours, format_period
+from ..core.budgets import used_line
 from ..core.model import Budget, Policy
 from ..core.quantities import format_duration
 from .gpu_time import GPUTime, HoursView
@@ -65,11 +65,7 @@ class BudgetRule:
             stopping = [b for _, b, _ in exhausted if b.when_exhausted == "stop"]
             grace = min((b.grace for b in stopping), default=None)
             owner, budget, hours = exhausted[0]
-            used = (
-                f"{owner} used {format_hours(hours.used)} of "
-                f"{format_cap(float(budget.gpu_hours))} GPU-hours in the last "
-                f"{format_period(budget.period)}"
-            )
+            used = used_line(owner, hours.used, budget)
             if key not in self.told:
                 self.told[key] = now
                 if grace is None:

@@ -14,21 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from ..accounting.store import AccountingUnavailable, UsageStore
-from ..core.budgets import (
-    BudgetState,
-    UsageBook,
-    UsageRecord,
-    budgets_of,
-    gpu_hours,
-    longest_period,
-)
-from ..core.model import Group, Policy
+from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
+from ..core.model import Budget, Policy
 from ..core.showback import Series, Showback, history, month_bounds, showback
 from .idle import ENGINE_ACTIVE, GPU_UTIL, SHARED_KINDS, Prometheus, PrometheusError
 from .state import ServiceState
@@ -70,18 +63,16 @@ class GPUTimeSnapshot:
     users: dict[tuple[str, str], HoursView] = field(default_factory=dict)  # (user, group)
     error: str | None = None
     fail_open: bool = False
-    at: float = 0.0
 
 
-def _view(state: BudgetState | None, used: float, period: int) -> HoursView:
-    if state is None:
-        return HoursView(used=used, budget=None, period=period)
-    return HoursView(
-        used=state.used,
-        budget=float(state.budget.gpu_hours),
-        period=state.budget.period,
-        exhausted=state.exhausted,
-    )
+def hours_view(
+    records: Iterable[UsageRecord], budget: Budget | None, now: float, running: Container[str]
+) -> HoursView:
+    """GPU-hours of ``records`` in ``budget``'s window (30 days without one), and the budget."""
+    period = budget.period if budget else DEFAULT_WINDOW
+    used = gpu_hours(records, now - period, now, running)
+    cap = float(budget.gpu_hours) if budget else None
+    return HoursView(used, cap, period, cap is not None and used >= cap)
 
 
 class GPUTime:
@@ -154,7 +145,7 @@ class GPUTime:
             records = await asyncio.to_thread(self.store.changed_since, self._read_at - 5.0)
         for record in records:
             self.book.put(self.policy, record)
-        self.book.prune(now)
+        self.book.prune(self.policy, now)
         self._read_at = now
         self.snapshot = self.compute(now)
         self._showbacks.clear()
@@ -162,34 +153,21 @@ class GPUTime:
 
     def compute(self, now: float) -> GPUTimeSnapshot:
         running = self.running
-        groups: dict[str, HoursView] = {}
-        for group in self.policy.all_groups:
-            budget = group.budget if not group.unlimited else None
-            period = budget.period if budget else DEFAULT_WINDOW
-            used = gpu_hours(self.book.group_records(group.name), now - period, now, running)
-            groups[group.name] = HoursView(
-                used=used,
-                budget=float(budget.gpu_hours) if budget else None,
-                period=period,
-                exhausted=budget is not None and used >= float(budget.gpu_hours),
+        groups = {
+            group.name: hours_view(
+                self.book.group_records(group.name),
+                None if group.unlimited else group.budget,
+                now,
+                running,
             )
-        users: dict[tuple[str, str], HoursView] = {}
+            for group in self.policy.all_groups
+        }
+        users = {}
         for (user, group_name), records in self.book.by_user.items():
             group = self.policy.find_group(group_name)
             budget = group.user_budget if group else None
-            period = budget.period if budget else DEFAULT_WINDOW
-            used = gpu_hours(records.values(), now - period, now, running)
-            users[(user, group_name)] = HoursView(
-                used=used,
-                budget=float(budget.gpu_hours) if budget else None,
-                period=period,
-                exhausted=budget is not None and used >= float(budget.gpu_hours),
-            )
-        return GPUTimeSnapshot(groups, users, None, self.snapshot.fail_open, now)
-
-    def budgets(self, user: str, group: Group) -> list[BudgetState]:
-        """The budgets a server of ``user`` in ``group`` counts against, now."""
-        return budgets_of(self.policy, self.book, user, group, self.clock(), self.running)
+            users[(user, group_name)] = hours_view(records.values(), budget, now, running)
+        return GPUTimeSnapshot(groups, users, None, self.snapshot.fail_open)
 
     # ---- looking back ----------------------------------------------------------------
 
