@@ -27,6 +27,19 @@ def local_cluster(tmp_path_factory) -> LocalCluster:
     cluster.down()
 
 
+@pytest.fixture(scope="module")
+def kueue_cluster(request, tmp_path_factory) -> LocalCluster:
+    """A cluster of the module's own that runs a real Kueue (the modules' queues share
+    names, so each gets one); modules that use it override ``kube`` with its client."""
+    module = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    directory = tmp_path_factory.mktemp(f"{module}-cluster")
+    cluster = LocalCluster.create(
+        name=f"pytest-{module}-{os.getpid()}", directory=Path(directory), schedulers=("kueue",)
+    )
+    yield cluster
+    cluster.down()
+
+
 @pytest.fixture(scope="session")
 async def kube(local_cluster):
     async with local_cluster.api() as api:

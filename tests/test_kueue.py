@@ -8,7 +8,6 @@ past the hub into a full queue.
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from kubernetes_asyncio import client
 from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.pending import kueue_waiting
 from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.kube.reconciler import Reconciler
 from jupyterhub_gpu.offline import render_pod
 from kube_helpers import eventually
@@ -30,16 +28,6 @@ KUEUE = ("kueue.x-k8s.io", "v1beta2")
 GATE = "kueue.x-k8s.io/admission"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 H200 = "NVIDIA-H200-NVL"
-
-
-@pytest.fixture(scope="module")
-def kueue_cluster(tmp_path_factory) -> LocalCluster:
-    directory = tmp_path_factory.mktemp("kueue-cluster")
-    cluster = LocalCluster.create(
-        name=f"pytest-kueue-{os.getpid()}", directory=Path(directory), schedulers=("kueue",)
-    )
-    yield cluster
-    cluster.down()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from kubernetes_asyncio import client
 from browser import log_in
 from hub_helpers import api, pod_json, progress_messages, running_hub
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.kube.reconciler import Reconciler
 from kube_helpers import eventually
 
@@ -64,16 +63,6 @@ POLICY = {
 GPU = {"profile": "lab--gpu"}
 USERS = ("ann", "bob", "cy", "dee", "eve")
 GROUPS = {"eve": ["ops"]}
-
-
-@pytest.fixture(scope="module")
-def kueue_cluster(tmp_path_factory) -> LocalCluster:
-    directory = tmp_path_factory.mktemp("kueue-spawn-cluster")
-    cluster = LocalCluster.create(
-        name=f"pytest-kueue-spawn-{os.getpid()}", directory=Path(directory), schedulers=("kueue",)
-    )
-    yield cluster
-    cluster.down()
 
 
 @pytest.fixture(scope="module")
