@@ -221,9 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--scheduler",
         action="append",
         default=[],
-        choices=["kueue"],
+        choices=["kueue", "volcano"],
         help="a scheduler to build (build) and run (up) besides kube-scheduler: kueue runs "
-        "Kueue's manager with its CRDs and webhooks on 127.0.0.1 (repeatable)",
+        "Kueue's manager with its CRDs and webhooks, volcano Volcano's scheduler and "
+        "controller-manager with its CRDs, on 127.0.0.1 (repeatable)",
     )
     c.set_defaults(func=cmd_cluster)
 

@@ -44,12 +44,17 @@ from .config.policy import GPUPolicy
 from .core.admission import Charge, Decision, Ledger
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
+from .core.manifests import IN_QUOTA_PRIORITY, OVER_QUOTA_PRIORITY
 from .core.model import Policy, PolicyError
 from .core.pending import (
     explain_unschedulable,
     gated_by_kueue,
     kueue_position,
     kueue_queue_line,
+    podgroup_of,
+    volcano_position,
+    volcano_queue_line,
+    volcano_queued,
     workload_of,
 )
 from .core.profiles import profile_entry, without_overrides
@@ -57,6 +62,7 @@ from .core.selection import Malformed, Refused, Selection, offers, select
 from .core.shaping import (
     GROUP_LABEL,
     QUEUE_LABELS,
+    VOLCANO_QUEUE_ANNOTATION,
     PodShape,
     apply_to_pod,
     charge_from_pod,
@@ -70,8 +76,15 @@ from .spawn_admission import SpawnAdmission
 
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
 JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
-#: Kueue's Workloads, in the version the pinned Kueue stores (it serves v1beta1 too)
-KUEUE_WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")
+#: the schedulers that hold a server's pod in a queue before it is scheduled, as the
+#: spawn page names them
+QUEUED_BY = {"kueue": "Kueue", "volcano": "Volcano"}
+#: what each keeps per queued pod (group, version, plural): Kueue's Workloads (in the
+#: version the pinned Kueue stores; it serves v1beta1 too), Volcano's PodGroups
+QUEUE_OBJECTS = {
+    "kueue": ("kueue.x-k8s.io", "v1beta2", "workloads"),
+    "volcano": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+}
 #: "wait indefinitely" as a number of seconds (JupyterHub's start_timeout is an Integer)
 NO_QUEUE_TIMEOUT = 10 * 365 * 24 * 3600
 
@@ -116,15 +129,17 @@ class GPUKubeSpawner(KubeSpawner):
     queue_timeout = Float(
         24 * 3600.0,
         help="""
-        Seconds a server may wait in its Kueue queue (scheduler ``kueue``) before
-        its spawn is given up and its pod deleted; 0: wait as long as it takes.
+        Seconds a server may wait in its scheduler's queue (scheduler ``kueue`` or
+        ``volcano``) before its spawn is given up and its pod deleted; 0: wait as
+        long as it takes.
 
-        While Kueue holds the server's pod behind its admission gate, the spawn
-        page shows the server's position in the queue and Kueue's reason, and
+        While the scheduler holds the server's pod in its queue (Kueue: behind its
+        admission gate; Volcano: its PodGroup ``Pending``), the spawn page shows the
+        server's position in the queue and the scheduler's reason, and
         ``start_timeout`` does not run: it bounds the start before the pod is
-        queued, and starts again from zero when Kueue admits the pod, so a server
-        admitted after an hour in the queue still gets all of ``start_timeout``
-        to start.
+        queued, and starts again from zero when the scheduler admits the pod, so a
+        server admitted after an hour in the queue still gets all of
+        ``start_timeout`` to start.
         """,
     ).tag(config=True)
 
@@ -167,14 +182,14 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_reservation: Charge | None = None
     #: the last start was refused before anything was written to Kubernetes
     _gpu_refused_before_kubernetes: bool = False
-    #: what the spawn page shows while Kueue holds this server's pod in its queue
-    _kueue_wait_message: str | None = None
+    #: what the spawn page shows while a scheduler holds this server's pod in its queue
+    _queue_wait_message: str | None = None
     #: start_timeout as configured (start() lengthens it for JupyterHub while queued)
     _start_timeout_configured: int | None = None
-    #: the Kueue Workloads listed per namespace: (when, the listing), shared by spawners
-    _kueue_listings: dict[str, tuple[float, asyncio.Future]] = {}
-    #: the hub was refused reading Kueue's Workloads (logged once)
-    _kueue_read_refused: bool = False
+    #: Workloads or PodGroups listed per namespace: (when, the listing), shared by spawners
+    _queue_listings: dict[tuple[tuple[str, str, str], str], tuple[float, asyncio.Future]] = {}
+    #: the queue objects the hub was refused reading (each logged once)
+    _queue_read_refused: set[tuple[str, str, str]] = set()
     #: KubeSpawner is applying validated options (it reads the profile list for them)
     _gpu_applying_options: bool = False
     #: what the last validated spawn chose, and the pod shape the policy gives it
@@ -424,10 +439,10 @@ class GPUKubeSpawner(KubeSpawner):
             await self._release(only=reservation)
 
     def start(self):
-        if self._kueue_queues_servers():
+        if self._queueing_scheduler():
             # JupyterHub gives start() start_timeout seconds, read once as this returns;
-            # a server queued in Kueue must outlast that. The hub's bound becomes a
-            # backstop past every deadline _watch_kueue_queue enforces itself: the
+            # a server queued by its scheduler must outlast that. The hub's bound becomes
+            # a backstop past every deadline _watch_queue enforces itself: the
             # start before the pod is queued, the time in the queue, the start after
             # admission.
             if self._start_timeout_configured is None:
@@ -439,7 +454,7 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def _start(self):
         try:
-            return await self._within_kueue_timeouts(self._start_charged())
+            return await self._within_queue_timeouts(self._start_charged())
         except SpawnRefused as e:
             if e.status_code < 500:
                 _not_a_hub_failure(self)
@@ -477,27 +492,30 @@ class GPUKubeSpawner(KubeSpawner):
             self.admission.record_start(self.gpu_policy, pod)
         return result
 
-    # ---- waiting in a Kueue queue ----------------------------------------------------
+    # ---- waiting in a scheduler's queue (Kueue, Volcano) -------------------------------
 
-    def _kueue_queues_servers(self) -> bool:
+    def _queueing_scheduler(self) -> str | None:
+        """``kueue`` or ``volcano`` when the policy's scheduler queues servers' pods."""
         try:
-            return self.gpu_policy.scheduler.name == "kueue"
+            name = self.gpu_policy.scheduler.name
         except PolicyError:
-            return False  # every spawn is refused with the policy's errors
+            return None  # every spawn is refused with the policy's errors
+        return name if name in QUEUED_BY else None
 
-    async def _within_kueue_timeouts(self, starting: Awaitable[Any]) -> Any:
-        """``starting`` (the start), bounded by start_timeout except while Kueue queues it.
+    async def _within_queue_timeouts(self, starting: Awaitable[Any]) -> Any:
+        """``starting`` (the start), bounded by start_timeout except while queued.
 
         KubeSpawner waits for the pod to run under the lengthened start_timeout (see
         ``start``); the watch beside it gives up on the start when one of its own
         deadlines passes, and the start is cancelled (JupyterHub then stops the
         server, which deletes its pod and frees its charge).
         """
-        if self._start_timeout_configured is None or not self._kueue_queues_servers():
+        scheduler = self._queueing_scheduler()
+        if self._start_timeout_configured is None or scheduler is None:
             return await starting
         started = asyncio.get_running_loop().time()
         start = asyncio.ensure_future(starting)
-        watch = asyncio.ensure_future(self._watch_kueue_queue(started))
+        watch = asyncio.ensure_future(self._watch_queue(scheduler, started))
         try:
             await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
             if start.done():
@@ -509,49 +527,53 @@ class GPUKubeSpawner(KubeSpawner):
         finally:
             for task in (start, watch):
                 task.cancel()
-            self._kueue_wait_message = None
+            self._queue_wait_message = None
             self.start_timeout = self._start_timeout_configured
 
-    async def _watch_kueue_queue(self, started: float) -> None:
-        """Raise when the start runs out of time, not counting the time queued in Kueue.
+    async def _watch_queue(self, scheduler: str, started: float) -> None:
+        """Raise when the start runs out of time, not counting the time queued.
 
-        Until the pod is queued, and again from Kueue's admission (its gate gone), the
-        start has ``start_timeout``; while the pod is gated, ``queue_timeout``.
-        Meanwhile the spawn page's line says where the server is in Kueue's queue.
+        Until the pod is queued, and again from the scheduler's admission, the start
+        has ``start_timeout``; while the scheduler holds the pod in its queue (Kueue:
+        behind its admission gate; Volcano: its PodGroup ``Pending``),
+        ``queue_timeout``. Meanwhile the spawn page's line says where the server is
+        in the queue.
         """
         loop = asyncio.get_running_loop()
+        label = QUEUED_BY[scheduler]
         start_timeout = self._start_timeout_configured or 0
-        gated_since: float | None = None
+        queued_since: float | None = None
         admitted_at: float | None = None
         while True:
             now = loop.time()
             pod = self._starting_pod()
-            if pod is not None and gated_by_kueue(pod):
-                gated_since = gated_since if gated_since is not None else now
-                self._kueue_wait_message = await self._kueue_queue_line(pod)
-                if self.queue_timeout > 0 and now - gated_since >= self.queue_timeout:
-                    queue = pod["metadata"].get("labels", {}).get(QUEUE_LABELS["kueue"], "?")
+            line = await self._queue_line(scheduler, pod) if pod is not None else None
+            if pod is not None and line is not None:
+                queued_since = queued_since if queued_since is not None else now
+                self._queue_wait_message = line
+                if self.queue_timeout > 0 and now - queued_since >= self.queue_timeout:
                     # 429, a handled rejection (a busy cluster, not a broken hub): it
                     # never counts towards the hub's consecutive_failure_limit
                     raise SpawnRefused(
-                        f"the server waited {_duration(now - gated_since)} in Kueue queue "
-                        f"{queue} without being admitted (the hub's queue_timeout is "
-                        f"{_duration(self.queue_timeout)}); it was not started: try again "
-                        "later, or ask an admin about the queue",
+                        f"the server waited {_duration(now - queued_since)} in {label} queue "
+                        f"{_queue_of(scheduler, pod)} without being admitted (the hub's "
+                        f"queue_timeout is {_duration(self.queue_timeout)}); it was not "
+                        "started: try again later, or ask an admin about the queue",
                         429,
                     )
             else:
-                if gated_since is not None and admitted_at is None:
+                if queued_since is not None and admitted_at is None:
                     admitted_at = now
-                    self._kueue_wait_message = None
+                    self._queue_wait_message = None
                     self.log.info(
-                        "Kueue admitted %s after %s in its queue",
+                        "%s admitted %s after %s in its queue",
+                        label,
                         self._log_name,
-                        _duration(now - gated_since),
+                        _duration(now - queued_since),
                     )
                 since = admitted_at if admitted_at is not None else started
                 if now - since >= start_timeout:
-                    after = " after Kueue admitted it" if admitted_at is not None else ""
+                    after = f" after {label} admitted it" if admitted_at is not None else ""
                     raise TimeoutError(
                         f"pod {self._server_key} did not start in {start_timeout} seconds{after}"
                     )
@@ -565,53 +587,72 @@ class GPUKubeSpawner(KubeSpawner):
             return None
         return pod
 
-    async def _kueue_queue_line(self, pod: dict) -> str:
-        """Where ``pod`` waits in its Kueue queue, and Kueue's reason, in one line."""
-        queue = pod["metadata"].get("labels", {}).get(QUEUE_LABELS["kueue"], "?")
+    async def _queue_line(self, scheduler: str, pod: dict) -> str | None:
+        """Where ``pod`` waits in its scheduler's queue, and why, in one line; None when
+        the scheduler does not hold it (not yet queued, or admitted)."""
+        if scheduler == "kueue" and not gated_by_kueue(pod):
+            return None
+        if scheduler == "volcano" and pod.get("spec", {}).get("nodeName"):
+            return None
+        queue = _queue_of(scheduler, pod)
+        resource = QUEUE_OBJECTS[scheduler]
         try:
-            workloads = await self._kueue_workloads(pod["metadata"]["namespace"])
+            listed = await self._queue_objects(resource, pod["metadata"]["namespace"])
         except ApiException as e:
             if e.status != 403:
                 # the line keeps what it said; waiting goes on, watched by the pod watch
                 self.log.warning(
-                    "Reading Kueue's Workloads for %s: %s", self._log_name, exception_message(e)
+                    "Reading %s for %s: %s", resource[2], self._log_name, exception_message(e)
                 )
-                return self._kueue_wait_message or kueue_queue_line(queue, None, None)
-            if not GPUKubeSpawner._kueue_read_refused:
-                GPUKubeSpawner._kueue_read_refused = True
+                return self._queue_wait_message or _unread_line(scheduler, queue)
+            if resource not in GPUKubeSpawner._queue_read_refused:
+                GPUKubeSpawner._queue_read_refused.add(resource)
                 self.log.warning(
-                    "Cannot read Kueue's Workloads (%s): the spawn page cannot show a "
-                    "server's place in its Kueue queue. Grant the hub get/list/watch on "
-                    "workloads.kueue.x-k8s.io (`jupyterhub-gpu manifests` renders it).",
+                    "Cannot read %s.%s (%s): the spawn page cannot show a server's place in "
+                    "its %s queue. Grant the hub get/list/watch on them (`jupyterhub-gpu "
+                    "manifests` renders it).",
+                    resource[2],
+                    resource[0],
                     exception_message(e),
+                    QUEUED_BY[scheduler],
                 )
-            return kueue_queue_line(queue, None, None)
+            return _unread_line(scheduler, queue)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             # the pod watch rides out an outage; the line waits for the API server too
-            self.log.warning("Reading Kueue's Workloads for %s: %s", self._log_name, e)
-            return self._kueue_wait_message or kueue_queue_line(queue, None, None)
-        workload = workload_of(pod, workloads)
-        position = kueue_position(workload, workloads) if workload is not None else None
-        return kueue_queue_line(queue, workload, position)
+            self.log.warning("Reading %s for %s: %s", resource[2], self._log_name, e)
+            return self._queue_wait_message or _unread_line(scheduler, queue)
+        if scheduler == "kueue":
+            workload = workload_of(pod, listed)
+            position = kueue_position(workload, listed) if workload is not None else None
+            return kueue_queue_line(queue, workload, position)
+        podgroup = podgroup_of(pod, listed)
+        if podgroup is None or not volcano_queued(podgroup):
+            return None  # not yet grouped by Volcano's controller, or let into its queue
+        priorities = {
+            self.gpu_policy.scheduler.in_quota_priority_class: IN_QUOTA_PRIORITY,
+            self.gpu_policy.scheduler.over_quota_priority_class: OVER_QUOTA_PRIORITY,
+        }
+        return volcano_queue_line(queue, podgroup, volcano_position(podgroup, listed, priorities))
 
-    async def _kueue_workloads(self, namespace: str) -> list[dict]:
-        """The Workloads in ``namespace``; one listing per poll interval for all spawners,
-        however many servers wait in the namespace's queues."""
+    async def _queue_objects(self, resource: tuple[str, str, str], namespace: str) -> list[dict]:
+        """The ``resource`` objects (Workloads, PodGroups) in ``namespace``; one listing
+        per poll interval for all spawners, however many servers wait there."""
         now = asyncio.get_running_loop().time()
-        cached = GPUKubeSpawner._kueue_listings.get(namespace)
+        key = (resource, namespace)
+        cached = GPUKubeSpawner._queue_listings.get(key)
         if cached is None or now - cached[0] >= self.wait_poll_interval:
             listing = asyncio.ensure_future(
                 CustomObjectsApi(self.api.api_client).list_namespaced_custom_object(
-                    KUEUE_WORKLOADS[0],
-                    KUEUE_WORKLOADS[1],
+                    resource[0],
+                    resource[1],
                     namespace,
-                    KUEUE_WORKLOADS[2],
+                    resource[2],
                     _request_timeout=self.k8s_api_request_timeout,
                 )
             )
             # a listing whose every reader was cancelled still has its error read
             listing.add_done_callback(lambda f: f.cancelled() or f.exception())
-            cached = GPUKubeSpawner._kueue_listings[namespace] = (now, listing)
+            cached = GPUKubeSpawner._queue_listings[key] = (now, listing)
         listed = await asyncio.shield(cached[1])
         return listed.get("items", [])
 
@@ -738,15 +779,15 @@ class GPUKubeSpawner(KubeSpawner):
         while self._gpu_wait_message:
             yield {"progress": 1, "message": self._gpu_wait_message}
             await asyncio.sleep(1)
-        # KubeSpawner's events, and whenever it changes, where the pod waits in Kueue
-        # (a gated pod has no events of its own to show)
+        # KubeSpawner's events, and whenever it changes, where the pod waits in its
+        # scheduler's queue (a pod Kueue gates has no events of its own to show)
         events: asyncio.Queue = asyncio.Queue()
         done = object()
 
         async def forward() -> None:
             try:
                 async for event in super(GPUKubeSpawner, self).progress():
-                    if self._kueue_wait_message and not {"raw_event", "progress"} & set(event):
+                    if self._queue_wait_message and not {"raw_event", "progress"} & set(event):
                         # KubeSpawner's "please be patient" would take the place of the
                         # line that says where the server waits
                         continue
@@ -766,7 +807,7 @@ class GPUKubeSpawner(KubeSpawner):
                     break
                 if event is not None:
                     yield event
-                line = self._kueue_wait_message
+                line = self._queue_wait_message
                 if line and line != shown:
                     yield {"message": line}  # no "progress": the bar stays where it is
                 shown = line
@@ -797,6 +838,24 @@ def _not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
     if JUPYTERHUB_COUNTS_REFUSALS and spawner.handler is not None:
         settings = spawner.handler.settings
         settings["failure_count"] = settings.get("failure_count", 0) - 1
+
+
+def _queue_of(scheduler: str, pod: dict) -> str:
+    """The queue ``pod`` names: Kueue's LocalQueue label, Volcano's queue annotation."""
+    metadata = pod.get("metadata") or {}
+    if scheduler == "volcano":
+        return (metadata.get("annotations") or {}).get(VOLCANO_QUEUE_ANNOTATION, "?")
+    return (metadata.get("labels") or {}).get(QUEUE_LABELS[scheduler], "?")
+
+
+def _unread_line(scheduler: str, queue: str) -> str:
+    """The line while the scheduler's objects cannot be read: where, not which place."""
+    if scheduler == "kueue":
+        return kueue_queue_line(queue, None, None)
+    return (
+        f"waiting in Volcano queue {queue}. The server starts by itself when Volcano lets "
+        "it in; stop it to give up."
+    )
 
 
 def _duration(seconds: float) -> str:

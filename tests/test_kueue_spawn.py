@@ -58,11 +58,16 @@ POLICY = {
             "profiles": ["gpu"],
         },
         "ops": {"quota": {"gpus": 1}, "profiles": ["b300"]},
+        # a cohort of two groups with one GPU each; the hub lets the pool run a third
+        # server over its quota, which Kueue's cohort (two GPUs) has no room for
+        "pool": {"quota": {"gpus": 2}, "limit": {"gpus": 3}},
+        "a": {"parent": "pool", "quota": {"gpus": 1}, "limit": {"gpus": 2}, "profiles": ["gpu"]},
+        "b": {"parent": "pool", "quota": {"gpus": 1}, "limit": {"gpus": 2}, "profiles": ["gpu"]},
     },
 }
 GPU = {"profile": "lab--gpu"}
-USERS = ("ann", "bob", "cy", "dee", "eve")
-GROUPS = {"eve": ["ops"]}
+USERS = ("ann", "bob", "cy", "dee", "eve", "fay", "gus", "hal")
+GROUPS = {"eve": ["ops"], "fay": ["a"], "gus": ["a"], "hal": ["b"]}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +99,7 @@ async def hub(kueue_cluster, kube):
         report = await Reconciler(kube, hub.namespace).reconcile(parse_policy(**POLICY))
         assert report.ok, report.summary()
         custom = client.CustomObjectsApi(kube)
-        for name in ("lab", "dept", "ops"):
+        for name in ("lab", "dept", "ops", "pool", "a", "b"):
             await eventually(
                 lambda name=name: _active(
                     custom.get_cluster_custom_object(*KUEUE, "clusterqueues", name)
@@ -103,7 +108,7 @@ async def hub(kueue_cluster, kube):
                 within=60,
             )
         local_queue = custom.get_namespaced_custom_object
-        for name in ("lab", "ops"):
+        for name in ("lab", "ops", "a", "b"):
             await eventually(
                 lambda name=name: _active(local_queue(*KUEUE, hub.namespace, "localqueues", name)),
                 f"LocalQueue {name} Active",
@@ -227,7 +232,57 @@ async def test_start_timeout_still_bounds_a_start_that_kueue_admitted(hub, kube,
     await eventually(lambda: _no_pod(kube, hub.namespace, "eve"), "eve's pod deleted", within=60)
 
 
-async def admitted_by_kueue(kube, namespace: str, user: str) -> None:
+async def test_kueue_preempts_the_over_quota_server_for_one_its_cohort_lent(
+    hub, kube, stopped_after
+):
+    """fay's server is within group a's quota, gus's over it (borrowing b's GPU through
+    the cohort); when hal starts one in b, Kueue takes b's GPU back from gus, not fay."""
+    core = client.CoreV1Api(kube)
+    for user in ("fay", "gus"):
+        status, body = await api(hub, "POST", f"/users/{user}/server", {"profile": "a--gpu"})
+        assert status in (201, 202), body
+        await eventually(lambda user=user: ready(hub, user), f"{user}'s server", within=120)
+    fay = await user_pod(kube, hub.namespace, "fay")
+    gus = await user_pod(kube, hub.namespace, "gus")
+    assert fay.spec.priority_class_name == "jupyterhub-gpu-in-quota"
+    # the hub ran gus over a's quota: the preemptible tier
+    assert gus.spec.priority_class_name == "jupyterhub-gpu-over-quota"
+    assert gus.metadata.labels["gpu.jupyterhub.org/tier"] == "over-quota"
+    assert gus.spec.priority < fay.spec.priority
+
+    status, body = await api(hub, "POST", "/users/hal/server", {"profile": "b--gpu"})
+    assert status in (201, 202), body
+    await eventually(lambda: ready(hub, "hal"), "hal's server after Kueue preempted", within=120)
+    await admitted_by_kueue(kube, hub.namespace, "hal", "b")
+
+    # gus's Workload says why it went, and the hub forgets the server whose pod is gone
+    workloads = await client.CustomObjectsApi(kube).list_namespaced_custom_object(
+        *KUEUE, hub.namespace, "workloads"
+    )
+    gus_workload = next(
+        w
+        for w in workloads["items"]
+        if any(o["uid"] == gus.metadata.uid for o in w["metadata"].get("ownerReferences", []))
+    )
+    preempted = next(c for c in gus_workload["status"]["conditions"] if c["type"] == "Preempted")
+    assert preempted["status"] == "True", preempted
+    assert preempted["reason"] == "InCohortReclamation", preempted
+    await eventually(lambda: _no_server(hub, "gus"), "gus's server stopped", within=90)
+    assert await ready(hub, "fay")  # the in-quota server was not touched
+    assert (await core.read_namespaced_pod(fay.metadata.name, hub.namespace)).status.phase == (
+        "Running"
+    )
+
+
+async def user_pod(kube, namespace: str, user: str) -> client.V1Pod:
+    pods = await client.CoreV1Api(kube).list_namespaced_pod(
+        namespace, label_selector=f"hub.jupyter.org/username={user}"
+    )
+    (pod,) = pods.items
+    return pod
+
+
+async def admitted_by_kueue(kube, namespace: str, user: str, queue: str = "lab") -> None:
     pods = await client.CoreV1Api(kube).list_namespaced_pod(
         namespace, label_selector=f"hub.jupyter.org/username={user}"
     )
@@ -243,7 +298,7 @@ async def admitted_by_kueue(kube, namespace: str, user: str) -> None:
         if any(o["uid"] == pod.metadata.uid for o in w["metadata"].get("ownerReferences", []))
     ]
     assert len(mine) == 1
-    assert mine[0]["status"]["admission"]["clusterQueue"] == "lab"
+    assert mine[0]["status"]["admission"]["clusterQueue"] == queue
 
 
 async def _no_server(hub, user: str) -> bool:

@@ -230,6 +230,9 @@ def test_volcano_queues_have_deserved_quota_capability_limit_and_parent():
     assert queues["lab"]["deserved"]["nvidia.com/gpu"] == "4"
     assert queues["lab"]["capability"]["nvidia.com/gpu"] == "6"
     assert queues["lab"]["capability"]["cpu"] == "48"
+    # what the quota leaves uncapped is deserved without bound (Volcano: none otherwise)
+    assert queues["course"]["deserved"]["cpu"] == "1000000"
+    assert queues["course"]["deserved"]["memory"] == "1000000Gi"
     assert "capability" not in queues["admins"]
     assert find(objects, "PriorityClass")
 
@@ -356,7 +359,7 @@ def test_rbac_grants_what_the_reconciler_and_spawner_need_to_the_hub_service_acc
         ("rbac.authorization.k8s.io", "rolebindings"),
     ]:
         assert needed in granted, needed
-    # the spawn page's place in a Kueue queue is read from Kueue's Workloads
+    # the spawn page's place in a Kueue or Volcano queue: Workloads, PodGroups
     reads = {
         (g, r): set(rule["verbs"])
         for rule in role["rules"]
@@ -364,6 +367,7 @@ def test_rbac_grants_what_the_reconciler_and_spawner_need_to_the_hub_service_acc
         for r in rule["resources"]
     }
     assert {"get", "list", "watch"} <= reads[("kueue.x-k8s.io", "workloads")]
+    assert {"get", "list", "watch"} <= reads[("scheduling.volcano.sh", "podgroups")]
     binding = one(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "jhub"}]
     spawner = one(objects, "ClusterRole", "jupyterhub-gpu-spawner")

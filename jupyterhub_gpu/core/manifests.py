@@ -61,6 +61,8 @@ KUEUE_API = "kueue.x-k8s.io/v1beta2"
 KUEUE_FLAVOR = "jupyterhub-gpu"
 #: Kueue has no "unlimited" nominal quota; an uncapped resource gets this many units
 KUEUE_UNBOUNDED = 1_000_000
+#: nor has Volcano an "unlimited" deserved share: an uncapped CPU or memory gets this
+VOLCANO_UNBOUNDED = {"cpu": str(KUEUE_UNBOUNDED), "memory": f"{KUEUE_UNBOUNDED}Gi"}
 #: the ClusterRole bound in each group namespace so the hub can run servers there
 SPAWNER_ROLE = "jupyterhub-gpu-spawner"
 RECONCILER_ROLE = "jupyterhub-gpu"
@@ -380,6 +382,11 @@ def volcano_queues(policy: Policy, hub: str) -> list[dict[str, Any]]:
             if capability := _resource_list(policy, group, group.limit):
                 spec["capability"] = capability
             if deserved := _resource_list(policy, group, group.quota):
+                # Volcano reads a resource missing from ``deserved`` as none deserved,
+                # and a queue whose servers would exceed its deserved share in any
+                # resource never reclaims: what the quota leaves uncapped is unbounded
+                for resource, unbounded in VOLCANO_UNBOUNDED.items():
+                    deserved.setdefault(resource, unbounded)
                 spec["deserved"] = deserved
         objects.append(
             {
@@ -659,8 +666,10 @@ def rbac_objects(hub_namespace: str, service_account: str = "hub") -> list[dict[
             "verbs": ["bind"],
         },
         *({**rule, "verbs": _WRITE} for rule in _SCHEDULER_RULES),
-        # the spawn page says where a server waits in its Kueue queue, from the Workloads
+        # the spawn page says where a server waits in its Kueue or Volcano queue, from
+        # Kueue's Workloads or Volcano's PodGroups
         _rule("kueue.x-k8s.io", ["workloads"], ["get", "list", "watch"]),
+        _rule("scheduling.volcano.sh", ["podgroups"], ["get", "list", "watch"]),
     ]
     spawner_rules = [
         {

@@ -196,3 +196,84 @@ def kueue_queue_line(queue: str, workload: dict | None, position: int | None) ->
         f"{prefix}: {where}{why.rstrip('.')}. "
         "The server starts by itself when Kueue admits it; stop it to give up."
     )
+
+
+#: the annotation Volcano's PodGroup controller puts on a pod: its PodGroup's name
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+#: a PodGroup's phase while Volcano's enqueue action has not let it into its queue
+VOLCANO_PENDING = "Pending"
+
+
+def podgroup_of(pod: dict, podgroups: list[dict]) -> dict | None:
+    """The PodGroup Volcano made for ``pod`` (API form): the one its annotation names."""
+    metadata = pod.get("metadata") or {}
+    name = (metadata.get("annotations") or {}).get(VOLCANO_GROUP_ANNOTATION)
+    for podgroup in podgroups:
+        meta = podgroup.get("metadata", {})
+        if name and meta.get("name") == name and meta.get("namespace") == metadata.get("namespace"):
+            return podgroup
+    return None
+
+
+def volcano_queued(podgroup: dict) -> bool:
+    """True while Volcano keeps the PodGroup out of its queue (phase ``Pending``).
+
+    Volcano's ``enqueue`` action moves a PodGroup to ``Inqueue`` once its queue's
+    ``capability`` (and the cluster) has room for its minimum resources; until
+    then none of its pods is considered for a node.
+    """
+    return (podgroup.get("status") or {}).get("phase", VOLCANO_PENDING) == VOLCANO_PENDING
+
+
+def volcano_position(
+    podgroup: dict, podgroups: list[dict], priorities: dict[str, int]
+) -> int | None:
+    """``podgroup``'s place (1: next) among the queued PodGroups of its queue.
+
+    ``podgroups`` are the PodGroups of its namespace; ``priorities`` the value of
+    each PriorityClass the policy's servers name (others count as 0). Volcano's
+    priority plugin orders jobs by priority, then by creation time. None when
+    ``podgroup`` is not queued.
+    """
+    if not volcano_queued(podgroup):
+        return None
+    queue = podgroup.get("spec", {}).get("queue")
+
+    def order(group: dict) -> tuple[int, str, str]:
+        meta = group.get("metadata", {})
+        priority = priorities.get(group.get("spec", {}).get("priorityClassName") or "", 0)
+        return (-priority, meta.get("creationTimestamp") or "", meta.get("name") or "")
+
+    mine = order(podgroup)
+    ahead = sum(
+        1
+        for group in podgroups
+        if group.get("spec", {}).get("queue") == queue and volcano_queued(group)
+        if order(group) < mine
+    )
+    return ahead + 1
+
+
+def volcano_queue_line(queue: str, podgroup: dict, position: int | None) -> str:
+    """What the spawn page says while Volcano keeps the server's PodGroup out of ``queue``.
+
+    E.g. ``waiting in Volcano queue lab: position 1. Volcano: the queue has no room
+    for it yet (PodGroup Pending, NotEnoughResources). The server starts by itself
+    when Volcano lets it in; stop it to give up.``
+    """
+    unschedulable = next(
+        (
+            c
+            for c in (podgroup.get("status") or {}).get("conditions") or []
+            if c.get("type") == "Unschedulable" and c.get("status") == "True"
+        ),
+        None,
+    )
+    detail = ", ".join(
+        part for part in ("PodGroup Pending", (unschedulable or {}).get("reason")) if part
+    )
+    where = f"position {position}. " if position is not None else ""
+    return (
+        f"waiting in Volcano queue {queue}: {where}Volcano: the queue has no room for it yet "
+        f"({detail}). The server starts by itself when Volcano lets it in; stop it to give up."
+    )

@@ -27,6 +27,8 @@ TIER_LABEL = f"{LABEL_PREFIX}/tier"
 CHARGE_ANNOTATION = f"{LABEL_PREFIX}/charge"
 QUEUE_LABELS = {"kai": "kai.scheduler/queue", "kueue": "kueue.x-k8s.io/queue-name"}
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+#: whether Volcano's preempt and reclaim actions may evict the pod (Volcano's default: yes)
+VOLCANO_PREEMPTABLE_ANNOTATION = "volcano.sh/preemptable"
 SCHEDULER_NAMES = {"kai": "kai-scheduler", "volcano": "volcano"}
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -122,6 +124,9 @@ def shape(
         result.labels[QUEUE_LABELS[scheduler.name]] = dns_label(group.queue)
     if scheduler.name == "volcano":
         result.annotations[VOLCANO_QUEUE_ANNOTATION] = dns_label(group.queue)
+        # Volcano's reclaim takes any preemptable pod of a queue above its deserved
+        # share, whatever its priority: only servers above their quota may be taken
+        result.annotations[VOLCANO_PREEMPTABLE_ANNOTATION] = str(tier != IN_QUOTA).lower()
     if flavor is None:
         return result
 

@@ -55,6 +55,11 @@ class Component:
         return " ".join(flags)
 
     @property
+    def named_as_packages(self) -> bool:
+        """True when each binary is named after its package's folder, as `go build` names it."""
+        return [p.rsplit("/", 1)[-1] for p in self.packages] == list(self.binaries)
+
+    @property
     def module_dir(self) -> Path:
         return GOMOD / self.name
 
@@ -101,6 +106,12 @@ ALL_BINARIES = tuple(b for c in COMPONENTS for b in c.binaries)
 # control plane never waits for them.
 SCHEDULER_COMPONENTS = {
     "kueue": Component("kueue", "sigs.k8s.io/kueue", ("kueue",), ("sigs.k8s.io/kueue/cmd/kueue",)),
+    "volcano": Component(
+        "volcano",
+        "volcano.sh/volcano",
+        ("vc-scheduler", "vc-controller-manager"),
+        ("volcano.sh/volcano/cmd/scheduler", "volcano.sh/volcano/cmd/controller-manager"),
+    ),
 }
 
 
@@ -181,40 +192,44 @@ def _build(component: Component, dest: Path, progress: ProgressFn) -> None:
     cmd = [_go(), "build", "-v", "-trimpath", "-ldflags", component.ldflags]
     if component.tags:
         cmd += ["-tags", component.tags]
-    if component.packages == (".",):
-        # our own main package: name the binary, not just the folder
-        cmd += ["-o", str(staging / component.binaries[0]), "."]
+    if component.named_as_packages:
+        commands = [[*cmd, "-o", str(staging) + "/", *component.packages]]
     else:
-        cmd += ["-o", str(staging) + "/", *component.packages]
+        # each binary named, not after its package's folder (our own `.`, Volcano's `scheduler`)
+        commands = [
+            [*cmd, "-o", str(staging / binary), package]
+            for binary, package in zip(component.binaries, component.packages, strict=True)
+        ]
     started = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=component.module_dir,
-        env=_go_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    tail: list[str] = []
     compiled = 0
     last_report = 0.0
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip()
-        tail = [*tail[-40:], line]
-        # `go build -v` names each package as it compiles it
-        if line and " " not in line:
-            compiled += 1
-            now = time.monotonic()
-            if now - last_report >= 5:
-                last_report = now
-                progress(
-                    f"{component.name} {component.version}: compiled {compiled}/{total} packages "
-                    f"({int(now - started)}s) {line}"
-                )
-    if proc.wait() != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise BuildError(f"building {component.name} failed:\n" + "\n".join(tail))
+    for command in commands:
+        proc = subprocess.Popen(
+            command,
+            cwd=component.module_dir,
+            env=_go_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = [*tail[-40:], line]
+            # `go build -v` names each package as it compiles it
+            if line and " " not in line:
+                compiled += 1
+                now = time.monotonic()
+                if now - last_report >= 5:
+                    last_report = now
+                    progress(
+                        f"{component.name} {component.version}: compiled {compiled}/{total} "
+                        f"packages ({int(now - started)}s) {line}"
+                    )
+        if proc.wait() != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise BuildError(f"building {component.name} failed:\n" + "\n".join(tail))
     staging.rename(dest)
     progress(f"{component.name} {component.version}: built in {int(time.monotonic() - started)}s")
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from . import build, nodepools, pki, sockets
+from . import build, nodepools, pki, sockets, volcano
 from . import kueue as kueue_manager
 
 #: Pod IPs come from one /18 of this range per cluster: two clusters running at
@@ -223,6 +223,8 @@ class LocalCluster:
         roles = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
         if "kueue" in schedulers:
             roles += [f"kueue-{server}" for server in KUEUE_SERVERS]
+        if "volcano" in schedulers:
+            roles += [f"volcano-{server}" for server in volcano.SERVERS]
         ports = {k: free_port() for k in roles}
         state = ClusterState(
             name=name,
@@ -394,6 +396,8 @@ class LocalCluster:
         asyncio.run(self._register_nodes(nodes, timeout - (time.monotonic() - started)))
         if "kueue" in self.state.schedulers:
             self._start_kueue(bins, progress, timeout)
+        if "volcano" in self.state.schedulers:
+            self._start_volcano(bins, kubeconfigs["volcano"], progress, timeout)
         progress(f"cluster ready in {time.monotonic() - started:.1f}s")
 
     def _start_kueue(self, bins: Path, progress: ProgressFn, timeout: float) -> None:
@@ -428,6 +432,69 @@ class LocalCluster:
             lambda: self._http_ok(f"http://127.0.0.1:{p['kueue-health']}/readyz"), "kueue", timeout
         )
         asyncio.run(self._kueue_webhooks_answer(webhook_url, timeout))
+
+    def _start_volcano(
+        self, bins: Path, kubeconfig: Path, progress: ProgressFn, timeout: float
+    ) -> None:
+        """Volcano's CRDs, then its controller-manager and scheduler on 127.0.0.1; returns
+        once both are healthy and the scheduler has created its default queue."""
+        ports = {server: self.state.ports[f"volcano-{server}"] for server in volcano.SERVERS}
+        progress("installing Volcano's CRDs")
+        asyncio.run(self._install_crds("volcano", timeout))
+        progress(f"starting Volcano {self.state.versions.get('volcano', '')}")
+        config = volcano.write_scheduler_configuration(self.state.path)
+        for role, argv in (
+            (
+                volcano.CONTROLLER_MANAGER,
+                volcano.controller_manager_argv(
+                    bins / volcano.CONTROLLER_MANAGER, kubeconfig, ports
+                ),
+            ),
+            (
+                volcano.SCHEDULER,
+                volcano.scheduler_argv(bins / volcano.SCHEDULER, kubeconfig, config, ports),
+            ),
+        ):
+            self._spawn(role, argv)
+        for role, server in (
+            (volcano.CONTROLLER_MANAGER, "controllers-health"),
+            (volcano.SCHEDULER, "scheduler-health"),
+        ):
+            url = f"http://127.0.0.1:{ports[server]}/healthz"
+            self._wait(lambda url=url: self._http_ok(url), role, timeout)
+        asyncio.run(self._volcano_queue_open(volcano.DEFAULT_QUEUE, timeout))
+
+    async def _install_crds(self, scheduler: str, within: float) -> None:
+        from . import crds
+
+        async with self.api() as api:
+            await crds.install(api, scheduler, within=within)
+
+    async def _volcano_queue_open(self, name: str, within: float) -> None:
+        """Wait until Volcano's scheduler created ``name`` and its queue controller opened
+        it: both talk to the API server then."""
+        from kubernetes_asyncio import client
+
+        async with self.api() as api:
+            custom = client.CustomObjectsApi(api)
+            deadline = time.monotonic() + within
+            state = "missing"
+            while state != "Open":
+                try:
+                    queue = await custom.get_cluster_custom_object(
+                        "scheduling.volcano.sh", "v1beta1", "queues", name
+                    )
+                    state = queue.get("status", {}).get("state") or "without a state"
+                except client.ApiException as e:
+                    if e.status != 404:
+                        raise
+                if state != "Open" and time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"Volcano's {name} queue is {state} after {within:.0f}s; see "
+                        f"{self.state.path / 'logs'} ({volcano.SCHEDULER}.log, "
+                        f"{volcano.CONTROLLER_MANAGER}.log)"
+                    )
+                await asyncio.sleep(0.25)
 
     async def _install_kueue(
         self, webhook_url: str, ca_bundle: str, secret_data: dict[str, bytes], within: float

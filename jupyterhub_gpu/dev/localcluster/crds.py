@@ -30,7 +30,7 @@ class CrdSource:
     scheduler: str
     module: str
     folder: str  # inside the module
-    files: tuple[str, ...]  # file names in folder; () means every *.yaml
+    files: tuple[str, ...]  # file names in folder
 
 
 SOURCES = (
@@ -44,7 +44,15 @@ SOURCES = (
         "volcano",
         "volcano.sh/volcano",
         "config/crd/volcano/bases",
-        ("scheduling.volcano.sh_queues.yaml",),
+        # every one of them: Volcano's scheduler and controllers, when the cluster runs
+        # them, wait for informers on all of them
+        (
+            "scheduling.volcano.sh_queues.yaml",
+            "scheduling.volcano.sh_podgroups.yaml",
+            "batch.volcano.sh_jobs.yaml",
+            "bus.volcano.sh_commands.yaml",
+            "nodeinfo.volcano.sh_numatopologies.yaml",
+        ),
     ),
     CrdSource(
         "kueue",

@@ -185,6 +185,9 @@ CLIENT_IDENTITIES = (
     ("kwok", "system:kwok-controller", "system:masters"),
     # the pod runner reads pods and secrets to start what they describe
     ("pod-runner", "jupyterhub-gpu-pod-runner", "system:masters"),
+    # Volcano's scheduler and controllers (when the cluster runs them) bind pods, evict
+    # them and write PodGroups and Queues cluster-wide, as a cluster admin like kwok
+    ("volcano", "system:volcano", "system:masters"),
 )
 
 
