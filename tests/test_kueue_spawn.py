@@ -250,23 +250,29 @@ async def test_kueue_preempts_the_over_quota_server_for_one_its_cohort_lent(
     assert gus.metadata.labels["gpu.jupyterhub.org/tier"] == "over-quota"
     assert gus.spec.priority < fay.spec.priority
 
+    workloads = await client.CustomObjectsApi(kube).list_namespaced_custom_object(
+        *KUEUE, hub.namespace, "workloads"
+    )
+    (gus_workload,) = [
+        w["metadata"]["name"]
+        for w in workloads["items"]
+        if any(o["uid"] == gus.metadata.uid for o in w["metadata"].get("ownerReferences", []))
+    ]
+
     status, body = await api(hub, "POST", "/users/hal/server", {"profile": "b--gpu"})
     assert status in (201, 202), body
     await eventually(lambda: ready(hub, "hal"), "hal's server after Kueue preempted", within=120)
     await admitted_by_kueue(kube, hub.namespace, "hal", "b")
 
-    # gus's Workload says why it went, and the hub forgets the server whose pod is gone
-    workloads = await client.CustomObjectsApi(kube).list_namespaced_custom_object(
-        *KUEUE, hub.namespace, "workloads"
-    )
-    gus_workload = next(
-        w
-        for w in workloads["items"]
-        if any(o["uid"] == gus.metadata.uid for o in w["metadata"].get("ownerReferences", []))
-    )
-    preempted = next(c for c in gus_workload["status"]["conditions"] if c["type"] == "Preempted")
-    assert preempted["status"] == "True", preempted
-    assert preempted["reason"] == "InCohortReclamation", preempted
+    # Kueue says why gus's server went (its Workload is gone with the pod by now)
+    async def preempted():
+        events = await core.list_namespaced_event(
+            hub.namespace, field_selector=f"involvedObject.name={gus_workload}"
+        )
+        return [e for e in events.items if e.reason == "Preempted"]
+
+    (event,) = await eventually(preempted, "Kueue's Preempted event for gus", within=30)
+    assert "reclamation within the cohort" in event.message, event.message
     await eventually(lambda: _no_server(hub, "gus"), "gus's server stopped", within=90)
     assert await ready(hub, "fay")  # the in-quota server was not touched
     assert (await core.read_namespaced_pod(fay.metadata.name, hub.namespace)).status.phase == (
