@@ -111,6 +111,10 @@ async def test_a_demo_of_an_examples_values_offers_what_profiles_says_and_runs_a
         requests = pod["spec"]["containers"][0]["resources"]["requests"]
         assert requests[flavor.node_resource] == "1"
         assert labels["jupyterhub-gpu.local/pool"] == f"flavor-{flavor.name}"
+        if plan.policy.scheduler.name == "kueue":  # a real Kueue runs, and admitted it
+            assert plan.schedulers == ("kueue",)
+            assert "starting Kueue" in demo.output
+            assert pod["metadata"]["labels"]["kueue.x-k8s.io/managed"] == "true"
         if plan.policy.scheduler.name == "kai":  # the pod names KAI; a stand-in placed it
             assert pod["spec"]["schedulerName"] == "kai-scheduler"
             assert pod["metadata"]["labels"]["kai.scheduler/queue"]

@@ -4,8 +4,10 @@ With no values files it runs the built-in example (``demo_values.yaml``); with
 them, the admin's own values, merged in order like ``helm -f`` and checked like
 ``jupyterhub-gpu check`` before anything starts. It builds (or reuses) the local
 cluster with simulated nodes that offer every flavor of the policy (or the
-``--node-pools`` file's), creates the cluster objects the policy implies,
-starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
+``--node-pools`` file's) and runs the scheduler the policy names when the local
+cluster can run it (Kueue; ``--scheduler`` runs the built-in example with it; any
+other is stood in for by kube-scheduler), creates the cluster objects the policy
+implies, starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
 configured from ``hub.config`` the way z2jh does, and the GPU service at
 /services/gpu/, with two demo users in each group who log in with a shared
 password. GPU time is recorded in a usage database in the demo's state folder;
