@@ -46,6 +46,15 @@ def _dev_tools():
     return build, cluster
 
 
+def _runnable_schedulers() -> list[str]:
+    """The schedulers the local cluster can run besides kube-scheduler (``demo --scheduler``).
+    The build module needs nothing beyond the standard library: ``--help`` works without
+    the [demo] extra."""
+    from .dev.localcluster.build import SCHEDULER_COMPONENTS
+
+    return list(SCHEDULER_COMPONENTS)
+
+
 @contextlib.contextmanager
 def _dev_errors():
     """The local cluster's and the demo's errors, as one line each."""
@@ -194,7 +203,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with _dev_errors():
         # every mistake in the values or the node pools stops it before anything starts
-        plan = plan_demo(args.values, args.node_pools)
+        plan = plan_demo(args.values, args.node_pools, args.scheduler)
         if args.print_node_pools:
             print(print_node_pools(plan), end="")
             return 0
@@ -280,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-node-pools",
         action="store_true",
         help="print the simulated node pools the demo would start, and start nothing",
+    )
+    d.add_argument(
+        "--scheduler",
+        choices=_runnable_schedulers(),
+        help="run the built-in example with this scheduler (its scheduler.name), which the "
+        "local cluster then runs for real (built on first use, like the control plane). "
+        "Values files that name a scheduler the local cluster can run get it without this "
+        "option; with values files, it must be the one they name. A scheduler the local "
+        "cluster cannot run (kai) is stood in for by kube-scheduler",
     )
     d.add_argument("--bin-dir", help=bin_dir_help)
     d.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1")

@@ -6,15 +6,19 @@ the admin token) and what a user could see in /proc.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from jupyterhub_gpu.dev.demo import stop_leftover_hub
+from jupyterhub_gpu.dev.localcluster import sockets
 from jupyterhub_gpu.dev.localcluster.cluster import ClusterState, LocalCluster
 
 
@@ -89,3 +93,55 @@ class Demo:
             stop_leftover_hub(self.hub_dir)
         if self.cluster_dir and (self.cluster_dir / "state.json").exists():
             LocalCluster(ClusterState.load(self.cluster_dir)).down()
+
+
+def api(demo: Demo, token: str, method: str, path: str, body: dict | None = None):
+    request = urllib.request.Request(
+        f"{demo.url}/hub/api{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as e:  # a refusal: its status and the hub's message
+        return e.code, json.loads(e.read() or b"null")
+
+
+# ---- what runs: processes, from /proc ----------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces: split after its closing parenthesis
+    return text.rsplit(")", 1)[1].split()
+
+
+def processes_under(root: int) -> dict[int, str]:
+    """Every process below ``root`` (in sessions of their own too): pid -> start time."""
+    found = {}
+    for pid in sockets.descendants([root]) - {root}:
+        if fields := _stat(pid):
+            found[pid] = fields[19]  # starttime tells a reused pid apart
+    return found
+
+
+def still_running(processes: dict[int, str]) -> list[str]:
+    running = []
+    for pid, started in processes.items():
+        fields = _stat(pid)
+        if fields and fields[19] == started and fields[0] != "Z":
+            running.append(f"{pid}: {cmdline(pid)}")
+    return running
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""

@@ -26,7 +26,7 @@ import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from browser import log_in
-from demo_helpers import Demo
+from demo_helpers import Demo, cmdline, processes_under, still_running
 from hub_helpers import logged_in_opener
 from jupyterhub_gpu.dev.demo import DEMO_VALUES, plan_demo
 from jupyterhub_gpu.dev.localcluster import sockets
@@ -318,40 +318,6 @@ async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(brow
 
 
 # ---- what runs: processes and their listening sockets, from /proc ----------------
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces: split after its closing parenthesis
-    return text.rsplit(")", 1)[1].split()
-
-
-def processes_under(root: int) -> dict[int, str]:
-    """Every process below ``root`` (in sessions of their own too): pid -> start time."""
-    found = {}
-    for pid in sockets.descendants([root]) - {root}:
-        if fields := _stat(pid):
-            found[pid] = fields[19]  # starttime tells a reused pid apart
-    return found
-
-
-def still_running(processes: dict[int, str]) -> list[str]:
-    running = []
-    for pid, started in processes.items():
-        fields = _stat(pid)
-        if fields and fields[19] == started and fields[0] != "Z":
-            running.append(f"{pid}: {cmdline(pid)}")
-    return running
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
 
 
 def accepts(address: str) -> bool:

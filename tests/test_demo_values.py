@@ -13,16 +13,13 @@ import asyncio
 import html
 import json
 import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from cli_helpers import cli
-from demo_helpers import Demo
+from demo_helpers import Demo, api
 from hub_helpers import page_as
 from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.quantities import parse_quantity
@@ -58,21 +55,6 @@ def spawn_form_slugs(url: str, user: str) -> list[str]:
     """Log in through the hub's login form as a browser would; the spawn form's profiles."""
     page = page_as(url, user, PASSWORD)
     return [html.unescape(s) for s in re.findall(r'name="profile"[^>]*value="([^"]+)"', page)]
-
-
-def api(demo: Demo, token: str, method: str, path: str, body: dict | None = None):
-    request = urllib.request.Request(
-        f"{demo.url}/hub/api{path}",
-        data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            text = response.read()
-            return response.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as e:  # a refusal: its status and the hub's message
-        return e.code, json.loads(e.read() or b"null")
 
 
 async def running_pod(demo: Demo, user: str) -> tuple[dict, dict]:
@@ -129,6 +111,10 @@ async def test_a_demo_of_an_examples_values_offers_what_profiles_says_and_runs_a
         requests = pod["spec"]["containers"][0]["resources"]["requests"]
         assert requests[flavor.node_resource] == "1"
         assert labels["jupyterhub-gpu.local/pool"] == f"flavor-{flavor.name}"
+        if plan.policy.scheduler.name == "kueue":  # a real Kueue runs, and admitted it
+            assert plan.schedulers == ("kueue",)
+            assert "starting Kueue" in demo.output
+            assert pod["metadata"]["labels"]["kueue.x-k8s.io/managed"] == "true"
         if plan.policy.scheduler.name == "kai":  # the pod names KAI; a stand-in placed it
             assert pod["spec"]["schedulerName"] == "kai-scheduler"
             assert pod["metadata"]["labels"]["kai.scheduler/queue"]

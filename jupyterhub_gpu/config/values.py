@@ -210,10 +210,15 @@ def policy_from_loaded(values: Mapping[str, Any]) -> Policy:
     return policy
 
 
-def checked_values(paths: list[str | Path]) -> tuple[dict[str, Any], Policy]:
+def checked_values(
+    paths: list[str | Path], overrides: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], Policy]:
     """The merged values and their policy, as ``jupyterhub-gpu check`` checks them:
-    a ``PolicyError`` lists every mistake, the service's settings included."""
+    a ``PolicyError`` lists every mistake, the service's settings included.
+    ``overrides``: values merged last, as one more ``-f`` file would be."""
     values = load_values(paths)
+    if overrides:
+        values = merge(values, overrides)
     service_errors = service_setting_errors(hub_config(values))
     try:
         policy = policy_from_loaded(values)

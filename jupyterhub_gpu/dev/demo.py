@@ -4,8 +4,10 @@ With no values files it runs the built-in example (``demo_values.yaml``); with
 them, the admin's own values, merged in order like ``helm -f`` and checked like
 ``jupyterhub-gpu check`` before anything starts. It builds (or reuses) the local
 cluster with simulated nodes that offer every flavor of the policy (or the
-``--node-pools`` file's), creates the cluster objects the policy implies,
-starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
+``--node-pools`` file's) and runs the scheduler the policy names when the local
+cluster can run it (Kueue; ``--scheduler`` runs the built-in example with it; any
+other is stood in for by kube-scheduler), creates the cluster objects the policy
+implies, starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
 configured from ``hub.config`` the way z2jh does, and the GPU service at
 /services/gpu/, with two demo users in each group who log in with a shared
 password. GPU time is recorded in a usage database in the demo's state folder;
@@ -45,7 +47,7 @@ from ..core.selection import base_request, offers
 from ..core.shaping import namespace_for
 from ..kube.reconciler import Reconciler
 from .dcgm_exporter import SimulatedDCGMExporter
-from .localcluster import crds
+from .localcluster import build, crds
 from .localcluster.cluster import (
     DEFAULT_NODE_POOLS,
     ClusterState,
@@ -66,8 +68,11 @@ DEMO_ADMIN = "admin"
 #: where the hub runs and spawns (a policy's namespace per group is kept)
 HUB_NAMESPACE = "default"
 #: the schedulers the local cluster does not run: kube-scheduler answers to their
-#: name (``schedulerName``), and the pods keep every label and annotation
+#: name (``schedulerName``), and the pods keep every label and annotation. One the
+#: local cluster can run (``build.SCHEDULER_COMPONENTS``) runs for real instead.
 STAND_IN_SCHEDULERS = {"kai": "kai-scheduler", "volcano": "volcano"}
+#: the objects to list to see a scheduler the local cluster runs at work (the banner's hint)
+SCHEDULER_OBJECTS = {"kueue": "clusterqueues,localqueues,workloads"}
 #: the usage database (GPU time), in the demo cluster's state folder
 USAGE_DATABASE = "jupyterhub-gpu-usage.sqlite"
 #: seconds between Prometheus's scrapes of the simulated DCGM exporter (each scrape
@@ -165,17 +170,52 @@ class DemoPlan:
     stand_ins: tuple[str, ...] = ()
     #: the scheduler whose CRDs the cluster gets (its queues are created for real)
     crds: str | None = None
+    #: the schedulers the local cluster runs for real besides kube-scheduler (the
+    #: policy's, when the cluster can run it): built on first use, then started
+    schedulers: tuple[str, ...] = ()
+    #: ``--scheduler``: the scheduler the built-in example runs with instead of its own
+    scheduler_option: str | None = None
     #: one line each: what the demo does differently from a real deployment
     notes: list[str] = field(default_factory=list)
     #: start a simulated DCGM exporter and a Prometheus scraping it, for the idle rule
     gpu_metrics: bool = False
 
 
-def plan_demo(values: list[str] | None = None, node_pools_file: str | None = None) -> DemoPlan:
+def runnable_schedulers() -> list[str]:
+    """The schedulers the local cluster can run for real besides kube-scheduler."""
+    return list(build.SCHEDULER_COMPONENTS)
+
+
+def plan_demo(
+    values: list[str] | None = None,
+    node_pools_file: str | None = None,
+    scheduler: str | None = None,
+) -> DemoPlan:
     """The demo of these values files (none: the built-in example); ``PolicyError``
-    with every mistake, or ``DemoError``, before anything starts."""
+    with every mistake, or ``DemoError``, before anything starts.
+
+    ``scheduler`` (``--scheduler``): one the local cluster runs for real. The
+    built-in example runs with it as ``scheduler.name``; values files must name it
+    already (a demo runs the admin's policy as it is, never another one). Values
+    whose scheduler the local cluster can run get it without ``--scheduler``.
+    """
     files = [Path(v) for v in values] if values else [DEMO_VALUES]
-    merged, policy = checked_values(files)
+    if scheduler is not None and scheduler not in build.SCHEDULER_COMPONENTS:
+        raise DemoError(
+            f"--scheduler {scheduler}: the local cluster cannot run it; "
+            f"choose from {', '.join(runnable_schedulers())}"
+        )
+    overrides = None
+    if scheduler is not None and not values:
+        overrides = {"hub": {"config": {"GPUPolicy": {"scheduler": {"name": scheduler}}}}}
+    merged, policy = checked_values(files, overrides)
+    if scheduler is not None and policy.scheduler.name != scheduler:
+        raise DemoError(
+            f"--scheduler {scheduler}: the policy in {' '.join(map(str, files))} names "
+            f"scheduler {policy.scheduler.name} (hub.config.GPUPolicy.scheduler.name); "
+            f"drop --scheduler to demo the values as they are, or set scheduler.name: "
+            f"{scheduler} in them"
+        )
     sections = dict((merged.get("hub") or {}).get("config") or {})
     if not sections.get("GPUPolicy"):
         raise DemoError(
@@ -239,16 +279,24 @@ def plan_demo(values: list[str] | None = None, node_pools_file: str | None = Non
             "GPU time: the demo's usage database in its state folder instead of "
             f"hub.config.GPUPolicy.accounting_url ({policy_values['accounting_url']})"
         )
-    scheduler = policy.scheduler.name
+    policy_scheduler = policy.scheduler.name
+    runs = policy_scheduler in build.SCHEDULER_COMPONENTS
     names = {f.scheduler_name for f in policy.flavors.values() if f.scheduler_name}
-    if scheduler in STAND_IN_SCHEDULERS:
-        names.add(STAND_IN_SCHEDULERS[scheduler])
+    if policy_scheduler in STAND_IN_SCHEDULERS and not runs:
+        names.add(STAND_IN_SCHEDULERS[policy_scheduler])
     stand_ins = tuple(sorted(names))
-    if scheduler != "default":
+    if runs:
+        version = build.SCHEDULER_COMPONENTS[policy_scheduler].version
         notes.append(
-            f"scheduler: the local cluster runs no {scheduler}; kube-scheduler places the "
-            f"pods, which keep every {scheduler} label and annotation, and the {scheduler} "
-            "queues are created from its CRDs"
+            f"scheduler: {policy_scheduler} {version} runs for real in the local cluster "
+            f"(built on first use): the policy's {policy_scheduler} queues admit each "
+            "server's pod, and kube-scheduler places it once admitted"
+        )
+    elif policy_scheduler != "default":
+        notes.append(
+            f"scheduler: the local cluster runs no {policy_scheduler}; kube-scheduler places "
+            f"the pods, which keep every {policy_scheduler} label and annotation, and the "
+            f"{policy_scheduler} queues are created from its CRDs"
         )
     return DemoPlan(
         values_files=files,
@@ -260,7 +308,10 @@ def plan_demo(values: list[str] | None = None, node_pools_file: str | None = Non
         node_pools=node_pools,
         node_pools_source=source,
         stand_ins=stand_ins,
-        crds=scheduler if scheduler != "default" else None,
+        # a scheduler the cluster runs brings its own CRDs (with its conversion webhooks)
+        crds=policy_scheduler if policy_scheduler != "default" and not runs else None,
+        schedulers=(policy_scheduler,) if runs else (),
+        scheduler_option=scheduler,
         notes=notes,
         gpu_metrics=gpu_metrics,
     )
@@ -547,6 +598,28 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
     return "\n".join(lines) + "\n\n"
 
 
+def scheduler_line(plan: DemoPlan, cluster: LocalCluster) -> str:
+    """The banner's lines saying which scheduler runs for real."""
+    name = plan.policy.scheduler.name
+    if name in plan.schedulers:
+        version = cluster.state.versions.get(name, "")
+        hints = [f"kubectl get {SCHEDULER_OBJECTS[name]} -A"] if name in SCHEDULER_OBJECTS else []
+        log = cluster.state.path / "logs" / f"{name}.log"
+        if log.is_file():
+            hints.append(f"its log: {log}")
+        return (
+            f"  scheduler: {name} {version}, running for real: it admits each server's pod\n"
+            "             from the policy's queues, then kube-scheduler places it\n"
+            + "".join(f"             {hint}\n" for hint in hints)
+        )
+    if name != "default":
+        return (
+            f"  scheduler: kube-scheduler, standing in for {name} "
+            f"(the local cluster runs no {name})\n"
+        )
+    return "  scheduler: kube-scheduler\n"
+
+
 def banner(
     plan: DemoPlan,
     hub: LocalHub,
@@ -560,6 +633,12 @@ def banner(
         f"    {user:<{width}}  {groups:<{group_width}}  {sees}" for user, groups, sees in rows
     )
     values = " ".join(str(v) for v in plan.values_files)
+    policy_line = f"  policy:  {values}\n"
+    if plan.scheduler_option:
+        policy_line = (
+            f"  policy:  {values}\n"
+            f"           with scheduler: {{name: {plan.scheduler_option}}} (--scheduler)\n"
+        )
     return (
         f"\nJupyterHub with the GPU policy is running at {hub.url}/hub/login\n\n"
         f"  log in as (password for all: {hub.password}):\n"
@@ -569,9 +648,10 @@ def banner(
         + f"  REST API as an admin:\n"
         f"    export JUPYTERHUB_API_URL={hub.url}/hub/api\n"
         f"    export JUPYTERHUB_API_TOKEN={hub.api_token}\n\n"
-        f"  policy:  {values}\n"
-        f"           (`jupyterhub-gpu profiles {values} --groups GROUP`)\n"
-        f"  nodes:   {len(render_nodes(plan.node_pools))} simulated, {plan.node_pools_source}\n"
+        + policy_line
+        + f"           (`jupyterhub-gpu profiles {values} --groups GROUP`)\n"
+        + scheduler_line(plan, cluster)
+        + f"  nodes:   {len(render_nodes(plan.node_pools))} simulated, {plan.node_pools_source}\n"
         f"  kubectl: export KUBECONFIG={cluster.state.kubeconfig}\n"
         f"  hub log: {hub.directory / 'jupyterhub.log'}\n"
         f"  GPU time: {cluster.state.path / USAGE_DATABASE}\n"
@@ -688,6 +768,7 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
             progress=say,
             node_pools=plan.node_pools,
             stand_in_schedulers=plan.stand_ins,
+            schedulers=plan.schedulers,
         )
         _mark(cluster, None)
         created = asyncio.run(reconcile_once(cluster, plan.policy, plan.crds))
