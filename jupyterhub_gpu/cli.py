@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--scheduler",
         action="append",
         default=[],
-        choices=["kueue", "volcano"],
+        choices=_runnable_schedulers(),
         help="a scheduler to build (build) and run (up) besides kube-scheduler: kueue runs "
         "Kueue's manager with its CRDs and webhooks, volcano Volcano's scheduler and "
         "controller-manager with its CRDs, on 127.0.0.1 (repeatable)",

@@ -70,9 +70,14 @@ HUB_NAMESPACE = "default"
 #: the schedulers the local cluster does not run: kube-scheduler answers to their
 #: name (``schedulerName``), and the pods keep every label and annotation. One the
 #: local cluster can run (``build.SCHEDULER_COMPONENTS``) runs for real instead.
-STAND_IN_SCHEDULERS = {"kai": "kai-scheduler", "volcano": "volcano"}
+STAND_IN_SCHEDULERS = {"kai": "kai-scheduler"}
 #: the objects to list to see a scheduler the local cluster runs at work (the banner's hint)
-SCHEDULER_OBJECTS = {"kueue": "clusterqueues,localqueues,workloads"}
+SCHEDULER_OBJECTS = {
+    "kueue": "clusterqueues,localqueues,workloads",
+    "volcano": "queues.scheduling.volcano.sh,podgroups",
+}
+#: the process whose log the banner names, where it is not the scheduler's own name
+SCHEDULER_LOGS = {"volcano": "vc-scheduler"}
 #: the usage database (GPU time), in the demo cluster's state folder
 USAGE_DATABASE = "jupyterhub-gpu-usage.sqlite"
 #: seconds between Prometheus's scrapes of the simulated DCGM exporter (each scrape
@@ -604,7 +609,7 @@ def scheduler_line(plan: DemoPlan, cluster: LocalCluster) -> str:
     if name in plan.schedulers:
         version = cluster.state.versions.get(name, "")
         hints = [f"kubectl get {SCHEDULER_OBJECTS[name]} -A"] if name in SCHEDULER_OBJECTS else []
-        log = cluster.state.path / "logs" / f"{name}.log"
+        log = cluster.state.path / "logs" / f"{SCHEDULER_LOGS.get(name, name)}.log"
         if log.is_file():
             hints.append(f"its log: {log}")
         return (
