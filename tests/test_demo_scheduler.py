@@ -17,7 +17,7 @@ import pytest
 
 from cli_helpers import ROOT, cli
 from demo_helpers import Demo, api, cmdline, processes_under, still_running
-from jupyterhub_gpu.dev.demo import DemoError, plan_demo
+from jupyterhub_gpu.dev.demo import SCHEDULER_ROLES, DemoError, plan_demo
 from jupyterhub_gpu.dev.localcluster.build import SCHEDULER_COMPONENTS, ensure_binaries
 from jupyterhub_gpu.dev.localcluster.cluster import free_port
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
@@ -52,6 +52,8 @@ def test_the_option_runs_the_built_in_example_with_a_scheduler_the_cluster_runs(
     assert any(
         f"scheduler: {scheduler} " in note and "runs for real" in note for note in plan.notes
     )
+    # and says who places the pods: kube-scheduler after Kueue, Volcano itself
+    assert any(SCHEDULER_ROLES[scheduler] in note for note in plan.notes)
 
 
 def test_values_naming_kueue_get_a_real_kueue_and_kai_keeps_its_stand_in():

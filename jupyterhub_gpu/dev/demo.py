@@ -76,6 +76,12 @@ SCHEDULER_OBJECTS = {
     "kueue": "clusterqueues,localqueues,workloads",
     "volcano": "queues.scheduling.volcano.sh,podgroups",
 }
+#: what each scheduler the local cluster runs does with a server's pod
+SCHEDULER_ROLES = {
+    "kueue": "the policy's Kueue queues admit each server's pod, then kube-scheduler places it",
+    "volcano": "each server's pod waits in its group's Volcano queue until there is room, "
+    "then Volcano places it",
+}
 #: the process whose log the banner names, where it is not the scheduler's own name
 SCHEDULER_LOGS = {"volcano": "vc-scheduler"}
 #: the usage database (GPU time), in the demo cluster's state folder
@@ -294,8 +300,7 @@ def plan_demo(
         version = build.SCHEDULER_COMPONENTS[policy_scheduler].version
         notes.append(
             f"scheduler: {policy_scheduler} {version} runs for real in the local cluster "
-            f"(built on first use): the policy's {policy_scheduler} queues admit each "
-            "server's pod, and kube-scheduler places it once admitted"
+            f"(built on first use): {SCHEDULER_ROLES[policy_scheduler]}"
         )
     elif policy_scheduler != "default":
         notes.append(
@@ -613,8 +618,8 @@ def scheduler_line(plan: DemoPlan, cluster: LocalCluster) -> str:
         if log.is_file():
             hints.append(f"its log: {log}")
         return (
-            f"  scheduler: {name} {version}, running for real: it admits each server's pod\n"
-            "             from the policy's queues, then kube-scheduler places it\n"
+            f"  scheduler: {name} {version}, running for real\n"
+            f"             ({SCHEDULER_ROLES[name]})\n"
             + "".join(f"             {hint}\n" for hint in hints)
         )
     if name != "default":
