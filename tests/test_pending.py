@@ -8,6 +8,9 @@ from jupyterhub_gpu.core.pending import (
     gated_by_kueue,
     kueue_position,
     kueue_queue_line,
+    podgroup_of,
+    volcano_position,
+    volcano_queue_line,
     workload_of,
 )
 
@@ -127,3 +130,56 @@ def test_a_pods_workload_and_gate_are_found():
     assert not gated_by_kueue(pod)
     pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
     assert gated_by_kueue(pod)
+
+
+def podgroup(name: str, created: str, phase: str = "Pending", **spec) -> dict:
+    """A PodGroup as Volcano's controller writes it for a bare pod (API form)."""
+    return {
+        "metadata": {"name": f"podgroup-{name}", "namespace": "hub", "creationTimestamp": created},
+        "spec": {"queue": "lab", "minMember": 1, **spec},
+        "status": {
+            "phase": phase,
+            "conditions": [
+                {
+                    "type": "Unschedulable",
+                    "status": "True",
+                    "reason": "NotEnoughResources",
+                    "message": "1/1 tasks in gang unschedulable: pod group is not ready",
+                }
+            ],
+        },
+    }
+
+
+PRIORITIES = {"jupyterhub-gpu-in-quota": 1000, "jupyterhub-gpu-over-quota": 100}
+
+
+def test_volcano_position_counts_pending_podgroups_of_the_queue_by_priority_then_age():
+    running = podgroup("ann", "2026-01-01T10:00:00Z", phase="Running")
+    admitted = podgroup("bob", "2026-01-01T10:00:30Z", phase="Inqueue")
+    cy = podgroup("cy", "2026-01-01T10:01:00Z", priorityClassName="jupyterhub-gpu-over-quota")
+    dee = podgroup("dee", "2026-01-01T10:02:00Z", priorityClassName="jupyterhub-gpu-over-quota")
+    urgent = podgroup("eve", "2026-01-01T10:03:00Z", priorityClassName="jupyterhub-gpu-in-quota")
+    elsewhere = podgroup("far", "2026-01-01T09:00:00Z", queue="physics")
+    every = [running, admitted, cy, dee, urgent, elsewhere]
+    # in line: only Pending ones of the same queue; a higher priority class goes first
+    assert volcano_position(urgent, every, PRIORITIES) == 1
+    assert volcano_position(cy, every, PRIORITIES) == 2
+    assert volcano_position(dee, every, PRIORITIES) == 3
+    assert volcano_position(admitted, every, PRIORITIES) is None
+    assert volcano_position(running, every, PRIORITIES) is None
+
+
+def test_volcano_queue_line_and_a_pods_podgroup():
+    cy = podgroup("cy", "2026-01-01T10:01:00Z")
+    assert volcano_queue_line("lab", cy, 2) == (
+        "waiting in Volcano queue lab: position 2. Volcano: the queue has no room for it "
+        "yet (PodGroup Pending, NotEnoughResources). The server starts by itself when "
+        "Volcano lets it in; stop it to give up."
+    )
+    pod = {"metadata": {"namespace": "hub", "annotations": {}}}
+    assert podgroup_of(pod, [cy]) is None  # not yet grouped by Volcano's controller
+    pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = "podgroup-cy"
+    assert podgroup_of(pod, [podgroup("ann", "2026-01-01T10:00:00Z"), cy]) is cy
+    pod["metadata"]["namespace"] = "elsewhere"
+    assert podgroup_of(pod, [cy]) is None
