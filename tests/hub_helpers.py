@@ -87,6 +87,21 @@ async def api(hub: LocalHub, method: str, path: str, body=None):
     return await asyncio.to_thread(hub.api, method, path, body)
 
 
+async def server(hub: LocalHub, user: str) -> dict | None:
+    """``user``'s default server as the hub's REST API describes it; None when it has none."""
+    _, model = await api(hub, "GET", f"/users/{user}")
+    return model["servers"].get("")
+
+
+async def ready(hub: LocalHub, user: str) -> bool:
+    found = await server(hub, user)
+    return bool(found and found["ready"])
+
+
+async def no_server(hub: LocalHub, user: str) -> bool:
+    return await server(hub, user) is None
+
+
 async def pod_json(core, namespace: str, name: str) -> dict:
     response = await core.read_namespaced_pod(name, namespace, _preload_content=False)
     return json.loads(await response.read())

@@ -23,7 +23,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from browser import log_in
-from hub_helpers import api, pod_json, progress_messages, running_hub
+from hub_helpers import api, no_server, pod_json, progress_messages, ready, running_hub, server
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.kube.reconciler import Reconciler
 from kube_helpers import eventually
@@ -140,16 +140,6 @@ async def _active(read) -> bool:
     )
 
 
-async def server(hub, user: str) -> dict | None:
-    _, model = await api(hub, "GET", f"/users/{user}")
-    return model["servers"].get("")
-
-
-async def ready(hub, user: str) -> bool:
-    found = await server(hub, user)
-    return bool(found and found["ready"])
-
-
 async def gated_pod(kube, namespace: str, user: str) -> dict | None:
     pods = await client.CoreV1Api(kube).list_namespaced_pod(
         namespace, label_selector=f"hub.jupyter.org/username={user}"
@@ -211,7 +201,7 @@ async def test_a_queued_server_shows_its_place_outlasts_start_timeout_and_starts
         "in Kueue queue lab without being admitted (the hub's queue_timeout is " in (messages[-1])
     )
     assert f"queue_timeout is {QUEUE_TIMEOUT} s" in messages[-1]
-    await eventually(lambda: _no_server(hub, "cy"), "cy's server gone", within=30)
+    await eventually(lambda: no_server(hub, "cy"), "cy's server gone", within=30)
     await eventually(lambda: _no_pod(kube, hub.namespace, "cy"), "cy's pod deleted", within=60)
     assert await ready(hub, "bob")  # the queue's timeout touched no running server
 
@@ -228,7 +218,7 @@ async def test_start_timeout_still_bounds_a_start_that_kueue_admitted(hub, kube,
     # start_timeout, not the longer bound the hub keeps for servers queued in Kueue
     assert failed_after < START_TIMEOUT + 10, failed_after
     assert f"did not start in {START_TIMEOUT} seconds" in messages[-1], messages
-    await eventually(lambda: _no_server(hub, "eve"), "eve's server gone", within=30)
+    await eventually(lambda: no_server(hub, "eve"), "eve's server gone", within=30)
     await eventually(lambda: _no_pod(kube, hub.namespace, "eve"), "eve's pod deleted", within=60)
 
 
@@ -273,7 +263,7 @@ async def test_kueue_preempts_the_over_quota_server_for_one_its_cohort_lent(
 
     (event,) = await eventually(preempted, "Kueue's Preempted event for gus", within=30)
     assert "reclamation within the cohort" in event.message, event.message
-    await eventually(lambda: _no_server(hub, "gus"), "gus's server stopped", within=90)
+    await eventually(lambda: no_server(hub, "gus"), "gus's server stopped", within=90)
     assert await ready(hub, "fay")  # the in-quota server was not touched
     assert (await core.read_namespaced_pod(fay.metadata.name, hub.namespace)).status.phase == (
         "Running"
@@ -305,10 +295,6 @@ async def admitted_by_kueue(kube, namespace: str, user: str, queue: str = "lab")
     ]
     assert len(mine) == 1
     assert mine[0]["status"]["admission"]["clusterQueue"] == queue
-
-
-async def _no_server(hub, user: str) -> bool:
-    return await server(hub, user) is None
 
 
 async def _no_pod(kube, namespace: str, user: str) -> bool:

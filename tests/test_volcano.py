@@ -22,7 +22,7 @@ import time
 import pytest
 from kubernetes_asyncio import client
 
-from hub_helpers import api, progress_messages, running_hub
+from hub_helpers import api, no_server, progress_messages, ready, running_hub, server
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.pending import VOLCANO_GROUP_ANNOTATION
 from jupyterhub_gpu.dev.localcluster import sockets, volcano
@@ -105,16 +105,6 @@ async def stopped_after(hub, kube):
         return not (await core.list_namespaced_pod(hub.namespace)).items
 
     await eventually(no_pods, "every server's pod gone", within=90)
-
-
-async def server(hub, user: str) -> dict | None:
-    _, model = await api(hub, "GET", f"/users/{user}")
-    return model["servers"].get("")
-
-
-async def ready(hub, user: str) -> bool:
-    found = await server(hub, user)
-    return bool(found and found["ready"])
 
 
 async def user_pod(kube, namespace: str, user: str) -> client.V1Pod | None:
@@ -226,7 +216,7 @@ async def test_a_queued_server_shows_its_place_outlasts_start_timeout_and_starts
     )
     assert messages[-1].startswith("Spawn failed: the server waited"), messages[-1]
     assert "in Volcano queue lab without being admitted" in messages[-1], messages[-1]
-    await eventually(lambda: _no_server(hub, "dee"), "dee's server gone", within=30)
+    await eventually(lambda: no_server(hub, "dee"), "dee's server gone", within=30)
     assert await ready(hub, "bob")
     assert await ready(hub, "cy")
 
@@ -293,12 +283,8 @@ async def test_volcano_takes_back_the_gpu_a_server_above_its_groups_quota_holds(
     await placed_by_volcano(kube, hub.namespace, "hal", "b")
 
     # gus's pod was evicted and the hub forgot the server; fay's runs on, untouched
-    await eventually(lambda: _no_server(hub, "gus"), "gus's server stopped", within=90)
+    await eventually(lambda: no_server(hub, "gus"), "gus's server stopped", within=90)
     assert await ready(hub, "fay")
     still = await user_pod(kube, hub.namespace, "fay")
     assert still.metadata.uid == fay.metadata.uid
     assert still.status.phase == "Running"
-
-
-async def _no_server(hub, user: str) -> bool:
-    return await server(hub, user) is None
