@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -85,6 +85,8 @@ QUEUE_OBJECTS = {
     "kueue": ("kueue.x-k8s.io", "v1beta2", "workloads"),
     "volcano": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
 }
+#: Volcano's Queues, whose state says whether one admits anything at all
+VOLCANO_QUEUES = ("scheduling.volcano.sh", "v1beta1", "queues")
 #: "wait indefinitely" as a number of seconds (JupyterHub's start_timeout is an Integer)
 NO_QUEUE_TIMEOUT = 10 * 365 * 24 * 3600
 
@@ -186,8 +188,9 @@ class GPUKubeSpawner(KubeSpawner):
     _queue_wait_message: str | None = None
     #: start_timeout as configured (start() lengthens it for JupyterHub while queued)
     _start_timeout_configured: int | None = None
-    #: Workloads or PodGroups listed per namespace: (when, the listing), shared by spawners
-    _queue_listings: dict[tuple[tuple[str, str, str], str], tuple[float, asyncio.Future]] = {}
+    #: Workloads or PodGroups listed per namespace, Volcano Queues read: (when, the
+    #: answer), shared by spawners
+    _queue_listings: dict[tuple, tuple[float, asyncio.Future]] = {}
     #: the queue objects the hub was refused reading (each logged once)
     _queue_read_refused: set[tuple[str, str, str]] = set()
     #: KubeSpawner is applying validated options (it reads the profile list for them)
@@ -637,24 +640,39 @@ class GPUKubeSpawner(KubeSpawner):
     async def _queue_objects(self, resource: tuple[str, str, str], namespace: str) -> list[dict]:
         """The ``resource`` objects (Workloads, PodGroups) in ``namespace``; one listing
         per poll interval for all spawners, however many servers wait there."""
+        listed = await self._shared_read(
+            (resource, namespace),
+            lambda custom: custom.list_namespaced_custom_object(
+                *resource[:2], namespace, resource[2], _request_timeout=self.k8s_api_request_timeout
+            ),
+        )
+        return listed.get("items", [])
+
+    async def _volcano_queue_state(self, queue: str) -> str | None:
+        """The state of Volcano's Queue ``queue`` (``Open``, ``Closed``, ...); None when it
+        cannot be read (the line then says what it knows without it)."""
+        try:
+            found = await self._shared_read(
+                (VOLCANO_QUEUES, queue),
+                lambda custom: custom.get_cluster_custom_object(
+                    *VOLCANO_QUEUES, queue, _request_timeout=self.k8s_api_request_timeout
+                ),
+            )
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as e:
+            self.log.debug("Reading Volcano queue %s: %s", queue, e)
+            return None
+        return (found.get("status") or {}).get("state")
+
+    async def _shared_read(self, key: tuple, request: Callable[[CustomObjectsApi], Awaitable]):
+        """``request``'s answer, made at most once per poll interval for every spawner."""
         now = asyncio.get_running_loop().time()
-        key = (resource, namespace)
         cached = GPUKubeSpawner._queue_listings.get(key)
         if cached is None or now - cached[0] >= self.wait_poll_interval:
-            listing = asyncio.ensure_future(
-                CustomObjectsApi(self.api.api_client).list_namespaced_custom_object(
-                    resource[0],
-                    resource[1],
-                    namespace,
-                    resource[2],
-                    _request_timeout=self.k8s_api_request_timeout,
-                )
-            )
-            # a listing whose every reader was cancelled still has its error read
-            listing.add_done_callback(lambda f: f.cancelled() or f.exception())
-            cached = GPUKubeSpawner._queue_listings[key] = (now, listing)
-        listed = await asyncio.shield(cached[1])
-        return listed.get("items", [])
+            answer = asyncio.ensure_future(request(CustomObjectsApi(self.api.api_client)))
+            # an answer whose every reader was cancelled still has its error read
+            answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+            cached = GPUKubeSpawner._queue_listings[key] = (now, answer)
+        return await asyncio.shield(cached[1])
 
     async def poll(self):
         """None while the server's pod exists, as KubeSpawner says; and None when the

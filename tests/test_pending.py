@@ -177,6 +177,11 @@ def test_volcano_queue_line_and_a_pods_podgroup():
         "yet (PodGroup Pending, NotEnoughResources). The server starts by itself when "
         "Volcano lets it in; stop it to give up."
     )
+    assert volcano_queue_line("lab", cy, 2, "Closed") == (
+        "waiting in Volcano queue lab: position 2. Volcano: the queue is Closed: it lets "
+        "nothing in until an admin opens it. The server starts by itself when Volcano "
+        "lets it in; stop it to give up."
+    )
     pod = {"metadata": {"namespace": "hub", "annotations": {}}}
     assert podgroup_of(pod, [cy]) is None  # not yet grouped by Volcano's controller
     pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = "podgroup-cy"

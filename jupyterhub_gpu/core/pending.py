@@ -254,26 +254,33 @@ def volcano_position(
     return ahead + 1
 
 
-def volcano_queue_line(queue: str, podgroup: dict, position: int | None) -> str:
+def volcano_queue_line(
+    queue: str, podgroup: dict, position: int | None, queue_state: str | None = None
+) -> str:
     """What the spawn page says while Volcano keeps the server's PodGroup out of ``queue``.
 
     E.g. ``waiting in Volcano queue lab: position 1. Volcano: the queue has no room
     for it yet (PodGroup Pending, NotEnoughResources). The server starts by itself
-    when Volcano lets it in; stop it to give up.``
+    when Volcano lets it in; stop it to give up.`` A queue whose state
+    (``queue_state``, when known) is not ``Open`` admits nothing: the line says so.
     """
-    unschedulable = next(
-        (
-            c
-            for c in (podgroup.get("status") or {}).get("conditions") or []
-            if c.get("type") == "Unschedulable" and c.get("status") == "True"
-        ),
-        None,
-    )
-    detail = ", ".join(
-        part for part in ("PodGroup Pending", (unschedulable or {}).get("reason")) if part
-    )
     where = f"position {position}. " if position is not None else ""
+    if queue_state and queue_state != "Open":
+        why = f"the queue is {queue_state}: it lets nothing in until an admin opens it"
+    else:
+        unschedulable = next(
+            (
+                c
+                for c in (podgroup.get("status") or {}).get("conditions") or []
+                if c.get("type") == "Unschedulable" and c.get("status") == "True"
+            ),
+            None,
+        )
+        detail = ", ".join(
+            part for part in ("PodGroup Pending", (unschedulable or {}).get("reason")) if part
+        )
+        why = f"the queue has no room for it yet ({detail})"
     return (
-        f"waiting in Volcano queue {queue}: {where}Volcano: the queue has no room for it yet "
-        f"({detail}). The server starts by itself when Volcano lets it in; stop it to give up."
+        f"waiting in Volcano queue {queue}: {where}Volcano: {why}. "
+        "The server starts by itself when Volcano lets it in; stop it to give up."
     )
