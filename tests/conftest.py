@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -21,6 +22,14 @@ import pytest
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # a session started in the background (`pytest &` in a script) ignores Ctrl-C, and
+    # every process it starts inherits that; the demo tests stop the demo with Ctrl-C as
+    # a user at a terminal does, so the processes they start must not ignore it
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
