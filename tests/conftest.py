@@ -3,6 +3,10 @@
 The cluster fixture builds the control plane on first use (with progress on
 stderr) and starts one cluster for the whole session; every `k8s` test gets a
 fresh namespace that is deleted afterwards.
+
+``scripts/test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``):
+each worker is a session of its own, with its own cluster, Prometheus and Chromium,
+and runs whole modules, so a module's hubs and Kueue cluster start once.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import uuid
 from pathlib import Path
 
@@ -17,6 +22,14 @@ import pytest
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # a session started in the background (`pytest &` in a script) ignores Ctrl-C, and
+    # every process it starts inherits that; the demo tests stop the demo with Ctrl-C as
+    # a user at a terminal does, so the processes they start must not ignore it
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
@@ -146,3 +159,62 @@ def built():
 
     ensure_binaries()
     ensure_chp()
+
+
+# ---- two workers: which modules share one, and which go first -------------------------
+
+#: modules that run on the same worker as another (one after the other, never at the
+#: same time): a demo starting removes what demos no longer running left behind, so a
+#: demo of the other module starting meanwhile would take away the leftovers the test
+#: of that clean-up leaves for its next demo
+SAME_WORKER_AS = {"tests/test_demo_values.py": "tests/test_demo.py"}
+
+#: rough seconds a test takes: one that starts a hub (or the demo) is slow, one that
+#: uses the cluster is not, the rest are quick
+HUB_TEST_SECONDS = 20.0
+CLUSTER_TEST_SECONDS = 4.0
+OTHER_TEST_SECONDS = 0.1
+
+
+def _worker_unit(nodeid: str) -> str:
+    """The unit of work an xdist worker takes whole: the test's module, or its partner's."""
+    module = nodeid.split("::", 1)[0]
+    return SAME_WORKER_AS.get(module, module)
+
+
+def _seconds_estimate(item: pytest.Item) -> float:
+    if item.get_closest_marker("hub"):
+        return HUB_TEST_SECONDS
+    if item.get_closest_marker("k8s"):
+        return CLUSTER_TEST_SECONDS
+    return OTHER_TEST_SECONDS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the slowest units first, so that the two workers end together
+    instead of one still running a long module after the other has run out of work
+    (the scheduler hands units out in collection order, see below)."""
+    if not hasattr(config, "workerinput"):
+        return
+    cost: dict[str, float] = {}
+    for item in items:
+        unit = _worker_unit(item.nodeid)
+        cost[unit] = cost.get(unit, 0.0) + _seconds_estimate(item)
+    # stable: a module's tests keep their order
+    items.sort(key=lambda item: -cost[_worker_unit(item.nodeid)])
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` with the partners of SAME_WORKER_AS in one unit, handed out
+    in the order the workers collected them (slowest first) rather than by test count."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _worker_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return ModuleScheduling(config, log)

@@ -17,6 +17,8 @@ from jupyterhub_gpu.dev.localcluster.cluster import (
     POD_RANGE,
     ClusterError,
     choose_pod_cidr,
+    pod_addresses_in_use,
+    state_root,
 )
 
 BLOCKS = list(POD_RANGE.subnets(new_prefix=POD_PREFIX))
@@ -52,3 +54,11 @@ def test_an_older_clusters_whole_16_is_avoided():
 def test_no_free_block_is_a_clear_error():
     with pytest.raises(ClusterError, match=re.escape("every /18 of 127.64.0.0/10 is in use")):
         choose_pod_cidr({"127.64.0.0/10"})
+
+
+@pytest.mark.k8s
+def test_a_running_clusters_range_is_taken_wherever_its_folder_is(local_cluster):
+    # a test session's cluster (here: this worker's) keeps its state in pytest's temporary
+    # folder, and has no pod listening yet when another session's cluster starts beside it
+    assert not local_cluster.state.path.is_relative_to(state_root())
+    assert local_cluster.state.pod_cidr in pod_addresses_in_use()

@@ -98,11 +98,28 @@ def choose_pod_cidr(in_use: set[str], rng: random.Random | None = None) -> str:
     return f"{block.network_address + 1}/{POD_PREFIX}"  # kwok takes the gateway address
 
 
+def running_state_files() -> set[Path]:
+    """The state files of every cluster with a process running on this machine, wherever
+    its folder is (a test session keeps its clusters in its own temporary folders): each
+    process a cluster starts runs in the cluster's state folder."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or another user's
+            state_file = Path(os.readlink(entry / "cwd")) / "state.json"
+            if state_file.is_file():
+                found.add(state_file)
+    return found
+
+
 def pod_addresses_in_use() -> set[str]:
-    """Pod ranges of the clusters in the state folder, and every listening loopback IP."""
+    """Pod ranges of the clusters in the state folder and of every running cluster, and
+    every listening loopback IP."""
     in_use = sockets.listening_hosts()
     root = state_root()
-    for state_file in root.glob("*/state.json") if root.is_dir() else []:
+    state_files = set(root.glob("*/state.json")) if root.is_dir() else set()
+    for state_file in state_files | running_state_files():
         # a folder being written or removed right now, or saved before pod_cidr
         # existed (those used 127.64.0.1/16; their pods show up as listening)
         with contextlib.suppress(OSError, ValueError, KeyError):

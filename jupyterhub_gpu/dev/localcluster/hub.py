@@ -59,21 +59,25 @@ def ensure_chp(progress=None) -> Path:
             "configurable-http-proxy is installed with npm, "
             "and `npm` is not on PATH: install Node.js"
         )
-    (progress or print)(f"installing configurable-http-proxy {CHP_VERSION} with npm")
-    prefix.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            npm,
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--prefix",
-            str(prefix),
-            f"configurable-http-proxy@{CHP_VERSION}",
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    # two test workers (or a test session and the demo) may both find it missing
+    with build._lock(prefix.parent / f"{prefix.name}.lock"):
+        if binary.exists():
+            return binary
+        (progress or print)(f"installing configurable-http-proxy {CHP_VERSION} with npm")
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                npm,
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(prefix),
+                f"configurable-http-proxy@{CHP_VERSION}",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return binary
 
 
