@@ -635,7 +635,8 @@ class GPUKubeSpawner(KubeSpawner):
             self.gpu_policy.scheduler.in_quota_priority_class: IN_QUOTA_PRIORITY,
             self.gpu_policy.scheduler.over_quota_priority_class: OVER_QUOTA_PRIORITY,
         }
-        return volcano_queue_line(queue, podgroup, volcano_position(podgroup, listed, priorities))
+        position = volcano_position(podgroup, listed, priorities)
+        return volcano_queue_line(queue, podgroup, position, await self._volcano_queue_state(queue))
 
     async def _queue_objects(self, resource: tuple[str, str, str], namespace: str) -> list[dict]:
         """The ``resource`` objects (Workloads, PodGroups) in ``namespace``; one listing
