@@ -6,6 +6,7 @@ the admin token) and what a user could see in /proc.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from jupyterhub_gpu.dev.demo import stop_leftover_hub
+from jupyterhub_gpu.dev.demo import MARKER, stop_leftover_hub, stop_leftover_prometheus
 from jupyterhub_gpu.dev.localcluster.cluster import ClusterState, LocalCluster
 
 
@@ -87,5 +88,10 @@ class Demo:
                 self.process.kill()
         if self.hub_dir and self.hub_dir.exists():
             stop_leftover_hub(self.hub_dir)
+        # Prometheus runs in a session of its own: a killed demo leaves it running
+        if self.cluster_dir and (self.cluster_dir / MARKER).exists():
+            marker = json.loads((self.cluster_dir / MARKER).read_text())
+            if marker.get("prometheus"):
+                stop_leftover_prometheus(marker["prometheus"])
         if self.cluster_dir and (self.cluster_dir / "state.json").exists():
             LocalCluster(ClusterState.load(self.cluster_dir)).down()
