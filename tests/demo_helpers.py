@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from jupyterhub_gpu.dev.demo import stop_leftover_hub
+from jupyterhub_gpu.dev.demo import MARKER, stop_leftover_hub, stop_leftover_prometheus
 from jupyterhub_gpu.dev.localcluster import sockets
 from jupyterhub_gpu.dev.localcluster.cluster import ClusterState, LocalCluster
 
@@ -91,6 +91,11 @@ class Demo:
                 self.process.kill()
         if self.hub_dir and self.hub_dir.exists():
             stop_leftover_hub(self.hub_dir)
+        # Prometheus runs in a session of its own: a killed demo leaves it running
+        if self.cluster_dir and (self.cluster_dir / MARKER).exists():
+            marker = json.loads((self.cluster_dir / MARKER).read_text())
+            if marker.get("prometheus"):
+                stop_leftover_prometheus(marker["prometheus"])
         if self.cluster_dir and (self.cluster_dir / "state.json").exists():
             LocalCluster(ClusterState.load(self.cluster_dir)).down()
 
