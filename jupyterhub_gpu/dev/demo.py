@@ -5,8 +5,8 @@ them, the admin's own values, merged in order like ``helm -f`` and checked like
 ``jupyterhub-gpu check`` before anything starts. It builds (or reuses) the local
 cluster with simulated nodes that offer every flavor of the policy (or the
 ``--node-pools`` file's) and runs the scheduler the policy names when the local
-cluster can run it (Kueue; ``--scheduler`` runs the built-in example with it; any
-other is stood in for by kube-scheduler), creates the cluster objects the policy
+cluster can run it (Kueue or Volcano; ``--scheduler`` runs the built-in example
+with it; KAI is stood in for by kube-scheduler), creates the cluster objects the policy
 implies, starts a real JupyterHub with configurable-http-proxy and ``GPUKubeSpawner``
 configured from ``hub.config`` the way z2jh does, and the GPU service at
 /services/gpu/, with two demo users in each group who log in with a shared
