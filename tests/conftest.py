@@ -167,7 +167,10 @@ def built():
 #: same time): a demo starting removes what demos no longer running left behind, so a
 #: demo of the other module starting meanwhile would take away the leftovers the test
 #: of that clean-up leaves for its next demo
-SAME_WORKER_AS = {"tests/test_demo_values.py": "tests/test_demo.py"}
+SAME_WORKER_AS = {
+    "tests/test_demo_values.py": "tests/test_demo.py",
+    "tests/test_demo_scheduler.py": "tests/test_demo.py",
+}
 
 #: rough seconds a test takes: one that starts a hub (or the demo) is slow, one that
 #: uses the cluster is not, the rest are quick

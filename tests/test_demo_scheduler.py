@@ -1,11 +1,12 @@
-"""`jupyterhub-gpu demo --scheduler kueue`: the built-in example with a real Kueue.
+"""`jupyterhub-gpu demo --scheduler kueue|volcano`: the built-in example, real scheduler.
 
 The demo runs the scheduler its policy names when the local cluster can run it
 (``--scheduler`` for the built-in example; values files that name it get it
-without the option) and stands kube-scheduler in for any other. End to end: a
-GPU server spawned through the hub's REST API waits at Kueue's admission gate,
-is admitted by its group's ClusterQueue, and runs; Ctrl-C stops Kueue with the
-rest. The planning (which schedulers the cluster runs) is checked without a cluster.
+without the option) and stands kube-scheduler in for any other. End to end, for
+each: a GPU server spawned through the hub's REST API is admitted by its group's
+queue (Kueue's ClusterQueue; Volcano's Queue, through a PodGroup) and runs;
+Ctrl-C stops the scheduler with the rest. The planning (which schedulers the
+cluster runs) is checked without a cluster.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ import pytest
 
 from cli_helpers import ROOT, cli
 from demo_helpers import Demo, api, cmdline, processes_under, still_running
-from jupyterhub_gpu.dev.demo import SCHEDULER_ROLES, DemoError, plan_demo
+from jupyterhub_gpu.dev.demo import SCHEDULER_OBJECTS, SCHEDULER_ROLES, DemoError, plan_demo
 from jupyterhub_gpu.dev.localcluster.build import SCHEDULER_COMPONENTS, ensure_binaries
 from jupyterhub_gpu.dev.localcluster.cluster import free_port
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
 from kube_helpers import eventually
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
-KUEUE_VERSION = SCHEDULER_COMPONENTS["kueue"].version
 
 
 def values(example: str) -> list[str]:
@@ -88,51 +88,91 @@ def test_a_scheduler_option_other_than_the_values_one_is_refused_naming_both():
 
 # ---- end to end -------------------------------------------------------------------
 
+#: the processes each scheduler runs as in the local cluster
+PROCESSES = {"kueue": {"kueue"}, "volcano": {"vc-scheduler", "vc-controller-manager"}}
 
-async def admitted_workload(demo: Demo, user: str) -> tuple[dict, dict]:
-    """The user's running server pod and the Kueue Workload that admitted it (API JSON)."""
+
+async def running_pod(api_client, user: str):
     from kubernetes_asyncio import client
 
-    async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api_client:
-        core = client.CoreV1Api(api_client)
-        custom = client.CustomObjectsApi(api_client)
-
-        async def running():
-            pods = await core.list_pod_for_all_namespaces(
-                label_selector=f"hub.jupyter.org/username={user}"
-            )
-            return next((p for p in pods.items if p.status.phase == "Running"), None)
-
-        pod = await eventually(running, f"{user}'s server pod to run", within=180)
-        workloads = await custom.list_namespaced_custom_object(
-            *KUEUE, pod.metadata.namespace, "workloads"
+    async def running():
+        pods = await client.CoreV1Api(api_client).list_pod_for_all_namespaces(
+            label_selector=f"hub.jupyter.org/username={user}"
         )
-        mine = [
-            w
-            for w in workloads["items"]
-            if any(o["uid"] == pod.metadata.uid for o in w["metadata"].get("ownerReferences", []))
-        ]
-        return api_client.sanitize_for_serialization(pod), (mine[0] if mine else {})
+        return next((p for p in pods.items if p.status.phase == "Running"), None)
+
+    return await eventually(running, f"{user}'s server pod to run", within=180)
+
+
+async def admitted_by_kueue(api_client, pod) -> None:
+    """Kueue took the pod on, lifted its gate, and its Workload was admitted by the
+    research ClusterQueue."""
+    from kubernetes_asyncio import client
+
+    workloads = await client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        *KUEUE, pod.metadata.namespace, "workloads"
+    )
+    mine = [
+        w
+        for w in workloads["items"]
+        if any(o["uid"] == pod.metadata.uid for o in w["metadata"].get("ownerReferences", []))
+    ]
+    labels = pod.metadata.labels
+    assert labels["kueue.x-k8s.io/queue-name"] == "research"
+    assert labels["kueue.x-k8s.io/managed"] == "true"
+    assert not pod.spec.scheduling_gates
+    assert mine, f"no Kueue Workload owned by {pod.metadata.name}"
+    conditions = {c["type"]: c["status"] for c in mine[0]["status"]["conditions"]}
+    assert conditions.get("Admitted") == "True", mine[0]["status"]
+    assert mine[0]["status"]["admission"]["clusterQueue"] == "research"
+
+
+async def placed_by_volcano(api_client, pod) -> None:
+    """Volcano grouped the pod in the research queue, let it in and placed it."""
+    from kubernetes_asyncio import client
+
+    assert pod.spec.scheduler_name == "volcano"
+    assert pod.metadata.annotations["scheduling.volcano.sh/queue-name"] == "research"
+    group = await client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        pod.metadata.namespace,
+        "podgroups",
+        pod.metadata.annotations["scheduling.k8s.io/group-name"],
+    )
+    assert group["spec"]["queue"] == "research"
+    assert group["status"]["phase"] in ("Inqueue", "Running"), group["status"]
+
+
+ADMITTED_BY = {"kueue": admitted_by_kueue, "volcano": placed_by_volcano}
 
 
 @pytest.mark.k8s
 @pytest.mark.hub
-async def test_demo_scheduler_kueue_admits_a_gpu_server_through_kueue_and_ctrl_c_stops_it(built):
-    ensure_binaries(schedulers=("kueue",))  # the demo's start-up timeout is about starting
-    demo = Demo(free_port(), "--scheduler", "kueue")
+@pytest.mark.parametrize("scheduler", list(SCHEDULER_COMPONENTS))
+async def test_demo_scheduler_runs_a_gpu_server_through_the_real_scheduler_and_ctrl_c_stops_it(
+    built, scheduler
+):
+    ensure_binaries(schedulers=(scheduler,))  # the demo's start-up timeout is about starting
+    demo = Demo(free_port(), "--scheduler", scheduler)
     try:
         demo.wait_until_up(timeout=300)
         token = demo.wait_for(r"JUPYTERHUB_API_TOKEN=(\S+)", timeout=5).group(1)
-        # progress and banner say that Kueue runs for real, and how to look at it
-        assert "starting Kueue" in demo.output
+        # progress and banner say that the scheduler runs for real, and how to look at it
+        assert f"starting {scheduler.capitalize()}" in demo.output
         banner = demo.output[demo.output.index("is running at") :]
-        assert f"scheduler: kueue {KUEUE_VERSION}, running for real" in banner, banner
-        assert "kubectl get clusterqueues,localqueues,workloads -A" in banner
-        assert "with scheduler: {name: kueue} (--scheduler)" in banner
+        version = SCHEDULER_COMPONENTS[scheduler].version
+        assert f"scheduler: {scheduler} {version}, running for real" in banner, banner
+        assert f"kubectl get {SCHEDULER_OBJECTS[scheduler]} -A" in banner
+        assert f"with scheduler: {{name: {scheduler}}} (--scheduler)" in banner
         assert "kube-scheduler places the pods" not in demo.output  # no stand-in
         processes = processes_under(demo.process.pid)
-        kueue = [pid for pid in processes if Path(cmdline(pid).split(" ")[0]).name == "kueue"]
-        assert len(kueue) == 1, [cmdline(pid) for pid in processes]
+        ours = [
+            pid
+            for pid in processes
+            if Path(cmdline(pid).split(" ")[0]).name in PROCESSES[scheduler]
+        ]
+        assert len(ours) == len(PROCESSES[scheduler]), [cmdline(pid) for pid in processes]
 
         # a research GPU server, through the hub's REST API with the printed admin token
         status, body = await asyncio.to_thread(
@@ -146,20 +186,15 @@ async def test_demo_scheduler_kueue_admits_a_gpu_server_through_kueue_and_ctrl_c
             return bool(found and found["ready"])
 
         await eventually(ready, "research-1's server ready", within=180)
-        pod, workload = await admitted_workload(demo, "research-1")
-        labels = pod["metadata"]["labels"]
-        assert labels["kueue.x-k8s.io/queue-name"] == "research"
-        assert labels["kueue.x-k8s.io/managed"] == "true"  # Kueue took the pod on
-        assert not pod["spec"].get("schedulingGates")  # and lifted its gate
-        # Kueue's own record: the research ClusterQueue admitted it
-        assert workload, f"no Kueue Workload owned by {pod['metadata']['name']}"
-        conditions = {c["type"]: c["status"] for c in workload["status"]["conditions"]}
-        assert conditions.get("Admitted") == "True", workload["status"]
-        assert workload["status"]["admission"]["clusterQueue"] == "research"
+        from kubernetes_asyncio import client
 
-        # Ctrl-C: Kueue stops with the hub, its server and the cluster
+        async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api_client:
+            pod = await running_pod(api_client, "research-1")
+            await ADMITTED_BY[scheduler](api_client, pod)
+
+        # Ctrl-C: the scheduler stops with the hub, its server and the cluster
         processes = processes_under(demo.process.pid)
-        assert set(kueue) <= set(processes)
+        assert set(ours) <= set(processes)
         assert demo.interrupt() == 0, demo.output
         assert "stopped; nothing is left running" in demo.output
         assert "Traceback" not in demo.output
