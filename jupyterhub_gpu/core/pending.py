@@ -13,6 +13,7 @@ up) or no node has them at all (an admin must act). Pure: no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from .model import Flavor
 
@@ -157,22 +158,27 @@ def kueue_position(workload: dict, workloads: list[dict]) -> int | None:
     namespace = workload.get("metadata", {}).get("namespace")
     queue = workload.get("spec", {}).get("queueName")
 
-    def order(w: dict) -> tuple[int, str, str]:
-        meta = w.get("metadata", {})
-        priority = w.get("spec", {}).get("priority") or 0
-        # RFC 3339 timestamps of one API server sort as strings
-        return (-priority, meta.get("creationTimestamp") or "", meta.get("name") or "")
-
-    mine = order(workload)
-    ahead = sum(
-        1
+    in_line = [
+        w
         for w in workloads
         if w.get("metadata", {}).get("namespace") == namespace
         and w.get("spec", {}).get("queueName") == queue
         and _kueue_pending(w)
-        and order(w) < mine
-    )
-    return ahead + 1
+    ]
+    return _place(workload, in_line, lambda w: w.get("spec", {}).get("priority") or 0)
+
+
+def _place(mine: dict, in_line: list[dict], priority: Callable[[dict], int]) -> int:
+    """``mine``'s place (1: next) among the objects ``in_line``: higher ``priority``
+    first, then the earlier (as both Kueue and Volcano order their queues), then by name."""
+
+    def order(obj: dict) -> tuple[int, str, str]:
+        meta = obj.get("metadata", {})
+        # RFC 3339 timestamps of one API server sort as strings
+        return (-priority(obj), meta.get("creationTimestamp") or "", meta.get("name") or "")
+
+    key = order(mine)
+    return 1 + sum(1 for obj in in_line if order(obj) < key)
 
 
 def kueue_queue_line(queue: str, workload: dict | None, position: int | None) -> str:
@@ -238,20 +244,14 @@ def volcano_position(
     if not volcano_queued(podgroup):
         return None
     queue = podgroup.get("spec", {}).get("queue")
-
-    def order(group: dict) -> tuple[int, str, str]:
-        meta = group.get("metadata", {})
-        priority = priorities.get(group.get("spec", {}).get("priorityClassName") or "", 0)
-        return (-priority, meta.get("creationTimestamp") or "", meta.get("name") or "")
-
-    mine = order(podgroup)
-    ahead = sum(
-        1
-        for group in podgroups
-        if group.get("spec", {}).get("queue") == queue and volcano_queued(group)
-        if order(group) < mine
+    in_line = [
+        g for g in podgroups if g.get("spec", {}).get("queue") == queue and volcano_queued(g)
+    ]
+    return _place(
+        podgroup,
+        in_line,
+        lambda g: priorities.get(g.get("spec", {}).get("priorityClassName") or "", 0),
     )
-    return ahead + 1
 
 
 def volcano_queue_line(
