@@ -48,6 +48,29 @@ async def eventually(
     raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
 
 
+async def created_once_quota_admits(
+    create: Callable[[], Awaitable[T]], what: str, lagging: str = "status unknown for quota"
+) -> T:
+    """Create something a ResourceQuota has room for, waiting for quota admission to see it.
+
+    The plugin decides from the API server's cached copy of each quota, which can lag
+    behind the status a client reads (Kubernetes promises it catches up, not when): a
+    refusal whose message has ``lagging`` (by default: the copy has no status yet; pass
+    "exceeded quota" when room was just freed) is retried within a bound, any other raises.
+    """
+    from kubernetes_asyncio.client import ApiException
+
+    async def attempt():
+        try:
+            return await create()
+        except ApiException as e:
+            if e.status == 403 and lagging in (e.body or ""):
+                return None
+            raise
+
+    return await eventually(attempt, f"quota admission to let {what} in ({lagging!r} until then)")
+
+
 async def failed_scheduling(core, namespace: str, pod: str) -> list:
     """The scheduler's FailedScheduling events for a pod, once there is one."""
 

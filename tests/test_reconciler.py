@@ -15,7 +15,7 @@ from jupyterhub_gpu.core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.dev.localcluster import crds
 from jupyterhub_gpu.kube.reconciler import KINDS, Reconciler
-from kube_helpers import eventually, pod_manifest
+from kube_helpers import created_once_quota_admits, eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s
 REPO = Path(__file__).resolve().parent.parent
@@ -212,7 +212,9 @@ async def test_the_resource_quota_stops_an_over_quota_pod_created_outside_the_hu
     # within the limit (2 GPUs): admitted; no cpu/memory given, the LimitRange fills them in
     fits = pod_manifest("fits", {"nvidia.com/gpu": "2"})
     del fits["spec"]["containers"][0]["resources"]["requests"]
-    created = await core.create_namespaced_pod(lab_ns, fits)
+    created = await created_once_quota_admits(
+        lambda: core.create_namespaced_pod(lab_ns, fits), "a pod within the limit"
+    )
     assert created.spec.containers[0].resources.requests["cpu"] == "500m"
 
     with pytest.raises(client.ApiException) as refused:

@@ -8,6 +8,7 @@ removed when the hub stops.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -43,13 +44,22 @@ def get_config(key, default=None):
     return value
 """
 
-#: The proxy the hub runs, from npm, pinned.
-CHP_VERSION = "5.3.0"
+#: The proxy the hub runs: package.json names it, package-lock.json pins its whole
+#: tree (every package in it declares support for Node.js 20), installed with `npm ci`.
+CHP_LOCK_DIR = Path(__file__).with_name("chp")
 
 
 def ensure_chp(progress=None) -> Path:
-    """configurable-http-proxy, installed once with npm into the cache."""
-    prefix = build.cache_dir() / "node" / f"configurable-http-proxy-{CHP_VERSION}"
+    """configurable-http-proxy, installed once with ``npm ci`` into the cache.
+
+    The cache folder is keyed by the lockfile's hash, so a refreshed lockfile gets a
+    fresh install and an unchanged one is never reinstalled.
+    """
+    files = ("package.json", "package-lock.json")
+    lock_hash = hashlib.sha256(
+        b"".join((CHP_LOCK_DIR / name).read_bytes() for name in files)
+    ).hexdigest()[:12]
+    prefix = build.cache_dir() / "node" / f"configurable-http-proxy-{lock_hash}"
     binary = prefix / "node_modules" / ".bin" / "configurable-http-proxy"
     if binary.exists():
         return binary
@@ -63,18 +73,15 @@ def ensure_chp(progress=None) -> Path:
     with build._lock(prefix.parent / f"{prefix.name}.lock"):
         if binary.exists():
             return binary
-        (progress or print)(f"installing configurable-http-proxy {CHP_VERSION} with npm")
+        (progress or print)(
+            "installing configurable-http-proxy with npm ci "
+            f"(the tree pinned in {CHP_LOCK_DIR / 'package-lock.json'})"
+        )
         prefix.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copyfile(CHP_LOCK_DIR / name, prefix / name)
         subprocess.run(
-            [
-                npm,
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-                str(prefix),
-                f"configurable-http-proxy@{CHP_VERSION}",
-            ],
+            [npm, "ci", "--engine-strict", "--no-audit", "--no-fund", "--prefix", str(prefix)],
             check=True,
             stdout=subprocess.DEVNULL,
         )
