@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -41,6 +40,7 @@ from traitlets import Bool, Float, default, validate
 
 from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
+from .config.values import site_profile_list_error
 from .core.admission import Charge, Decision, Ledger
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
@@ -213,12 +213,39 @@ class GPUKubeSpawner(KubeSpawner):
 
     def _policy_or_refuse(self) -> Policy:
         try:
-            return self.gpu_policy
+            policy = self.gpu_policy
         except PolicyError as e:
             self.log.error("GPU policy is invalid:\n%s", e)
             raise SpawnRefused(
                 "the GPU policy is misconfigured; an admin must fix it (see the hub log)", 500
             ) from e
+        if not policy.profiles:
+            # the start-up check refuses such a hub; a config it did not see lands here
+            self.log.error(
+                "spawner_class is gpu-kubespawner but no GPU policy is configured "
+                "(hub.config.GPUPolicy, or c.GPUPolicy, has no profiles): nobody can start "
+                "a server. Add the policy, or check the values with `jupyterhub-gpu check`."
+            )
+            raise SpawnRefused(
+                "no GPU policy is configured on this hub, so no server can start; "
+                "an admin must add one (see the hub log)",
+                500,
+            )
+        return policy
+
+    def _refuse_a_site_profile_list(self) -> None:
+        """A profile_list the site set itself (a list, mapping or callable) would show
+        profiles the policy never admits: a clear error instead of a refused spawn."""
+        if getattr(self.profile_list, "__func__", None) is GPUKubeSpawner._gpu_profile_list:
+            return
+        problem = site_profile_list_error("c.KubeSpawner.profile_list", self.profile_list)
+        if problem:
+            self.log.error("%s", problem)
+            raise SpawnRefused(
+                "this hub's profile_list setting conflicts with its GPU policy, so no "
+                "server can start; an admin must remove it (see the hub log)",
+                500,
+            )
 
     @property
     def admission(self) -> SpawnAdmission:
@@ -297,9 +324,10 @@ class GPUKubeSpawner(KubeSpawner):
     @validate("profile_list")
     def _empty_profile_list_means_the_policy(self, proposal):
         # z2jh writes its default singleuser.profileList ([]) to c.KubeSpawner.profile_list,
-        # which would hide every profile; an admin's own non-empty list is kept as is
+        # which would hide every profile; an admin's own non-empty list or callable is kept,
+        # and every spawn then says it conflicts with the policy (_refuse_a_site_profile_list)
         value = proposal["value"]
-        return self._gpu_profile_list if isinstance(value, list) and not value else value
+        return self._gpu_profile_list if isinstance(value, list | dict) and not value else value
 
     def _user_groups(self) -> list[str]:
         return [g.name for g in getattr(self.user, "groups", [])]
@@ -321,6 +349,7 @@ class GPUKubeSpawner(KubeSpawner):
         return entries
 
     def _render_options_form(self, profile_list):
+        self._refuse_a_site_profile_list()
         # Every form template gets the list as a user may read it. KubeSpawner's own
         # shows no overrides, but jupyterhub-fancy-profiles hands the whole list to
         # the browser as JSON; load_user_options still applies the full entries.
@@ -367,6 +396,7 @@ class GPUKubeSpawner(KubeSpawner):
 
     async def _load_user_options(self) -> None:
         policy = self._policy_or_refuse()
+        self._refuse_a_site_profile_list()
         try:
             selection = select(policy, self._user_groups(), self.user_options)
         except Refused as e:
@@ -786,12 +816,12 @@ class GPUKubeSpawner(KubeSpawner):
         self.log.info("Pod %s is gone: the stop of %s is complete", key, self._log_name)
 
     async def get_pod_manifest(self):
+        # KubeSpawner's pod itself, shaped in place: a modify_pod_hook gets what
+        # KubeSpawner would give it, and every field KubeSpawner would send is sent
         pod = await super().get_pod_manifest()
-        if self.gpu_shape is None:
-            return pod
-        manifest = self.api.api_client.sanitize_for_serialization(pod)
-        apply_to_pod(manifest, self.gpu_shape)
-        return _to_v1_pod(self.api.api_client, manifest)
+        if self.gpu_shape is not None:
+            apply_to_pod(pod, self.gpu_shape)
+        return pod
 
     async def progress(self):
         # while waiting in line there is no pod yet: report the queue position
@@ -921,12 +951,3 @@ def _kubernetes_reachable():
         yield
     except (aiohttp.ClientError, OSError) as e:
         raise _unreachable(e) from None
-
-
-def _to_v1_pod(api_client, manifest: dict[str, Any]):
-    """A V1Pod again, as KubeSpawner passes it on to the API."""
-
-    class _Response:
-        data = json.dumps(manifest)
-
-    return api_client.deserialize(_Response(), "V1Pod")

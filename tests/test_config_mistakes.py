@@ -20,7 +20,8 @@ from traitlets.config import Config
 from jupyterhub_gpu.config.hubconfig import check_policy
 from jupyterhub_gpu.config.policy import GPUPolicy
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from jupyterhub_gpu.spawner import GPUKubeSpawner
+from jupyterhub_gpu.offline import offline_spawner
+from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -241,3 +242,45 @@ async def test_the_hub_does_not_start_with_a_configuration_mistake(local_cluster
     assert message in str(caught.value)
     assert "the hub will not start" in str(caught.value)
     assert hub.process.returncode == 1
+
+
+def test_a_callable_profile_list_beside_the_policy_stops_a_plain_config_at_start_up():
+    # a plain jupyterhub_config.py (or extraConfig) may set a function as the list
+    config = Config()
+    config.JupyterHub.spawner_class = "gpu-kubespawner"
+    config.GPUPolicy.update(GOOD)
+    config.KubeSpawner.profile_list = lambda spawner: [{"display_name": "Old", "slug": "old"}]
+    report = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        check_policy(config, stream=report)
+    assert exited.value.code == 1
+    assert (
+        "hub.config.KubeSpawner.profile_list is a callable and hub.config.GPUPolicy is set"
+    ) in report.getvalue()
+
+
+async def test_a_callable_profile_list_the_check_did_not_see_fails_every_spawn_clearly(caplog):
+    # set where the start-up check cannot see it (z2jh's extraConfig runs after it): the
+    # form and every spawn say the setting conflicts, instead of a 403 for each profile
+    config = Config()
+    config.GPUPolicy.update(GOOD)
+    config.KubeSpawner.profile_list = lambda spawner: [{"display_name": "Old", "slug": "old"}]
+    spawner = offline_spawner(config, "ann", [])
+    spawner.user_options = {"profile": "old"}
+    with pytest.raises(SpawnRefused) as refused:
+        await spawner.load_user_options()
+    assert refused.value.status_code == 500
+    assert "profile_list setting conflicts with its GPU policy" in str(refused.value)
+    assert "c.KubeSpawner.profile_list is a callable" in caplog.text
+    with pytest.raises(SpawnRefused, match="conflicts with its GPU policy"):
+        await spawner.get_options_form()
+
+
+async def test_a_hub_with_no_policy_says_the_policy_is_missing(caplog):
+    spawner = offline_spawner(Config(), "ann", ["lab"])
+    with pytest.raises(SpawnRefused) as refused:
+        await spawner.load_user_options()
+    assert refused.value.status_code == 500
+    assert "no GPU policy is configured on this hub" in str(refused.value)
+    assert "ask an admin to add you to a group" not in str(refused.value)
+    assert "has no profiles" in caplog.text

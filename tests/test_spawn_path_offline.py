@@ -172,13 +172,14 @@ async def test_a_profiles_resources_are_what_the_server_gets_and_at_most_what_it
     )
     fixed = await render_pod([str(path)], "ann", [], "everyone--fixed", {})
     resources = fixed["spec"]["containers"][0]["resources"]
-    assert resources["requests"] == {"cpu": "4.0", "memory": str(16 * 2**30)}
+    # as KubeSpawner sends them: JSON numbers, which Kubernetes reads as quantities
+    assert resources["requests"] == {"cpu": 4.0, "memory": 16 * 2**30}
     assert resources["limits"] == resources["requests"]
 
     burst = await render_pod([str(path)], "ann", [], "everyone--burst", {})
     resources = burst["spec"]["containers"][0]["resources"]
-    assert resources["requests"] == {"cpu": "2.0", "memory": str(4 * 2**30)}
-    assert resources["limits"] == {"cpu": "8.0", "memory": str(32 * 2**30)}
+    assert resources["requests"] == {"cpu": 2.0, "memory": 4 * 2**30}
+    assert resources["limits"] == {"cpu": 8.0, "memory": 32 * 2**30}
 
 
 # ---- the three reference clusters --------------------------------------------------

@@ -122,18 +122,33 @@ def setup_errors(sections: Mapping[str, Any], profile_list: Any = None) -> list[
         )
     site_list = site_profile_list(sections, profile_list)
     if "GPUPolicy" in sections and site_list is not None:
-        key, entries = site_list
-        # KubeSpawner takes a list, or a mapping keyed by slug; an empty one means the policy's
-        if isinstance(entries, list | tuple | Mapping) and entries:
-            count = f"{len(entries)} profile{'s' if len(entries) != 1 else ''}"
-            # z2jh leaves a null singleuser.profileList out; KubeSpawner refuses a null list
-            empty = "null" if key == "singleuser.profileList" else "[]"
-            errors.append(
-                f"{key} has {count} and hub.config.GPUPolicy is set: GPUKubeSpawner offers the "
-                f"policy's profiles, so no spawn of those profiles would work; remove {key} "
-                f"(or set it to {empty}), or put those profiles in GPUPolicy.profiles"
-            )
+        problem = site_profile_list_error(*site_list)
+        if problem:
+            errors.append(problem)
     return errors
+
+
+def site_profile_list_error(key: str, entries: Any) -> str | None:
+    """Why a site's own ``profile_list`` (at ``key``) cannot work beside the policy, or
+    None when it is empty (z2jh's default), which means the policy's profiles.
+
+    KubeSpawner takes a list, a mapping keyed by slug, or a callable returning a
+    list; GPUKubeSpawner offers and admits only the policy's profiles, so any of
+    those would show profiles whose every spawn is refused.
+    """
+    if callable(entries):
+        what = "is a callable"
+    elif isinstance(entries, list | tuple | Mapping) and entries:
+        what = f"has {len(entries)} profile{'s' if len(entries) != 1 else ''}"
+    else:
+        return None
+    # z2jh leaves a null singleuser.profileList out; KubeSpawner refuses a null list
+    empty = "null" if key == "singleuser.profileList" else "[]"
+    return (
+        f"{key} {what} and hub.config.GPUPolicy is set: GPUKubeSpawner offers the "
+        f"policy's profiles, so no spawn of those profiles would work; remove {key} "
+        f"(or set it to {empty}), or put those profiles in GPUPolicy.profiles"
+    )
 
 
 def values_setup_errors(values: Mapping[str, Any]) -> list[str]:

@@ -149,8 +149,22 @@ def shape(
     return result
 
 
-def _merge_tolerations(base: list[Any], extra: list[dict[str, Any]]) -> list[Any]:
-    merged = list(base)
+def kubespawner_items(value: Any) -> list[Any]:
+    """A KubeSpawner list setting as KubeSpawner puts it in the pod.
+
+    KubeSpawner takes most list settings (``tolerations``, ``volumes``,
+    ``init_containers``, ...) as a list or as a mapping whose values are the items,
+    so that values files can merge them; it uses a mapping's values sorted by key.
+    """
+    if isinstance(value, Mapping):
+        return [value[key] for key in sorted(value)]
+    return list(value or [])
+
+
+def _merge_tolerations(base: Any, extra: list[dict[str, Any]]) -> list[Any]:
+    """The chart's tolerations first and unchanged (in KubeSpawner's order), then the
+    policy's that are not among them."""
+    merged = kubespawner_items(base)
     for toleration in extra:
         if toleration not in merged:
             merged.append(toleration)
@@ -179,9 +193,7 @@ def merge_settings(current: Mapping[str, Any], pod_shape: PodShape) -> dict[str,
             **pod_shape.extended_resources,
         },
         "node_selector": {**dict(current.get("node_selector") or {}), **pod_shape.node_selector},
-        "tolerations": _merge_tolerations(
-            list(current.get("tolerations") or []), pod_shape.tolerations
-        ),
+        "tolerations": _merge_tolerations(current.get("tolerations"), pod_shape.tolerations),
         "priority_class_name": pod_shape.priority_class_name or "",
     }
     if pod_shape.image:
@@ -193,20 +205,54 @@ def merge_settings(current: Mapping[str, Any], pod_shape: PodShape) -> dict[str,
     return settings
 
 
-def apply_to_pod(pod: dict[str, Any], pod_shape: PodShape) -> dict[str, Any]:
-    """The final word on a pod manifest (dict form): labels, annotations, runtime class, claims."""
-    meta = pod.setdefault("metadata", {})
-    meta["labels"] = {**(meta.get("labels") or {}), **pod_shape.labels}
-    meta["annotations"] = {**(meta.get("annotations") or {}), **pod_shape.annotations}
-    spec = pod["spec"]
+def apply_to_pod(pod: Any, pod_shape: PodShape) -> Any:
+    """The final word on a pod: labels, annotations, runtime class, DRA claims.
+
+    ``pod`` is changed in place and returned: KubeSpawner's pod as it built it (its
+    client's models, with the admin's own dicts as leaves), or a manifest in dict
+    form. Nothing else in it is touched, so what KubeSpawner would send is sent,
+    fields the installed client does not know included.
+    """
+    meta = _child(pod, "metadata", "metadata")
+    _put(meta, "labels", "labels", {**(_get(meta, "labels", "labels") or {}), **pod_shape.labels})
+    _put(
+        meta,
+        "annotations",
+        "annotations",
+        {**(_get(meta, "annotations", "annotations") or {}), **pod_shape.annotations},
+    )
+    spec = _get(pod, "spec", "spec")
     if pod_shape.runtime_class_name:
-        spec["runtimeClassName"] = pod_shape.runtime_class_name
-    if pod_shape.resource_claims:
-        spec["resourceClaims"] = list(pod_shape.resource_claims)
-        container = spec["containers"][0]
-        resources = container.setdefault("resources", {})
-        resources["claims"] = [{"name": c["name"]} for c in pod_shape.resource_claims]
+        _put(spec, "runtime_class_name", "runtimeClassName", pod_shape.runtime_class_name)
+    claims = pod_shape.resource_claims
+    if claims:
+        _put(spec, "resource_claims", "resourceClaims", [dict(c) for c in claims])
+        container = _get(spec, "containers", "containers")[0]
+        resources = _child(container, "resources", "resources")
+        _put(resources, "claims", "claims", [{"name": c["name"]} for c in claims])
     return pod
+
+
+# A pod from KubeSpawner mixes its client's models (snake_case attributes) and plain
+# dicts (camelCase keys, the admin's own): these read and write either.
+def _get(node: Any, attribute: str, key: str) -> Any:
+    return node.get(key) if isinstance(node, Mapping) else getattr(node, attribute)
+
+
+def _put(node: Any, attribute: str, key: str, value: Any) -> None:
+    if isinstance(node, dict):
+        node[key] = value
+    else:
+        setattr(node, attribute, value)
+
+
+def _child(node: Any, attribute: str, key: str) -> Any:
+    """``node``'s ``key`` part, made an empty dict where it is missing."""
+    child = _get(node, attribute, key)
+    if child is None:
+        child = {}
+        _put(node, attribute, key, child)
+    return child
 
 
 def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:
