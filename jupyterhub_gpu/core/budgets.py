@@ -9,16 +9,21 @@ The ``UsageBook`` keeps the records that can still count towards a budget,
 indexed by every group they are charged to (a server counts for its group and
 each parent) and by (user, group), so a spawn's budget check reads only its own
 owners' records. ``budget_refusal`` is the check; it runs in the same
-synchronous step as the quota check and reservation. Pure: no I/O; times are
-epoch seconds.
+synchronous step as the quota check and reservation. When it refuses, it says when
+room returns: one sweep over the owner's records, kept by the book between
+refusals (only the records that change are looked at again). Pure: no I/O; times
+are epoch seconds.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import accumulate, chain
+from operator import mul, neg, sub
 from typing import Any
 
 from .admission import Ledger
@@ -82,6 +87,168 @@ def gpu_hours(
     return total / HOUR
 
 
+class _UsageAfter:
+    """What a fixed set of spans ``(start, end, gpus)`` counts in a window opening at
+    any moment ``x``: the GPU-equivalent-seconds ``sum(gpus * (end - max(start, x)))``
+    over the spans with ``end > x``, in O(log n) per moment after one sort.
+
+    A span adds its GPUs to the rate of use from its start to its end, so what it
+    counts after ``x`` is the integral of the rate from ``x`` on: kept at every start
+    and end, summed from the latest back. A span that ends before it starts (a pod's
+    start time ahead of the hub's clock) counts ``gpus * (end - start)`` until it
+    ends, a step of its own.
+    """
+
+    __slots__ = ("ends", "nonnegative", "rates", "step_after", "step_ends", "tail", "times")
+
+    def __init__(self, spans: Iterable[tuple[float, float, float]]) -> None:
+        starts: list[float] = []
+        stops: list[float] = []
+        changes: list[float] = []
+        ends: list[float] = []
+        steps: list[tuple[float, float]] = []
+        for start, end, gpus in spans:
+            ends.append(end)
+            if end > start:
+                starts.append(start)
+                stops.append(end)
+                changes.append(gpus)
+            elif end < start:
+                steps.append((end, gpus * (end - start)))
+        #: the spans' ends in order: the moments room can return (each + the period)
+        self.ends = sorted(ends)
+        #: no span holds fewer than no GPUs: between the steps' ends, less is counted the
+        #: later the window opens, and the first moment with room can be bisected for
+        self.nonnegative = all(g >= 0 for g in changes)
+        # each span's start raises the rate by its GPUs, its end lowers it again
+        times = starts + stops
+        changes = [*changes, *map(neg, changes)]
+        order = sorted(range(len(times)), key=times.__getitem__)
+        #: every start and end, in order; the rate of use from each to the next
+        self.times = list(map(times.__getitem__, order))
+        self.rates = list(accumulate(map(changes.__getitem__, order)))
+        # the use from each time to the next, then summed from the latest back:
+        # tail[i] is everything counted after times[i]
+        pieces = list(map(mul, self.rates, map(sub, self.times[1:], self.times)))
+        tail = list(accumulate(reversed(pieces)))
+        tail.reverse()
+        tail.append(0.0)
+        self.tail = tail
+        steps.sort()
+        self.step_ends = [end for end, _ in steps]
+        after = list(accumulate(reversed([amount for _, amount in steps])))
+        after.reverse()
+        after.append(0.0)
+        #: step_after[j]: the steps of the spans ending after step_ends[j - 1]
+        self.step_after = after
+
+    def at(self, x: float) -> float:
+        """GPU-equivalent-seconds counted in a window opening at ``x``."""
+        times = self.times
+        i = bisect_right(times, x)
+        if i == len(times):
+            used = 0.0
+        elif i == 0:
+            used = self.tail[0]
+        else:
+            used = self.tail[i] + self.rates[i - 1] * (times[i] - x)
+        if self.step_ends:
+            used += self.step_after[bisect_right(self.step_ends, x)]
+        return used
+
+
+def _first_room(parts: list[_UsageAfter], budget: Budget, now: float) -> tuple[float, float] | None:
+    """``room_returns`` over the spans of ``parts`` (together): the first moment, an
+    end + the period, with room in the budget, rounded up to the minute, and the room."""
+    period = float(budget.period)
+    cap = float(budget.gpu_hours)
+    floor = now - period
+    # only spans ending inside the window now can leave it later
+    firsts = [bisect_right(part.ends, floor) for part in parts]
+    if all(first == len(part.ends) for first, part in zip(firsts, parts, strict=True)):
+        return None
+
+    def free_at(end: float) -> float:
+        since = (end + period) - period  # the window at ``end + period`` opens here
+        return cap - sum(part.at(since) for part in parts) / HOUR
+
+    best: float | None = None
+    if not all(part.nonnegative for part in parts):
+        # a span with fewer than no GPUs (never recorded): every moment in turn
+        moments = chain.from_iterable(
+            part.ends[first:] for part, first in zip(parts, firsts, strict=True)
+        )
+        best = next((end for end in sorted(moments) if free_at(end) > 1e-9), None)
+    else:
+        # room only grows as the window moves on, except where a span that ended before
+        # it started (counted negative) leaves the window: between those moments, bisect
+        # each part's ends for its first moment with room; the earliest is the first of all
+        cuts = sorted(
+            chain.from_iterable(
+                part.step_ends[bisect_right(part.step_ends, floor) :] for part in parts
+            )
+        )
+        bounds = [*cuts, math.inf]
+        for i, high in enumerate(bounds):
+            low = floor if i == 0 else bounds[i - 1]
+            for part in parts:
+                ends = part.ends
+                lo = bisect_right(ends, low) if i == 0 else bisect_left(ends, low)
+                stop = bisect_left(ends, high if best is None else min(high, best), lo)
+                hi = stop
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if free_at(ends[mid]) > 1e-9:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                if lo < stop:
+                    best = ends[lo]
+            if best is not None:
+                break
+    if best is None:
+        return None
+    return math.ceil((best + period) / 60) * 60.0, free_at(best)
+
+
+@dataclass(slots=True)
+class _Room:
+    """What ``UsageBook.room_returns`` keeps of one owner's records between calls: the
+    closed records of when it was made, summed up once; the records closed since; the
+    open ones (whose end moves with the clock while they run), looked at each time."""
+
+    closed: _UsageAfter
+    #: how many records of the owner it accounts for (a check that none went unseen)
+    size: int
+    open: dict[str, UsageRecord]
+    added: list[UsageRecord] = field(default_factory=list)
+    added_after: _UsageAfter | None = None
+    #: the latest end of the owner's records pruned since: they must not count
+    dropped: float = -math.inf
+
+    @classmethod
+    def of(cls, records: Iterable[UsageRecord]) -> _Room:
+        closed: list[tuple[float, float, float]] = []
+        opened: dict[str, UsageRecord] = {}
+        for r in records:
+            if r.ended is None:
+                opened[r.uid] = r
+            else:
+                closed.append((r.started, r.ended, r.gpus))
+        return cls(_UsageAfter(closed), len(closed) + len(opened), opened)
+
+    def closes(self, record: UsageRecord) -> None:
+        """An open record of the owner has ended."""
+        if self.open.pop(record.uid, None) is not None:
+            self.added.append(record)
+            self.added_after = None
+
+
+#: records closed since an owner's ``_Room`` was made before it is made again (each
+#: call sums the ones closed since, once per change)
+ROOM_REMAKE_AFTER = 256
+
+
 class UsageBook:
     """Records that may still count, by owner: each group (parents included) and
     each (user, group)."""
@@ -97,6 +264,9 @@ class UsageBook:
         #: spawn's profile list and its admission ask for the same owners in turn
         self._sums: dict[tuple[Any, int], tuple[int, float, float]] = {}
         self._version = 0
+        #: what ``room_returns`` keeps of each owner it was asked about, by (group,
+        #: member or None), kept in step with the owner's records by every change
+        self._rooms: dict[tuple[str, str | None], _Room] = {}
 
     def used(
         self, owner: Any, records: Iterable[UsageRecord], period: int, now: float, running
@@ -114,6 +284,90 @@ class UsageBook:
         self._sums[key] = (self._version, now, value)
         return value
 
+    def room_returns(
+        self,
+        group: str,
+        member: str | None,
+        budget: Budget,
+        now: float,
+        running: Container[str] = (),
+    ) -> tuple[float, float] | None:
+        """``room_returns`` of the records of ``group`` (``member``'s own in it, if
+        given), the same answer, from what was summed up at an earlier call as long as
+        none of the owner's closed records changed (a record closing is added to it)."""
+        records = self.by_group.get(group) if member is None else self.by_user.get((member, group))
+        if not records:
+            return None
+        owner = (group, member)
+        room = self._rooms.get(owner)
+        if (
+            room is None
+            or room.size != len(records)
+            # a record pruned since could still count in this window (a longer period)
+            or room.dropped > now - float(budget.period)
+            or len(room.added) > ROOM_REMAKE_AFTER
+        ):
+            if len(self._rooms) >= 1000:
+                self._rooms.clear()
+            room = self._rooms[owner] = _Room.of(records.values())
+        parts = [room.closed]
+        if room.added:
+            if room.added_after is None:
+                room.added_after = _UsageAfter(
+                    (r.started, r.end(now, running), r.gpus) for r in room.added
+                )
+            parts.append(room.added_after)
+        if room.open:
+            parts.append(
+                _UsageAfter((r.started, r.end(now, running), r.gpus) for r in room.open.values())
+            )
+        return _first_room(parts, budget, now)
+
+    def _owners(self, policy: Policy, record: UsageRecord) -> list[tuple[str, str | None]]:
+        """The owners' keys in ``_rooms`` a record counts for."""
+        owners: list[tuple[str, str | None]] = [
+            (name, None) for name in policy.charged_groups(record.group)
+        ]
+        owners.append((record.group, record.user))
+        return owners
+
+    def _rooms_put(
+        self,
+        policy: Policy,
+        old: UsageRecord | None,
+        record: UsageRecord,
+        closed: UsageRecord | None,
+    ) -> None:
+        """Keep each ``_Room`` in step with ``put``: ``record`` replaced ``old`` (if
+        any) and ended the open record ``closed`` (if any)."""
+        rooms = self._rooms
+        if closed is not None:
+            for owner in self._owners(policy, closed):
+                room = rooms.get(owner)
+                if room is not None:
+                    room.closes(closed)
+        if old is not None:
+            if old is not record and old.ended is not None and old == record:
+                return  # the same closed record read again
+            for owner in self._owners(policy, old):
+                room = rooms.get(owner)
+                if room is None:
+                    continue
+                if old.ended is None and room.open.pop(old.uid, None) is not None:
+                    room.size -= 1
+                else:
+                    del rooms[owner]  # a closed record changed (or reopened): sum again
+        for owner in self._owners(policy, record):
+            room = rooms.get(owner)
+            if room is None:
+                continue
+            room.size += 1
+            if record.ended is None:
+                room.open[record.uid] = record
+            else:
+                room.added.append(record)
+                room.added_after = None
+
     @classmethod
     def for_policy(cls, policy: Policy) -> UsageBook:
         return cls(horizon=longest_period(policy))
@@ -124,6 +378,7 @@ class UsageBook:
         old = self.records.get(record.uid)
         if old is not None:
             self._unindex(policy, old)
+        closed = None
         if record.ended is None:
             earlier = self.open_by_key.get(record.key)
             if earlier is not None and earlier.uid != record.uid:
@@ -131,6 +386,7 @@ class UsageBook:
                 if earlier.started <= record.started:
                     earlier.ended = min(earlier.end(record.started), record.started)
                     del self.open_by_key[record.key]
+                    closed = earlier
                 else:
                     record.ended = min(record.end(earlier.started), earlier.started)
         self.records[record.uid] = record
@@ -139,6 +395,8 @@ class UsageBook:
         self.by_user.setdefault((record.user, record.group), {})[record.uid] = record
         if record.ended is None:
             self.open_by_key[record.key] = record
+        if self._rooms:
+            self._rooms_put(policy, old, record, closed)
 
     def _unindex(self, policy: Policy, record: UsageRecord) -> None:
         for name in policy.charged_groups(record.group):
@@ -153,6 +411,8 @@ class UsageBook:
         record = self.open_by_key.pop(key, None)
         if record is not None:
             record.ended = max(at, record.started)
+            for room in self._rooms.values():
+                room.closes(record)
         return record
 
     def prune(self, policy: Policy, now: float) -> int:
@@ -162,6 +422,11 @@ class UsageBook:
         for record in gone:
             self._unindex(policy, record)
             del self.records[record.uid]
+            for owner in self._owners(policy, record) if self._rooms else ():
+                room = self._rooms.get(owner)
+                if room is not None:
+                    room.size -= 1
+                    room.dropped = max(room.dropped, record.end(now))
         for index in (self.by_group, self.by_user):
             for owner in [o for o, owned in index.items() if not owned]:
                 del index[owner]
@@ -262,27 +527,20 @@ def room_returns(
     stopped now): the first moment a whole record has left the window with room
     to show, rounded up to the minute (room may start to return a little earlier,
     as a record leaves in part). None if nothing ever leaves (no records).
+
+    One sort of the records' starts and ends, then each moment a record leaves is
+    weighed in O(log n) (``_UsageAfter``); ``UsageBook.room_returns`` keeps the sort
+    between calls.
     """
-    period = float(budget.period)
-    spans = [
-        (r.started, r.end(now, running), r.gpus)
-        for r in records
-        if r.end(now, running) > now - period
-    ]
+    floor = now - float(budget.period)
+    spans = []
+    for r in records:
+        end = r.end(now, running)
+        if end > floor:
+            spans.append((r.started, end, r.gpus))
     if not spans:
         return None
-    cap = float(budget.gpu_hours)
-
-    def used_at(t: float) -> float:
-        since = t - period
-        return sum(g * (e - max(s, since)) for s, e, g in spans if e > since) / HOUR
-
-    # usage only leaves the window: each record's end + period is when it is wholly gone
-    for moment in sorted({e + period for _, e, _ in spans}):
-        free = cap - used_at(moment)
-        if free > 1e-9:
-            return math.ceil(moment / 60) * 60.0, free
-    return None
+    return _first_room([_UsageAfter(spans)], budget, now)
 
 
 def format_period(seconds: int) -> str:
@@ -315,11 +573,20 @@ def used_line(owner: str, used: float, budget: Budget) -> str:
     )
 
 
-def exhausted_reason(state: BudgetState, now: float, running: Container[str] = ()) -> str:
+def exhausted_reason(
+    state: BudgetState,
+    now: float,
+    running: Container[str] = (),
+    book: UsageBook | None = None,
+) -> str:
     """``research used 2000.0 of 2000 GPU-hours in the last 30 days; 12.5 free again by
-    2026-12-01 14:00 UTC``."""
+    2026-12-01 14:00 UTC``. With the ``book`` the state's records are in, when room
+    returns is worked out from what the book kept of an earlier refusal."""
     text = used_line(state.owner, state.used, state.budget)
-    room = room_returns(state.records, state.budget, now, running)
+    if book is not None:
+        room = book.room_returns(state.group, state.user, state.budget, now, running)
+    else:
+        room = room_returns(state.records, state.budget, now, running)
     if room is not None:
         when, free = room
         text += f"; {format_hours(free)} free again by {format_time(when)}"
@@ -349,7 +616,7 @@ def budget_refusal(
     running: Container[str] = ledger.charges if ledger is not None else ()
     for state in budgets_of(policy, book, user, group, now, running):
         if state.exhausted:
-            return exhausted_reason(state, now, running)
+            return exhausted_reason(state, now, running, book)
         if state.budget.when_exhausted != "stop" or ledger is None:
             continue
         held = float(
