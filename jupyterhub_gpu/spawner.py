@@ -398,10 +398,20 @@ class GPUKubeSpawner(KubeSpawner):
         policy = self._policy_or_refuse()
         self._refuse_a_site_profile_list()
         try:
-            selection = select(policy, self._user_groups(), self.user_options)
-        except Refused as e:
-            # options of the wrong type are a bad request; the rest is forbidden
-            raise SpawnRefused(str(e), 400 if isinstance(e, Malformed) else 403) from None
+            selection = self._select(policy, self.user_options)
+        except SpawnRefused as e:
+            if not self._options_are_the_saved_ones():
+                raise
+            # A start that sent no options reuses the server's last ones, which may name
+            # a profile from before the policy (or a policy change): treated as absent,
+            # as KubeSpawner's form drops unknown saved options.
+            self.log.info(
+                "%s: the server's saved options are not valid under the GPU policy (%s); "
+                "starting it with the default profile",
+                self._log_name,
+                e,
+            )
+            selection = self._select(policy, {})
         # KubeSpawner applies the profile list (the same offers) to the options as the
         # form would send them, never to the raw input: a JSON number for a choice
         # ("gpus": 1) is the choice "1" to us, and a KeyError in KubeSpawner
@@ -435,6 +445,19 @@ class GPUKubeSpawner(KubeSpawner):
         current = {key: getattr(self, key) for key in _MERGED_TRAITS}
         for key, value in merge_settings(current, self.gpu_shape).items():
             setattr(self, key, value)
+
+    def _select(self, policy: Policy, options: Any) -> Selection:
+        try:
+            return select(policy, self._user_groups(), options)
+        except Refused as e:
+            # options of the wrong type are a bad request; the rest is forbidden
+            raise SpawnRefused(str(e), 400 if isinstance(e, Malformed) else 403) from None
+
+    def _options_are_the_saved_ones(self) -> bool:
+        """Whether this start's options are JupyterHub's saved ones: it reuses a server's
+        last options when a start sends none (a REST start without a body)."""
+        request = getattr(self.handler, "request", None)
+        return request is not None and not request.body
 
     async def _admit(self, policy: Policy, selection: Selection) -> Decision:
         await self._ledger(policy)

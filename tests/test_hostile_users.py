@@ -234,3 +234,34 @@ async def test_bad_spawns_are_refused_one_line_each_and_the_hub_keeps_serving(hu
     assert status in (201, 202), body
     await eventually(has_pod, "a server after the bad spawns")
     assert hub.process.poll() is None
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_a_start_without_options_does_not_reuse_saved_ones_the_policy_does_not_know(
+    hub_factory, core
+):
+    hub = await hub_factory(users={"ann": ["research"]}, policy=POLICY)
+    # a site's profile from before the policy; JupyterHub saves the options it was sent
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "gpu-old"})
+    assert status == 403, body
+    assert body["message"] == "profile 'gpu-old' is not offered to you"
+    # a REST start with no body reuses the saved options: they are treated as absent
+    status, body = await api(hub, "POST", "/users/ann/server")
+    assert status in (201, 202), body
+
+    async def profile_label():
+        pods = (await core.list_namespaced_pod(hub.namespace)).items
+        return pods[0].metadata.labels.get("gpu.jupyterhub.org/profile") if pods else None
+
+    # ann's default profile: the first her groups offer
+    assert await eventually(profile_label, "ann's pod") == "research"
+    log = hub.log_path.read_text(errors="replace")
+    assert "the server's saved options are not valid under the GPU policy" in log
+    assert "profile 'gpu-old' is not offered to you" in log
+    # options a start does send are still checked, saved ones or not
+    status, _ = await api(hub, "DELETE", "/users/ann/server")
+    assert status in (202, 204)
+    await wait_no_pods(core, hub.namespace)
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "gpu-old"})
+    assert status == 403, body
