@@ -512,3 +512,32 @@ async def test_over_limit_stops_are_announced_once_and_forgotten_with_their_pods
     summary = await runtime_rules.run(NOW + timedelta(seconds=3))
     assert summary == "0 stopped, 0 group(s) over limit"
     assert runtime_rules.announced_pods == set()
+
+
+def test_a_server_without_a_labelled_pod_is_in_no_group_whatever_its_slug_says():
+    """max_runtime acts on the pod's group label, never on a parse of the profile slug:
+    a server from before the policy whose slug is ``beta--big`` is not beta's."""
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    state = ServiceState(POLICY)
+    state.server_pods_listed({"ns/b1": server_pod(pod_json("b1", "bob", "beta", 1))})
+    users = [
+        {
+            "name": name,
+            "servers": {
+                "": {
+                    "user_options": {"profile": "beta--big"},
+                    "started": (NOW - timedelta(hours=5)).isoformat(),
+                    "ready": True,
+                    "pending": pending,
+                }
+            },
+        }
+        for name, pending in (("old", None), ("bob", None), ("new", "spawn"))
+    ]
+    state.set_servers(servers_from_users(users))
+    groups = {s.user: s.group for s in state.servers}
+    # bob's pod says beta; old's server has no pod of ours; new's spawn waits for one
+    assert groups == {"old": None, "bob": "beta", "new": "beta"}
+    overdue = rules.overdue(POLICY, state.servers, NOW)
+    assert [s.user for s, _ in overdue] == ["bob"]

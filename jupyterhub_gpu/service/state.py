@@ -199,10 +199,12 @@ class ServiceState:
     def set_servers(self, servers: list[Server]) -> None:
         """The hub's servers, each charged to the group its pod is labelled with.
 
-        The hub reports a server's group only through the profile in its
-        ``user_options``, which are empty for a spawn of the default profile, and
-        after a hub restart; the pod's labels say it always. ``user_options`` count
-        only for a server with no pod (yet).
+        The pod's group label is the authority: every rule that acts on a server
+        (max_runtime, idle) acts only on one whose pod says its group. The profile
+        in ``user_options`` names a group only for a spawn that has no pod yet
+        (its place in its group's waiting line); a running server without a
+        labelled pod (one started before the policy, whose slug such as
+        ``lab--big`` may look like one of ours) belongs to no group here.
         """
         pods = {
             (p.user, p.servername): p
@@ -213,6 +215,8 @@ class ServiceState:
             replace(s, group=pod.charge.group, profile=pod.profile or s.profile)
             if (pod := pods.get((s.user, s.name))) and pod.charge
             else s
+            if s.pending == "spawn"
+            else replace(s, group=None)
             for s in servers
         ]
         self.servers = servers

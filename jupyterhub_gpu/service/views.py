@@ -54,7 +54,9 @@ class Server:
 
     user: str
     name: str  # "" for the default server
-    group: str | None  # from the profile slug "<group>--<profile>"; None: not ours
+    #: the group its pod is labelled with; for a spawn without a pod yet, the one its
+    #: options name ("<group>--<profile>"); None: not charged to any group
+    group: str | None
     profile: str | None
     started: datetime | None
     ready: bool
