@@ -225,6 +225,15 @@ def test_the_scheduler_may_be_named_alone_in_the_trait_as_in_the_model(tmp_path)
             "hub.config.KubeSpawner.profile_list has 1 profile and hub.config.GPUPolicy is set",
         ),
         (
+            {
+                "policy": GOOD,
+                "extra_config": 'c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}\n'
+                "from jupyterhub_gpu.config.hubconfig import check_policy\ncheck_policy(c)\n",
+            },
+            "hub.config.KubeSpawner.extra_resource_limits.nvidia.com/gpu: a GPU resource in a "
+            "setting every server gets",
+        ),
+        (
             {"policy": GOOD, "service_settings": {"reconcile_dry_rn": True}},
             "hub.config.GPUService.reconcile_dry_rn: unknown setting; did you mean "
             "reconcile_dry_run?",
@@ -284,3 +293,38 @@ async def test_a_hub_with_no_policy_says_the_policy_is_missing(caplog):
     assert "no GPU policy is configured on this hub" in str(refused.value)
     assert "ask an admin to add you to a group" not in str(refused.value)
     assert "has no profiles" in caplog.text
+
+
+def test_gpus_in_settings_every_server_gets_are_errors_with_their_key_paths(tmp_path):
+    # GPUs belong to the policy: a site-wide GPU would reach every policy pod, a CPU
+    # profile's included, and be charged nothing
+    policy = {
+        **GOOD,
+        "flavors": {"shared": {"kind": "timeslice", "replicas": 4, "resource": "acme.com/vgpu"}},
+    }
+    values = {
+        "singleuser": {
+            "extraResource": {
+                "limits": {"nvidia.com/gpu": "1", "example.com/fpga": "1"},
+                "guarantees": {"acme.com/vgpu": "1"},
+            },
+            "extraContainerConfig": {"resources": {"requests": {"nvidia.com/mig-1g.5gb": 1}}},
+            "extraPodConfig": {"resourceClaims": [{"name": "gpu"}]},
+        },
+        "hub": {"config": {"GPUPolicy": policy}},
+    }
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    fix = "a GPU resource in a setting every server gets; with the GPU policy, GPUs belong"
+    for path in (
+        "singleuser.extraResource.limits.nvidia.com/gpu",
+        "singleuser.extraResource.guarantees.acme.com/vgpu",  # the policy's own flavor
+        "singleuser.extraContainerConfig.resources.requests.nvidia.com/mig-1g.5gb",
+        "singleuser.extraPodConfig.resourceClaims",
+    ):
+        assert f"{path}: {fix}" in result.stderr
+    # other extended resources are the site's to give
+    assert "example.com/fpga" not in result.stderr
+    del values["singleuser"]
+    values["singleuser"] = {"extraResource": {"limits": {"example.com/fpga": "1"}}}
+    assert check(tmp_path, values).returncode == 0

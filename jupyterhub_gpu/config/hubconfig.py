@@ -119,4 +119,9 @@ def check_z2jh_values() -> None:
         print(f"jupyterhub-gpu: {e}; the hub will not start", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     sections = get_config("hub.config", None) or {}
-    check_policy(config, setup=setup_errors(sections, get_config("singleuser.profileList", None)))
+    check_policy(
+        config,
+        setup=setup_errors(
+            sections, get_config("singleuser.profileList", None), get_config("singleuser", None)
+        ),
+    )

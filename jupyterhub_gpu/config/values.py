@@ -102,13 +102,16 @@ def site_profile_list(
     return found
 
 
-def setup_errors(sections: Mapping[str, Any], profile_list: Any = None) -> list[str]:
+def setup_errors(
+    sections: Mapping[str, Any], profile_list: Any = None, singleuser: Any = None
+) -> list[str]:
     """Hub settings that would start a hub where no spawn can work, each in words.
 
-    ``sections`` is ``hub.config`` (or a plain config's sections) and
-    ``profile_list`` the chart's ``singleuser.profileList``, if any.
+    ``sections`` is ``hub.config`` (or a plain config's sections),
+    ``profile_list`` the chart's ``singleuser.profileList`` and ``singleuser`` the
+    chart's ``singleuser`` values, if any.
     """
-    errors = []
+    errors = site_gpu_resource_errors(sections, singleuser)
     jupyterhub = sections.get("JupyterHub") or {}
     gpu_spawner = isinstance(jupyterhub, Mapping) and uses_gpu_spawner(
         jupyterhub.get("spawner_class")
@@ -157,7 +160,80 @@ def values_setup_errors(values: Mapping[str, Any]) -> list[str]:
     sections = (hub.get("config") if isinstance(hub, Mapping) else None) or {}
     singleuser = values.get("singleuser") or {}
     profile_list = singleuser.get("profileList") if isinstance(singleuser, Mapping) else None
-    return setup_errors(sections if isinstance(sections, Mapping) else {}, profile_list)
+    return setup_errors(sections if isinstance(sections, Mapping) else {}, profile_list, singleuser)
+
+
+#: resource names that are GPUs whatever the policy's flavors say
+_GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
+
+
+def site_gpu_resource_errors(sections: Mapping[str, Any], singleuser: Any = None) -> list[str]:
+    """An error for each GPU resource in a setting every server gets.
+
+    With the policy, GPUs belong to its flavors and profiles: a site-wide
+    ``singleuser.extraResource`` (KubeSpawner's ``extra_resource_*``), or GPUs in
+    ``extra_pod_config`` / ``extra_container_config``, would be added to every
+    policy pod, so a CPU-only profile's server would ask for a GPU and be charged
+    none. A GPU resource is one a flavor names, or any NVIDIA, AMD or Intel GPU
+    resource.
+    """
+    policy = sections.get("GPUPolicy")
+    if not isinstance(policy, Mapping):
+        return []
+    flavors = policy.get("flavors") or {}
+    named = {
+        str(f["resource"])
+        for f in (flavors.values() if isinstance(flavors, Mapping) else ())
+        if isinstance(f, Mapping) and f.get("resource")
+    }
+
+    def is_gpu(resource: Any) -> bool:
+        return str(resource) in named or str(resource).startswith(_GPU_RESOURCE_PREFIXES)
+
+    fix = (
+        "with the GPU policy, GPUs belong to its flavors and profiles (a CPU profile's "
+        "server would ask for this GPU and be charged none): remove it here and give "
+        "GPUs through GPUPolicy.profiles"
+    )
+    found: list[str] = []
+
+    def resources(path: str, amounts: Any) -> None:
+        if isinstance(amounts, Mapping):
+            found.extend(f"{path}.{name}" for name in amounts if is_gpu(name))
+
+    def pod_config(path: str, config: Any) -> None:
+        if isinstance(config, Mapping):
+            for key in ("resourceClaims", "resource_claims"):
+                if config.get(key):
+                    found.append(f"{path}.{key}")
+
+    def container_config(path: str, config: Any) -> None:
+        if isinstance(config, Mapping) and isinstance(config.get("resources"), Mapping):
+            for kind in ("limits", "requests", "claims"):
+                amounts = config["resources"].get(kind)
+                if kind == "claims":
+                    if amounts:
+                        found.append(f"{path}.resources.claims")
+                else:
+                    resources(f"{path}.resources.{kind}", amounts)
+
+    if isinstance(singleuser, Mapping):
+        extra = singleuser.get("extraResource")
+        if isinstance(extra, Mapping):
+            resources("singleuser.extraResource.limits", extra.get("limits"))
+            resources("singleuser.extraResource.guarantees", extra.get("guarantees"))
+        pod_config("singleuser.extraPodConfig", singleuser.get("extraPodConfig"))
+        container_config("singleuser.extraContainerConfig", singleuser.get("extraContainerConfig"))
+    for section in ("KubeSpawner", "GPUKubeSpawner"):
+        settings = sections.get(section)
+        if not isinstance(settings, Mapping):
+            continue
+        path = f"hub.config.{section}"
+        for trait in ("extra_resource_limits", "extra_resource_guarantees"):
+            resources(f"{path}.{trait}", settings.get(trait))
+        pod_config(f"{path}.extra_pod_config", settings.get("extra_pod_config"))
+        container_config(f"{path}.extra_container_config", settings.get("extra_container_config"))
+    return [f"{path}: a GPU resource in a setting every server gets; {fix}" for path in found]
 
 
 def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
