@@ -188,6 +188,10 @@ def cmd_manifests(args: argparse.Namespace) -> int:
         *rbac_objects(args.hub_namespace, args.service_account),
         *desired_objects(policy, args.hub_namespace, args.service_account),
     ]
+    if args.for_removal:
+        # `... | kubectl delete -f -` must never take a group's namespace with it: that
+        # would delete its running servers and their volumes
+        objects = [o for o in objects if o.get("kind") != "Namespace"]
 
     class NoAliases(yaml.SafeDumper):
         def ignore_aliases(self, data):  # a GitOps reader wants each object whole
@@ -269,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--service-account",
         default="hub",
         help="the hub's service account, which the service shares (default: hub)",
+    )
+    m.add_argument(
+        "--for-removal",
+        action="store_true",
+        help="leave out the groups' namespaces, for `| kubectl delete -f -` when removing "
+        "the bundle: deleting a namespace deletes the servers and volumes in it; delete "
+        "each yourself once it holds no pods or persistent volume claims",
     )
     m.set_defaults(func=cmd_manifests)
 
