@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -42,6 +42,7 @@ from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
 from .config.values import site_profile_list_error
 from .core.admission import Charge, Decision, Ledger
+from .core.adoption import UNLABELLED_SERVERS, adopt, username_of
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
 from .core.manifests import IN_QUOTA_PRIORITY, OVER_QUOTA_PRIORITY
@@ -58,6 +59,7 @@ from .core.pending import (
     workload_of,
 )
 from .core.profiles import profile_entry, without_overrides
+from .core.quantities import format_gpus
 from .core.selection import Malformed, Refused, Selection, offers, select
 from .core.shaping import (
     GROUP_LABEL,
@@ -195,6 +197,8 @@ class GPUKubeSpawner(KubeSpawner):
     _queue_read_refused: set[tuple[str, str, str]] = set()
     #: KubeSpawner is applying validated options (it reads the profile list for them)
     _gpu_applying_options: bool = False
+    #: servers from before the policy whose charge the hub log has told (once each)
+    _adoptions_logged: set[str] = set()
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -267,7 +271,7 @@ class GPUKubeSpawner(KubeSpawner):
         return [self.namespace]
 
     async def _charges_from_pods(self, policy: Policy) -> list[Charge]:
-        charges = []
+        charges = await self._adopted_charges(policy)
         for namespace in self._namespaces(policy):
             try:
                 pods = await self.api.list_namespaced_pod(
@@ -289,11 +293,76 @@ class GPUKubeSpawner(KubeSpawner):
                     charges.append(charge)
         return charges
 
+    async def _adopted_charges(self, policy: Policy) -> list[Charge]:
+        """The charges of servers started before the policy (see ``core.adoption``):
+        KubeSpawner's server pods in the hub's namespace without the policy's labels."""
+        try:
+            pods = await self.api.list_namespaced_pod(
+                self._hub_namespace,
+                label_selector=UNLABELLED_SERVERS,
+                _request_timeout=self.k8s_api_request_timeout,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        listed = [self.api.api_client.sanitize_for_serialization(p) for p in pods.items]
+        groups = self._hub_groups({username_of(p) for p in listed} - {""})
+        charges = []
+        for pod in listed:
+            adopted = adopt(policy, pod, groups.get(username_of(pod), ()))
+            if adopted is None:
+                continue
+            if adopted.key not in GPUKubeSpawner._adoptions_logged:
+                GPUKubeSpawner._adoptions_logged.add(adopted.key)
+                held = f"{format_gpus(adopted.request.gpus)} GPUs" + (
+                    f" of flavor {adopted.flavor}" if adopted.flavor else ""
+                )
+                if adopted.group is not None:
+                    self.log.info(
+                        "Server pod %s of %s, started before the GPU policy (%s), is charged "
+                        "to %s: %s",
+                        adopted.key,
+                        adopted.user,
+                        held,
+                        adopted.group,
+                        adopted.why,
+                    )
+                else:
+                    self.log.warning(
+                        "Server pod %s of %s, started before the GPU policy (%s), is charged "
+                        "to no group: %s. Set GPUPolicy.adopted_servers_group to charge such "
+                        "servers, or ask the user to restart it through a policy profile.",
+                        adopted.key,
+                        adopted.user,
+                        held,
+                        adopted.why,
+                    )
+            if adopted.charge is not None:
+                charges.append(adopted.charge)
+        return charges
+
+    def _hub_groups(self, users: Iterable[str]) -> dict[str, list[str]]:
+        """Each user's JupyterHub groups, from the hub's database (none offline)."""
+        db = getattr(self.user, "db", None)
+        if db is None:
+            return {}
+        from jupyterhub import orm
+
+        found = {}
+        for name in users:
+            user = orm.User.find(db, name)
+            found[name] = [g.name for g in user.groups] if user is not None else []
+        return found
+
     def __init__(self, *args: Any, admission: SpawnAdmission | None = None, **kwargs: Any) -> None:
         """``admission``: this spawner's own instead of the hub's shared one (offline
         rendering admits against an empty cluster of its own)."""
         self._own_admission = admission
         super().__init__(*args, **kwargs)
+        # the namespace the chart configured: where servers from before the policy run
+        # (a spawn may move this spawner's own namespace to its group's)
+        self._hub_namespace = self.namespace
         # Rebuild the ledger as soon as the hub makes its first GPU spawner (at hub start
         # for running servers, or at a user's first request), not when the first spawn
         # reaches start(): in a storm of spawns JupyterHub's own per-spawn work comes

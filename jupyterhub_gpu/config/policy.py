@@ -134,6 +134,23 @@ class GPUPolicy(Configurable):
         """,
     ).tag(config=True)
 
+    adopted_servers_group = Unicode(
+        None,
+        allow_none=True,
+        help="""
+        The group charged for a running server that was started before the policy
+        (by stock KubeSpawner, so its pod has none of the policy's labels), when
+        the user's groups do not single one out.
+
+        Such servers are found when the hub starts and counted from then on, so a
+        group cannot be admitted its whole quota on top of them: each is charged
+        to the only one of its user's groups that offers its GPU flavor (for a
+        server without GPUs, the only one that offers a profile without GPUs);
+        otherwise to this group; with neither, to no group (the hub log names
+        it). They are never stopped or preempted because of the switch.
+        """,
+    ).tag(config=True)
+
     accounting_url = Unicode(
         "sqlite:///jupyterhub-gpu-usage.sqlite",
         help="""
@@ -180,6 +197,7 @@ class GPUPolicy(Configurable):
         "namespace_per_group",
         "namespace_prefix",
         "extra_labels",
+        "adopted_servers_group",
     )
     def _settings_changed(self, change) -> None:
         self._model = None  # the next read of ``model`` checks the new settings
@@ -201,6 +219,7 @@ class GPUPolicy(Configurable):
                     namespace_per_group=self.namespace_per_group,
                     namespace_prefix=self.namespace_prefix,
                     extra_labels=self.extra_labels,
+                    adopted_servers_group=self.adopted_servers_group,
                 )
             except PolicyError as e:
                 raise PolicyError(unknown + e.errors) from None

@@ -321,6 +321,9 @@ class Policy:
     namespace_per_group: bool = False
     namespace_prefix: str = "jupyterhub-gpu-"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    #: the group charged for a server started before the policy when the user's groups
+    #: do not single one out (None: such a server is not charged to any group)
+    adopted_servers_group: str | None = None
     #: what selection.offers computes per (group, profile): a pure function of the
     #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -969,6 +972,7 @@ def parse_policy(
     namespace_per_group: Any = False,
     namespace_prefix: Any = "jupyterhub-gpu-",
     extra_labels: Any = None,
+    adopted_servers_group: Any = None,
     prefix: str = PREFIX,
 ) -> Policy:
     """Check every part of a policy; return the model or raise PolicyError with all problems."""
@@ -1012,6 +1016,15 @@ def parse_policy(
                 f"unknown placeholder {err} (use {{username}}, {{group}}, {{profile}}, "
                 "{{flavor}} or {{servername}})",
             )
+    if adopted_servers_group is not None and adopted_servers_group not in (
+        *parsed_groups,
+        "everyone",
+    ):
+        known = ", ".join([*parsed_groups, "everyone"])
+        e.add(
+            "adopted_servers_group",
+            f"expected one of the policy's groups ({known}), got {adopted_servers_group!r}",
+        )
     if e.items:
         raise PolicyError(e.items)
     assert every is not None
@@ -1025,6 +1038,7 @@ def parse_policy(
         namespace_per_group=namespace_per_group,
         namespace_prefix=str(namespace_prefix),
         extra_labels=labels,
+        adopted_servers_group=adopted_servers_group,
     )
 
 

@@ -1,0 +1,99 @@
+"""Adopting on a live hub, and rolling back, with a real hub on the local cluster.
+
+A hub runs stock KubeSpawner with a site's own GPU profile; ann starts a server
+holding a GPU. The hub is switched to GPUKubeSpawner with a policy (as `helm
+upgrade` restarts it): ann's server keeps running and counts against her group's
+quota from the first minute; it stops cleanly and frees the quota. Then the hub is
+switched back: servers start and stop as before, and nothing was deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hub_helpers import api, ready, wait_no_pods
+from kube_helpers import GPU_TOLERATION, eventually
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+#: the site's profile list before the policy: a GPU through KubeSpawner's own settings
+STOCK_PROFILES = f"""
+c.KubeSpawner.profile_list = [{{
+    "display_name": "Old GPU",
+    "slug": "gpu-old",
+    "kubespawner_override": {{
+        "cpu_guarantee": 0.1,
+        "mem_guarantee": "128M",
+        "extra_resource_guarantees": {{"nvidia.com/gpu": "1"}},
+        "extra_resource_limits": {{"nvidia.com/gpu": "1"}},
+        "tolerations": [{GPU_TOLERATION!r}],
+    }},
+}}]
+"""
+POLICY = {
+    "flavors": {"gpu": {"kind": "gpu"}},
+    "profiles": {"gpu": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "gpu"}}},
+    "groups": {"lab": {"quota": {"gpus": 1}, "profiles": ["gpu"]}},
+}
+
+
+async def switch(hub, *, policy, extra_config) -> None:
+    """Restart the hub with other settings, its servers left running (``helm upgrade``)."""
+    hub.policy = policy
+    hub.extra_config = extra_config
+    await asyncio.to_thread(hub.restart)
+
+
+async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_back(
+    hub_factory, core
+):
+    hub = await hub_factory(
+        users={"ann": ["lab"], "bob": ["lab"]},
+        extra_config=STOCK_PROFILES,
+        cleanup_servers=False,
+    )
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "gpu-old"})
+    assert status in (201, 202), body
+    await eventually(lambda: ready(hub, "ann"), "ann's stock server to be ready", within=120)
+    (old_pod,) = (await core.list_namespaced_pod(hub.namespace)).items
+    assert "gpu.jupyterhub.org/group" not in (old_pod.metadata.labels or {})
+
+    await switch(hub, policy=POLICY, extra_config="")
+    # ann's GPU counts against lab's quota of 1 from the hub's first minute
+    status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
+    assert status == 403, body
+    assert body["message"].startswith("lab has 1 of 1 GPUs in use"), body
+    log = hub.log_path.read_text(errors="replace")
+    assert (
+        f"Server pod {hub.namespace}/{old_pod.metadata.name} of ann, started before the GPU policy"
+        in log
+    )
+    assert "is charged to lab: the only one of ann's groups that offers flavor gpu" in log
+    # ...and keeps running, untouched
+    assert await ready(hub, "ann")
+    pod = await core.read_namespaced_pod(old_pod.metadata.name, hub.namespace)
+    assert pod.metadata.uid == old_pod.metadata.uid
+    assert pod.metadata.deletion_timestamp is None
+
+    # it stops cleanly, and its GPU is lab's again
+    status, _ = await api(hub, "DELETE", "/users/ann/server")
+    assert status in (202, 204)
+    await wait_no_pods(core, hub.namespace)
+    status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
+    assert status in (201, 202), body
+    await eventually(lambda: ready(hub, "bob"), "bob's policy server to be ready", within=120)
+
+    # rolling back: stock KubeSpawner again; bob's policy server keeps running, ann's
+    # stock profile starts and stops, and nothing was deleted
+    await switch(hub, policy=None, extra_config=STOCK_PROFILES)
+    assert await ready(hub, "bob")
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "gpu-old"})
+    assert status in (201, 202), body
+    await eventually(lambda: ready(hub, "ann"), "ann's stock server to start again", within=120)
+    for user in ("ann", "bob"):
+        status, _ = await api(hub, "DELETE", f"/users/{user}/server")
+        assert status in (202, 204)
+    await wait_no_pods(core, hub.namespace)
+    assert (await core.read_namespace(hub.namespace)).status.phase == "Active"
