@@ -541,3 +541,31 @@ def test_a_server_without_a_labelled_pod_is_in_no_group_whatever_its_slug_says()
     assert groups == {"old": None, "bob": "beta", "new": "beta"}
     overdue = rules.overdue(POLICY, state.servers, NOW)
     assert [s.user for s, _ in overdue] == ["bob"]
+
+
+def test_max_runtime_counts_from_the_pods_start_not_from_the_time_queued():
+    """A server that waited four hours in its scheduler's queue (the hub's ``started`` is
+    when the spawn began) and has run for 30 minutes is not past beta's 1 h."""
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    state = ServiceState(POLICY)
+    pods = {}
+    for user, ran in (("queued", 30), ("long", 90)):
+        pod = pod_json(f"b-{user}", user, "beta", 1)
+        pod["status"]["startTime"] = (NOW - timedelta(minutes=ran)).isoformat()
+        pods[f"ns/b-{user}"] = server_pod(pod)
+    state.server_pods_listed(pods)
+    spawned = (NOW - timedelta(hours=4)).isoformat()
+    state.set_servers(
+        servers_from_users(
+            [
+                {
+                    "name": user,
+                    "servers": {"": {"user_options": {}, "started": spawned, "ready": True}},
+                }
+                for user in ("queued", "long")
+            ]
+        )
+    )
+    overdue = rules.overdue(POLICY, state.servers, NOW)
+    assert [(s.user, s.started) for s, _ in overdue] == [("long", NOW - timedelta(minutes=90))]

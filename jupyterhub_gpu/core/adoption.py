@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from .admission import IN_QUOTA, Charge
+from .capacity import pod_requests
 from .model import Flavor, Policy
-from .quantities import parse_bytes, parse_millicores
 from .selection import SHARED_KINDS, Request, offers
 from .shaping import GROUP_LABEL
 
@@ -72,22 +71,6 @@ def is_gpu_resource(policy: Policy, name: str) -> bool:
     return name in named or name.startswith(GPU_RESOURCE_PREFIXES)
 
 
-def _requested(pod: Mapping[str, Any]) -> tuple[dict[str, int], int, int]:
-    """Extended resources (limits, summed over containers), CPU millicores, memory bytes."""
-    extended: dict[str, int] = {}
-    cpu = memory = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        requests = resources.get("requests") or {}
-        limits = resources.get("limits") or {}
-        cpu += parse_millicores(requests.get("cpu", limits.get("cpu", 0)))
-        memory += parse_bytes(requests.get("memory", limits.get("memory", 0)))
-        for name, amount in {**requests, **limits}.items():
-            if name not in ("cpu", "memory", "ephemeral-storage"):
-                extended[name] = extended.get(name, 0) + int(Fraction(str(amount)))
-    return extended, cpu, memory
-
-
 def _flavor_for(policy: Policy, pod: Mapping[str, Any], resource: str) -> Flavor | None:
     candidates = sorted(
         (f for f in policy.flavors.values() if f.resource == resource and f.kind != "fraction"),
@@ -129,12 +112,14 @@ def adopt(policy: Policy, pod: Mapping[str, Any], user_groups: Iterable[str]) ->
         return None
     key = f"{metadata.get('namespace')}/{metadata.get('name')}"
     user = username_of(pod)
-    extended, cpu, memory = _requested(pod)
+    requested = pod_requests(pod)
+    cpu = int(requested.pop("cpu", 0) * 1000)
+    memory = int(requested.pop("memory", 0))
 
     def charged(request: Request, flavor: Flavor | None, group: str | None, why: str):
         return Adoption(key, user, request, flavor.name if flavor else None, group, why)
 
-    gpus = {name: n for name, n in extended.items() if n and is_gpu_resource(policy, name)}
+    gpus = {name: int(n) for name, n in requested.items() if n and is_gpu_resource(policy, name)}
     flavor = None
     request = Request(cpu=cpu, memory=memory)
     if len(gpus) > 1:

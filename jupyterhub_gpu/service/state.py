@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from ..core.admission import Charge, Ledger
+from ..core.adoption import USERNAME_ANNOTATION
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.model import Policy
@@ -36,7 +37,6 @@ from .views import Notice, Server, Snapshot, waiting_lines
 
 log = logging.getLogger("jupyterhub_gpu.service")
 
-USERNAME_ANNOTATION = "hub.jupyter.org/username"
 SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
 _FINISHED = ("Succeeded", "Failed")
 
@@ -53,6 +53,8 @@ class ServerPod:
     profile: str | None = None  # the profile label
     #: the GPU time it is recording (None: no GPUs, or not started yet)
     usage: UsageRecord | None = None
+    #: when the pod started (``status.startTime``: after any time in a scheduler's queue)
+    started: datetime | None = None
 
 
 def server_pod(pod: Mapping[str, Any]) -> ServerPod:
@@ -65,6 +67,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         log.warning("%s; it is not counted", e)
         charge = None
     created = metadata.get("creationTimestamp")
+    started = (pod.get("status") or {}).get("startTime")
     try:
         usage = usage_record_from_pod(pod)
     except ValueError:
@@ -74,10 +77,15 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         charge=charge,
         user=annotations.get(USERNAME_ANNOTATION) or (charge.user if charge else None),
         servername=annotations.get(SERVERNAME_ANNOTATION, ""),
-        created=datetime.fromisoformat(created.replace("Z", "+00:00")) if created else None,
+        created=_timestamp(created),
         profile=(metadata.get("labels") or {}).get(PROFILE_LABEL),
         usage=usage,
+        started=_timestamp(started),
     )
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
 def _node_requests(pod: Mapping[str, Any] | None, resources: set[str]):
@@ -212,7 +220,14 @@ class ServiceState:
             if p.charge is not None
         }
         servers = [
-            replace(s, group=pod.charge.group, profile=pod.profile or s.profile)
+            # a server's runtime counts from its pod's start, not from the spawn: time
+            # waiting in a scheduler's queue is not runtime
+            replace(
+                s,
+                group=pod.charge.group,
+                profile=pod.profile or s.profile,
+                started=pod.started or s.started,
+            )
             if (pod := pods.get((s.user, s.name))) and pod.charge
             else s
             if s.pending == "spawn"
