@@ -52,3 +52,25 @@ def test_showback_sums_a_month_by_group_user_and_flavor_cutting_at_its_edges():
 def test_a_bad_month_names_the_format(month):
     with pytest.raises(ShowbackError, match="month: expected YYYY-MM"):
         month_bounds(month)
+
+
+def test_the_showback_csv_never_hands_a_spreadsheet_a_formula():
+    import csv
+    import io
+
+    from jupyterhub_gpu.service.time_views import showback_csv
+    from jupyterhub_gpu.service.views import Viewer
+
+    since, until = month_bounds("2026-11")
+    names = ['=HYPERLINK("http://x","y")', "+1", "-2", "@SUM(A1)", "ann"]
+    records = [record(str(i), name, "lab", "a100", 1, NOV, NOV + H) for i, name in enumerate(names)]
+    text = showback_csv(
+        "2026-11",
+        showback(records, since, until, now=until),
+        Viewer("root", admin=True),
+        True,
+        None,
+    )
+    users = [row["user"] for row in csv.DictReader(io.StringIO(text))]
+    # each name is there, whole, behind an apostrophe that makes it text
+    assert sorted(users) == sorted(["'" + n for n in names[:4]] + ["ann"])

@@ -85,6 +85,16 @@ def showback_json(
     }
 
 
+#: what a spreadsheet takes as the start of a formula in a cell (CSV injection)
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(text: str) -> str:
+    """A name as a spreadsheet shows it, never as a formula it runs: a username such as
+    ``=HYPERLINK(...)`` comes from the identity provider, not from the admin."""
+    return f"'{text}" if text.startswith(_FORMULA_STARTS) else text
+
+
 def showback_csv(
     month: str, result: Showback, viewer: Viewer, admin: bool, groups: set[str] | None
 ) -> str:
@@ -108,9 +118,9 @@ def showback_csv(
         writer.writerow(
             [
                 month,
-                group,
-                user,
-                flavor,
+                _cell(group),
+                _cell(user),
+                _cell(flavor),
                 f"{hours:.4f}",
                 f"{measured:.4f}" if known else "",
                 f"{utilised:.4f}" if known else "",
