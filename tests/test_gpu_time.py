@@ -198,6 +198,20 @@ async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_f
     status, _, body = await aget(hub.service_url + "api/showback", token)
     assert status == 503
     assert "the GPU usage database (sqlite:////proc/no-such-folder/usage.sqlite)" in body
+    # a user who is not an admin is told that it is down, not where it lives
+    ann = await user_token(hub, "ann")
+    view, _ = await usage(hub, ann)
+    assert view["gpu_hours"]["accounting"]["ok"] is False
+    assert view["gpu_hours"]["accounting"]["error"] == (
+        "the GPU usage database cannot be read now; an admin can see why"
+    )
+    for path in ("api/showback", "api/history?group=lab"):
+        status, _, body = await aget(hub.service_url + path, ann)
+        assert status == 503, path
+        assert "cannot be read now" in body
+        assert "no-such-folder" not in body
+    status, _, page = await aget(hub.service_url, ann)
+    assert "no-such-folder" not in page
     # an admin who prefers availability says so: the spawn goes ahead unchecked
     hub.extra_config += "c.GPUPolicy.accounting_fail_open = True\n"
     await asyncio.to_thread(hub.restart)

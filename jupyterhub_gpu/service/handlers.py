@@ -32,9 +32,15 @@ from ..core.selection import shown
 from ..core.showback import ShowbackError
 from .page import render_page
 from .time_views import showback_csv
-from .views import Viewer
+from .views import DATABASE_UNAVAILABLE, Viewer
 
 access_log = logging.getLogger("jupyterhub_gpu.service.access")
+
+
+def unavailable(error: AccountingUnavailable, viewer: Viewer) -> web.HTTPError:
+    """503 with the database's own words for admins (they name its host), a plain
+    sentence for everyone else."""
+    return web.HTTPError(503, str(error) if viewer.admin else DATABASE_UNAVAILABLE)
 
 
 def log_request(handler: web.RequestHandler) -> None:
@@ -172,7 +178,7 @@ class HistoryHandler(APIHandler):
         except ShowbackError as e:
             raise web.HTTPError(400, str(e)) from None
         except AccountingUnavailable as e:
-            raise web.HTTPError(503, str(e)) from None
+            raise unavailable(e, self.viewer()) from None
         hours = service.gpu_time.snapshot.groups.get(group.name)
         self.write_json(
             {
@@ -208,7 +214,7 @@ class ShowbackHandler(APIHandler):
         except ShowbackError as e:
             raise web.HTTPError(400, str(e)) from None
         except AccountingUnavailable as e:
-            raise web.HTTPError(503, str(e)) from None
+            raise unavailable(e, viewer) from None
         # an admin's answer is every admin's: rendered once until the next pass
         rendered = gpu_time.rendered.get((month, output)) if admin else None
         if rendered is None:

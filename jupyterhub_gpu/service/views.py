@@ -308,6 +308,11 @@ def usage_view(
     }
 
 
+#: what a user who is not an admin is told when the usage database cannot be read (its
+#: own error names the database's host and user)
+DATABASE_UNAVAILABLE = "the GPU usage database cannot be read now; an admin can see why"
+
+
 def gpu_hours_view(gpu_time: Any, groups: Sequence[Group], viewer: Viewer) -> dict[str, Any]:
     """GPU-hours used in each visible group's window and its budget, and the viewer's own
     in each of their groups; and whether the usage database can be read."""
@@ -329,7 +334,10 @@ def gpu_hours_view(gpu_time: Any, groups: Sequence[Group], viewer: Viewer) -> di
         "mine": mine,
         "accounting": {
             "ok": gpu_time.error is None,
-            "error": gpu_time.error,
+            # the database's own words name its host and user: admins only
+            "error": gpu_time.error
+            if viewer.admin or gpu_time.error is None
+            else DATABASE_UNAVAILABLE,
             # what a GPU spawn of a group with a budget does while the database is down
             "when_unavailable": "admit" if gpu_time.fail_open else "refuse",
         },
