@@ -18,12 +18,13 @@ are epoch seconds.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Container, Iterable
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate, chain
-from operator import mul, neg, sub
+from operator import le, mul, neg, sub
 from typing import Any
 
 from .admission import Ledger
@@ -88,9 +89,9 @@ def gpu_hours(
 
 
 class _UsageAfter:
-    """What a fixed set of spans ``(start, end, gpus)`` counts in a window opening at
-    any moment ``x``: the GPU-equivalent-seconds ``sum(gpus * (end - max(start, x)))``
-    over the spans with ``end > x``, in O(log n) per moment after one sort.
+    """What a fixed set of spans counts in a window opening at any moment ``x``: the
+    GPU-equivalent-seconds ``sum(gpus * (end - max(start, x)))`` over the spans with
+    ``end > x``, in O(log n) per moment after one sort.
 
     A span adds its GPUs to the rate of use from its start to its end, so what it
     counts after ``x`` is the integral of the rate from ``x`` on: kept at every start
@@ -101,46 +102,57 @@ class _UsageAfter:
 
     __slots__ = ("ends", "nonnegative", "rates", "step_after", "step_ends", "tail", "times")
 
-    def __init__(self, spans: Iterable[tuple[float, float, float]]) -> None:
-        starts: list[float] = []
-        stops: list[float] = []
-        changes: list[float] = []
-        ends: list[float] = []
+    def __init__(self, starts: list[float], ends: list[float], gpus: list[float]) -> None:
         steps: list[tuple[float, float]] = []
-        for start, end, gpus in spans:
-            ends.append(end)
-            if end > start:
-                starts.append(start)
-                stops.append(end)
-                changes.append(gpus)
-            elif end < start:
-                steps.append((end, gpus * (end - start)))
+        if not all(map(le, starts, ends)):
+            proper = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if s <= e]
+            steps = sorted(
+                (ends[i], gpus[i] * (ends[i] - starts[i]))
+                for i in range(len(ends))
+                if ends[i] < starts[i]
+            )
+            starts, gpus = [starts[i] for i in proper], [gpus[i] for i in proper]
+            ends, spans_ends = [ends[i] for i in proper], ends
+        else:
+            spans_ends = ends
+        # (built as lists, kept as arrays: a third of the memory, for a year of records)
         #: the spans' ends in order: the moments room can return (each + the period)
-        self.ends = sorted(ends)
+        self.ends = array("d", sorted(spans_ends))
         #: no span holds fewer than no GPUs: between the steps' ends, less is counted the
         #: later the window opens, and the first moment with room can be bisected for
-        self.nonnegative = all(g >= 0 for g in changes)
+        self.nonnegative = not gpus or min(gpus) >= 0
         # each span's start raises the rate by its GPUs, its end lowers it again
-        times = starts + stops
-        changes = [*changes, *map(neg, changes)]
+        times = starts + ends
+        changes = [*gpus, *map(neg, gpus)]
         order = sorted(range(len(times)), key=times.__getitem__)
-        #: every start and end, in order; the rate of use from each to the next
-        self.times = list(map(times.__getitem__, order))
-        self.rates = list(accumulate(map(changes.__getitem__, order)))
+        times = list(map(times.__getitem__, order))
+        rates = list(accumulate(map(changes.__getitem__, order)))
         # the use from each time to the next, then summed from the latest back:
         # tail[i] is everything counted after times[i]
-        pieces = list(map(mul, self.rates, map(sub, self.times[1:], self.times)))
-        tail = list(accumulate(reversed(pieces)))
+        tail = list(accumulate(reversed(list(map(mul, rates, map(sub, times[1:], times))))))
         tail.reverse()
         tail.append(0.0)
-        self.tail = tail
-        steps.sort()
+        #: every start and end, in order; the rate of use from each to the next
+        self.times = array("d", times)
+        self.rates = array("d", rates)
+        self.tail = array("d", tail)
         self.step_ends = [end for end, _ in steps]
         after = list(accumulate(reversed([amount for _, amount in steps])))
         after.reverse()
         after.append(0.0)
         #: step_after[j]: the steps of the spans ending after step_ends[j - 1]
         self.step_after = after
+
+    @classmethod
+    def of(cls, spans: Iterable[tuple[float, float, float]]) -> _UsageAfter:
+        starts: list[float] = []
+        ends: list[float] = []
+        gpus: list[float] = []
+        for start, end, g in spans:
+            starts.append(start)
+            ends.append(end)
+            gpus.append(g)
+        return cls(starts, ends, gpus)
 
     def at(self, x: float) -> float:
         """GPU-equivalent-seconds counted in a window opening at ``x``."""
@@ -227,15 +239,12 @@ class _Room:
     dropped: float = -math.inf
 
     @classmethod
-    def of(cls, records: Iterable[UsageRecord]) -> _Room:
-        closed: list[tuple[float, float, float]] = []
-        opened: dict[str, UsageRecord] = {}
-        for r in records:
-            if r.ended is None:
-                opened[r.uid] = r
-            else:
-                closed.append((r.started, r.ended, r.gpus))
-        return cls(_UsageAfter(closed), len(closed) + len(opened), opened)
+    def of(cls, records: Collection[UsageRecord]) -> _Room:
+        closed = [r for r in records if r.ended is not None]
+        opened = {r.uid: r for r in records if r.ended is None}
+        ends = [r.end(0.0) for r in closed]
+        usage = _UsageAfter([r.started for r in closed], ends, [r.gpus for r in closed])
+        return cls(usage, len(closed) + len(opened), opened)
 
     def closes(self, record: UsageRecord) -> None:
         """An open record of the owner has ended."""
@@ -313,13 +322,13 @@ class UsageBook:
         parts = [room.closed]
         if room.added:
             if room.added_after is None:
-                room.added_after = _UsageAfter(
+                room.added_after = _UsageAfter.of(
                     (r.started, r.end(now, running), r.gpus) for r in room.added
                 )
             parts.append(room.added_after)
         if room.open:
             parts.append(
-                _UsageAfter((r.started, r.end(now, running), r.gpus) for r in room.open.values())
+                _UsageAfter.of((r.started, r.end(now, running), r.gpus) for r in room.open.values())
             )
         return _first_room(parts, budget, now)
 
@@ -533,14 +542,18 @@ def room_returns(
     between calls.
     """
     floor = now - float(budget.period)
-    spans = []
+    starts: list[float] = []
+    ends: list[float] = []
+    gpus: list[float] = []
     for r in records:
         end = r.end(now, running)
         if end > floor:
-            spans.append((r.started, end, r.gpus))
-    if not spans:
+            starts.append(r.started)
+            ends.append(end)
+            gpus.append(r.gpus)
+    if not ends:
         return None
-    return _first_room([_UsageAfter(spans)], budget, now)
+    return _first_room([_UsageAfter(starts, ends, gpus)], budget, now)
 
 
 def format_period(seconds: int) -> str:
