@@ -223,12 +223,12 @@ class GPUKubeSpawner(KubeSpawner):
             raise SpawnRefused(
                 "the GPU policy is misconfigured; an admin must fix it (see the hub log)", 500
             ) from e
-        if not policy.profiles:
+        if "GPUPolicy" not in self.config:
             # the start-up check refuses such a hub; a config it did not see lands here
             self.log.error(
                 "spawner_class is gpu-kubespawner but no GPU policy is configured "
-                "(hub.config.GPUPolicy, or c.GPUPolicy, has no profiles): nobody can start "
-                "a server. Add the policy, or check the values with `jupyterhub-gpu check`."
+                "(no hub.config.GPUPolicy, or c.GPUPolicy): nobody can start a server. "
+                "Add the policy, or check the values with `jupyterhub-gpu check`."
             )
             raise SpawnRefused(
                 "no GPU policy is configured on this hub, so no server can start; "
@@ -902,7 +902,7 @@ class GPUKubeSpawner(KubeSpawner):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
         key = f"{namespace}/{name}"
-        self.admission.record_stop(key)
+        self.admission.record_stop(key, uid=uid)
         if charge is not None:
             await self.admission.release(self.gpu_policy, key, only=charge)
         self.log.info("Pod %s is gone: the stop of %s is complete", key, self._log_name)

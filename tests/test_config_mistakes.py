@@ -292,7 +292,7 @@ async def test_a_hub_with_no_policy_says_the_policy_is_missing(caplog):
     assert refused.value.status_code == 500
     assert "no GPU policy is configured on this hub" in str(refused.value)
     assert "ask an admin to add you to a group" not in str(refused.value)
-    assert "has no profiles" in caplog.text
+    assert "no GPU policy is configured (no hub.config.GPUPolicy" in caplog.text
 
 
 def test_gpus_in_settings_every_server_gets_are_errors_with_their_key_paths(tmp_path):
