@@ -57,7 +57,8 @@ class SpawnAdmission:
         self.fail_open = False
         self.usage_loaded = loaded
         self.usage_error: str | None = None
-        self._usage_read_at: float | None = None
+        #: the usage database's revision read up to (None: not read yet)
+        self._usage_revision: int | None = None
         self.clock: Callable[[], float] = time.time
 
     def use_store(self, store: UsageStore, fail_open: bool) -> None:
@@ -144,8 +145,9 @@ class SpawnAdmission:
             keep = self.starting | {k for k, at in self.touched.items() if at >= listed_at}
             added, released = self.ledger.resync(policy, charges, keep)
             for key in released:
-                # gone since the last listing: its GPU time ends at the last sighting
-                self.record_stop(key, at=previous_listing)
+                # gone since the last listing: its GPU time ends at the last sighting,
+                # an inferred end (a later sighting of its pod undoes it)
+                self.record_stop(key, at=previous_listing, inferred=True)
             previous_listing = listed_wall
             for key, what in [(k, "counted") for k in added] + [(k, "released") for k in released]:
                 self.log.warning("GPU ledger resync: %s %s (the hub had missed it)", what, key)
@@ -165,29 +167,28 @@ class SpawnAdmission:
             self.usage_loaded = True  # nothing recorded: offline rendering
             return
         now = self.clock()
-        first = self._usage_read_at is None
+        first = self._usage_revision is None
         if first:
             self.usage = UsageBook.for_policy(policy)
         try:
             if first:
                 since = now - self.usage.horizon
-                records = await asyncio.to_thread(self.store.overlapping, since, now)
+                records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
             else:
-                # a little overlap: rows written while the last read ran
-                since = (self._usage_read_at or now) - 5.0
-                records = await asyncio.to_thread(self.store.changed_since, since)
+                # every row written since, in the order written (whatever its times)
+                records, revision = await asyncio.to_thread(
+                    self.store.changed_since, self._usage_revision
+                )
         except AccountingUnavailable as e:
             if self.usage_error is None:
                 self.log.error("GPU-hour budgets cannot be checked: %s", e)
             self.usage_error = str(e)
             self.usage_loaded = self.usage_loaded and not first
-            if first:
-                self._usage_read_at = None
             return
         for record in records:
             self.usage.put(policy, record)
         self.usage.prune(policy, now)
-        self._usage_read_at = now
+        self._usage_revision = revision
         if self.usage_error is not None:
             self.log.info("GPU usage database readable again")
         self.usage_error = None
@@ -239,16 +240,43 @@ class SpawnAdmission:
         if self.store is not None:
             self._write_in_background(self.store.open, [record], what=f"start of {record.key}")
 
-    def record_stop(self, key: str, at: float | None = None) -> None:
-        """The server ``key`` stopped (now, or ``at``): its GPU time ends."""
-        at = self.clock() if at is None else at
-        if self.usage.end(key, at) is not None and self.store is not None:
-            self._write_in_background(self.store.end, key, at, what=f"stop of {key}")
+    def record_stop(
+        self, key: str, at: float | None = None, *, uid: str | None = None, inferred: bool = False
+    ) -> None:
+        """A pod of the server ``key`` is gone (now, or ``at``): its GPU time ends.
 
-    def _write_in_background(self, write: Callable[..., Any], *args: Any, what: str) -> None:
+        ``uid``: that pod's, where the caller knows it; without it, the pod the usage
+        book has open for ``key`` (the server's latest start). Only that pod's record
+        ends: by the time a deletion is seen through, the key may name a newer pod
+        (the user started again after a failed stop), whose record runs on.
+        ``inferred``: the pod was found gone and ``at`` is its last sighting (the
+        ledger resync): a later sighting of the pod undoes the end.
+        """
+        at = self.clock() if at is None else at
+        record = self.usage.open_by_key.get(key) if uid is None else self.usage.records.get(uid)
+        if record is None or record.key != key:
+            # not a GPU server's pod, or one the book no longer holds: the service ends
+            # its row, if it has one, at its last sighting
+            return
+        if record.ended is None and self.usage.open_by_key.get(key) is record:
+            if inferred:
+                at = max(at, record.last_seen)
+            self.usage.end(key, at)
+        else:
+            # ended already: a newer pod of the server started, which ended it at its
+            # last sighting; when this pod went is not known any better
+            at, inferred = record.ended if record.ended is not None else at, True
+        if self.store is not None:
+            self._write_in_background(
+                self.store.end, record.uid, at, inferred=inferred, what=f"stop of {key}"
+            )
+
+    def _write_in_background(
+        self, write: Callable[..., Any], *args: Any, what: str, **kwargs: Any
+    ) -> None:
         async def work() -> None:
             try:
-                await asyncio.to_thread(write, *args)
+                await asyncio.to_thread(write, *args, **kwargs)
             except AccountingUnavailable as e:
                 # the service records the pod from Kubernetes when it next looks
                 self.log.warning("GPU usage: the %s was not written: %s", what, e)

@@ -10,6 +10,19 @@ start and stop:
   and ends the rows of pods that are gone at the time they were last seen: an
   end nobody witnessed is off by at most one pass.
 
+Rows are keyed by the pod's uid, and every write names the uid it means: a new
+pod of the same server (same ``<namespace>/<pod name>``) is a row of its own,
+which no write about an older pod touches. An end is either witnessed (a stop
+the hub saw through: final) or inferred (the pod was found gone: dated at its
+last sighting, never before its start, and undone by a later sighting of the
+same pod).
+
+Every write transaction takes the next number of one counter first and stamps
+it on the rows it writes (``revision``). Taking it locks the counter until the
+transaction commits, so writers take their numbers in the order they commit: a
+reader that has seen every row up to revision N has seen every write numbered N
+or less, whatever times those writes carry, and asks for what is newer.
+
 Rows are never deleted: they are the history showback and budgets read. The
 database is any SQLAlchemy URL: a sqlite file by default, PostgreSQL where the
 hub has one. Synchronous (SQLAlchemy Core); async callers run it in a thread.
@@ -19,25 +32,33 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
     Index,
+    Integer,
     MetaData,
     String,
     Table,
+    case,
     create_engine,
     event,
+    func,
     insert,
+    inspect,
+    literal,
     or_,
     select,
+    text,
     update,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.budgets import UsageRecord
@@ -59,12 +80,24 @@ usage = Table(
     Column("ended", Float),
     #: the end is the last sighting, not a witnessed stop (a later sighting undoes it)
     Column("end_inferred", Boolean, nullable=False, default=False),
-    #: when the row last changed: readers fetch only what changed since their last read
+    #: when the row last changed (wall time; what readers before ``revision`` read)
     Column("updated", Float, nullable=False),
+    #: the counter's number of the write that last changed the row: readers fetch only
+    #: rows newer than the last they read. Added to tables of earlier versions (0 there)
+    Column("revision", BigInteger, nullable=False, server_default=text("0")),
     Index("ix_jupyterhub_gpu_usage_ended", "ended"),
     Index("ix_jupyterhub_gpu_usage_updated", "updated"),
     Index("ix_jupyterhub_gpu_usage_started", "started"),
     Index("ix_jupyterhub_gpu_usage_key", "key"),
+    Index("ix_jupyterhub_gpu_usage_revision", "revision"),
+)
+
+#: one row (id 1): the revision of the last write
+revisions = Table(
+    "jupyterhub_gpu_usage_revision",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("value", BigInteger, nullable=False),
 )
 
 _FIELDS = ("uid", "key", "user", "group", "profile", "flavor", "gpus", "started", "last_seen")
@@ -91,6 +124,15 @@ def _record(row: Any) -> UsageRecord:
     )
 
 
+def _greatest(*values: Any) -> Any:
+    """The largest of columns and numbers, in SQL any database runs."""
+    values = tuple(literal(v, Float) if isinstance(v, int | float) else v for v in values)
+    largest = values[0]
+    for value in values[1:]:
+        largest = case((value > largest, value), else_=largest)
+    return largest
+
+
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor = connection.cursor()
     # the hub and the service write the same file: readers never wait for a writer,
@@ -98,6 +140,58 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.close()
+
+
+def _insert_new(connection: Connection, rows: list[dict[str, Any]]) -> int:
+    """Insert the rows whose uid has none yet; returns how many were inserted. A row
+    another writer inserts meanwhile is skipped, never an error."""
+    dialect = connection.dialect.name
+    if dialect in ("postgresql", "sqlite"):
+        dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        statement = (
+            dialect_insert(usage)
+            .on_conflict_do_nothing(index_elements=[usage.c.uid])
+            .returning(usage.c.uid)
+        )
+        return len(connection.execute(statement, rows).all())
+    # another database: the writers are serialised by the revision counter
+    uids = [row["uid"] for row in rows]
+    known = set(connection.execute(select(usage.c.uid).where(usage.c.uid.in_(uids))).scalars())
+    new = [row for row in rows if row["uid"] not in known]
+    if new:
+        connection.execute(insert(usage), new)
+    return len(new)
+
+
+def _add_revision(engine: Engine) -> None:
+    """Bring a table of an earlier version up to this one: its ``revision`` column
+    (0 in every existing row) and index. Safe when the hub and the service both
+    start on it at once."""
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
+    dialect = engine.dialect.name
+    if "revision" not in columns:
+        exists = "IF NOT EXISTS " if dialect == "postgresql" else ""
+        try:
+            with engine.begin() as connection:
+                connection.exec_driver_sql(
+                    f"ALTER TABLE {usage.name} ADD COLUMN {exists}revision BIGINT NOT NULL "
+                    "DEFAULT 0"
+                )
+        except SQLAlchemyError:
+            with engine.connect() as connection:
+                columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
+            if "revision" not in columns:
+                raise
+            # the other one added it first
+    index = next(i for i in usage.indexes if i.name == "ix_jupyterhub_gpu_usage_revision")
+    with engine.begin() as connection:
+        if dialect in ("postgresql", "sqlite"):
+            connection.exec_driver_sql(
+                f"CREATE INDEX IF NOT EXISTS {index.name} ON {usage.name} (revision)"
+            )
+        else:
+            index.create(connection, checkfirst=True)
 
 
 class UsageStore:
@@ -117,10 +211,34 @@ class UsageStore:
         self.engine = engine
         self._ready = False
 
-    def _guarded(self, what: str, work):
+    def _prepare(self) -> None:
+        """Create the tables, or bring those of an earlier version up to date."""
+        for attempt in (1, 2):
+            try:
+                metadata.create_all(self.engine)
+                break
+            except SQLAlchemyError:
+                if attempt == 2:
+                    raise
+                # the other writer created them at the same moment: look again
+        _add_revision(self.engine)
+        with self.engine.begin() as connection:
+            if connection.execute(select(revisions.c.value)).first() is None:
+                latest = connection.execute(
+                    select(func.coalesce(func.max(usage.c.revision), 0))
+                ).scalar_one()
+                row = {"id": 1, "value": latest}
+                dialect = connection.dialect.name
+                if dialect in ("postgresql", "sqlite"):
+                    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+                    connection.execute(dialect_insert(revisions).on_conflict_do_nothing(), row)
+                else:
+                    connection.execute(insert(revisions), row)
+
+    def _guarded(self, what: str, work: Callable[[Connection], Any]) -> Any:
         try:
             if not self._ready:
-                metadata.create_all(self.engine)
+                self._prepare()
                 self._ready = True
             with self.engine.begin() as connection:
                 return work(connection)
@@ -130,73 +248,121 @@ class UsageStore:
                 f" could not {what}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             ) from e
 
+    def _write(self, what: str, work: Callable[[Connection, int], Any]) -> Any:
+        """Run ``work`` in one transaction with the next revision, taken first: the
+        counter stays locked until the commit (and on sqlite, taking it is what
+        begins the write), so revisions are committed in order."""
+
+        def numbered(connection: Connection) -> Any:
+            connection.execute(
+                update(revisions).where(revisions.c.id == 1).values(value=revisions.c.value + 1)
+            )
+            revision = connection.execute(
+                select(revisions.c.value).where(revisions.c.id == 1)
+            ).scalar_one()
+            return work(connection, revision)
+
+        return self._guarded(what, numbered)
+
     # ---- writes ------------------------------------------------------------------
 
     def open(self, records: Iterable[UsageRecord], now: float | None = None) -> int:
-        """Add the records that have no row yet (by uid); returns how many were new."""
+        """Add the records that have no row yet (by uid); returns how many were new.
+
+        The hub and the service may add the same pod at the same moment: the one
+        that comes second adds nothing."""
         records = list(records)
         if not records:
             return 0
         now = time.time() if now is None else now
 
-        def work(connection) -> int:
-            uids = [r.uid for r in records]
-            known = set(
-                connection.execute(select(usage.c.uid).where(usage.c.uid.in_(uids))).scalars()
-            )
-            new = [
-                {**{f: getattr(r, f) for f in _FIELDS}, "ended": r.ended, "updated": now}
+        def work(connection: Connection, revision: int) -> int:
+            rows = [
+                {
+                    **{f: getattr(r, f) for f in _FIELDS},
+                    "ended": r.ended,
+                    "end_inferred": False,
+                    "updated": now,
+                    "revision": revision,
+                }
                 for r in records
-                if r.uid not in known
             ]
-            if new:
-                connection.execute(insert(usage), new)
-            return len(new)
+            return _insert_new(connection, rows)
 
-        return self._guarded("record new servers", work)
+        return self._write("record new servers", work)
 
     def seen(self, uids: Iterable[str], at: float) -> None:
-        """These pods are alive at ``at``; an end inferred for one of them is undone."""
+        """These pods are alive at ``at``; an end inferred for one of them before
+        ``at`` is undone (it runs on)."""
         uids = list(uids)
         if not uids:
             return
+        now = time.time()
 
-        def work(connection) -> None:
+        def work(connection: Connection, revision: int) -> None:
+            stamp = {"updated": now, "revision": revision}
             connection.execute(
                 update(usage)
-                .where(usage.c.uid.in_(uids), usage.c.ended.is_(None))
-                .values(last_seen=at, updated=at)
+                .where(usage.c.uid.in_(uids), usage.c.ended.is_(None), usage.c.last_seen < at)
+                .values(last_seen=at, **stamp)
             )
             connection.execute(
                 update(usage)
-                .where(usage.c.uid.in_(uids), usage.c.end_inferred.is_(True))
-                .values(last_seen=at, ended=None, end_inferred=False, updated=at)
+                .where(usage.c.uid.in_(uids), usage.c.end_inferred.is_(True), usage.c.ended < at)
+                .values(
+                    last_seen=_greatest(usage.c.last_seen, at),
+                    ended=None,
+                    end_inferred=False,
+                    **stamp,
+                )
             )
 
-        self._guarded("record running servers", work)
+        self._write("record running servers", work)
 
-    def end(self, key: str, at: float) -> int:
-        """The server ``key`` stopped at ``at`` (a witnessed end)."""
+    def end(self, uid: str, at: float, *, inferred: bool = False) -> int:
+        """The pod ``uid`` is gone: its row ends at ``at``, and never before its start.
 
-        def work(connection) -> int:
-            result = connection.execute(
-                update(usage)
-                .where(usage.c.key == key, usage.c.ended.is_(None))
-                .values(ended=at, last_seen=at, end_inferred=False, updated=at)
-            )
-            return result.rowcount
+        Witnessed (the stop was seen through): final, replacing an inferred end.
+        ``inferred`` (found gone, ``at`` its last sighting): on an open row only,
+        never before its last sighting, and undone by a later one (``seen``).
+        Returns how many rows changed (0 or 1)."""
+        now = time.time()
 
-        return self._guarded("record a stopped server", work)
+        def work(connection: Connection, revision: int) -> int:
+            stamp = {"updated": now, "revision": revision}
+            if inferred:
+                statement = (
+                    update(usage)
+                    .where(usage.c.uid == uid, usage.c.ended.is_(None))
+                    .values(
+                        ended=_greatest(at, usage.c.last_seen, usage.c.started),
+                        end_inferred=True,
+                        **stamp,
+                    )
+                )
+            else:
+                statement = (
+                    update(usage)
+                    .where(
+                        usage.c.uid == uid,
+                        or_(usage.c.ended.is_(None), usage.c.end_inferred.is_(True)),
+                    )
+                    .values(ended=_greatest(at, usage.c.started), end_inferred=False, **stamp)
+                )
+            return connection.execute(statement).rowcount
+
+        return self._write("record a stopped server", work)
 
     def end_missing(self, live: Iterable[str], started_before: float) -> list[UsageRecord]:
-        """End the open rows whose pod is not in ``live`` at their last sighting.
+        """End the open rows whose pod is not in ``live`` at their last sighting
+        (inferred ends).
 
         ``started_before``: rows of pods started since are left open (their pod may
         be newer than the caller's list of pods)."""
         live = set(live)
         now = time.time()
 
-        def work(connection) -> list[UsageRecord]:
+        def work(connection: Connection, revision: int) -> list[UsageRecord]:
             rows = connection.execute(
                 select(usage).where(usage.c.ended.is_(None), usage.c.started < started_before)
             ).all()
@@ -206,22 +372,46 @@ class UsageStore:
                 connection.execute(
                     update(usage)
                     .where(usage.c.uid == record.uid, usage.c.ended.is_(None))
-                    .values(ended=record.ended, end_inferred=True, updated=now)
+                    .values(ended=record.ended, end_inferred=True, updated=now, revision=revision)
                 )
             return gone
 
-        return self._guarded("record ended servers", work)
+        return self._write("record ended servers", work)
 
     # ---- reads -------------------------------------------------------------------
 
-    def changed_since(self, since: float) -> list[UsageRecord]:
-        """Rows written at or after ``since`` (a reader's incremental refresh)."""
+    def revision(self) -> int:
+        """The revision of the last write committed."""
         return self._guarded(
             "be read",
-            lambda c: [
-                _record(r) for r in c.execute(select(usage).where(usage.c.updated >= since))
-            ],
+            lambda c: c.execute(select(revisions.c.value).where(revisions.c.id == 1)).scalar_one(),
         )
+
+    def changed_since(self, revision: int) -> tuple[list[UsageRecord], int]:
+        """Rows written after ``revision`` (a reader's incremental refresh), and the
+        revision to ask from next time."""
+
+        def work(connection: Connection) -> tuple[list[UsageRecord], int]:
+            rows = connection.execute(select(usage).where(usage.c.revision > revision)).all()
+            return [_record(r) for r in rows], max((r.revision for r in rows), default=revision)
+
+        return self._guarded("be read", work)
+
+    def snapshot(self, since: float, until: float) -> tuple[list[UsageRecord], int]:
+        """A reader's first read: the rows overlapping [since, until), and the revision
+        to continue from with ``changed_since`` (taken before the rows are read: a
+        write committed meanwhile is read again, never missed)."""
+
+        def work(connection: Connection) -> tuple[list[UsageRecord], int]:
+            revision = connection.execute(
+                select(revisions.c.value).where(revisions.c.id == 1)
+            ).scalar_one()
+            query = select(usage).where(
+                usage.c.started < until, or_(usage.c.ended.is_(None), usage.c.ended >= since)
+            )
+            return [_record(r) for r in connection.execute(query)], revision
+
+        return self._guarded("be read", work)
 
     def overlapping(
         self, since: float, until: float, groups: Iterable[str] | None = None

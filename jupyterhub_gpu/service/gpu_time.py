@@ -95,6 +95,8 @@ class GPUTime:
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
         self.snapshot = GPUTimeSnapshot(fail_open=fail_open)
         self._read_at: float | None = None
+        #: the usage database's revision the book is read up to
+        self._revision: int | None = None
         #: showbacks computed since the book last changed, by (month, groups)
         self._showbacks: dict[tuple[str, tuple[str, ...] | None], Showback] = {}
         #: what was rendered from them for every admin alike (views, JSON, CSV), by key
@@ -139,13 +141,16 @@ class GPUTime:
     async def read(self) -> None:
         """Bring the book up to date and recompute what the views show."""
         now = self.clock()
-        if self._read_at is None:
-            records = await asyncio.to_thread(self.store.overlapping, now - self.book.horizon, now)
+        if self._revision is None:
+            since = now - self.book.horizon
+            records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
         else:
-            records = await asyncio.to_thread(self.store.changed_since, self._read_at - 5.0)
+            # every row written since, in the order written (whatever its times)
+            records, revision = await asyncio.to_thread(self.store.changed_since, self._revision)
         for record in records:
             self.book.put(self.policy, record)
         self.book.prune(self.policy, now)
+        self._revision = revision
         self._read_at = now
         self.snapshot = self.compute(now)
         self._showbacks.clear()
