@@ -10,11 +10,15 @@ switched back: servers start and stop as before, and nothing was deleted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+import time
 
 import pytest
 
 from hub_helpers import api, ready, wait_no_pods
 from kube_helpers import GPU_TOLERATION, eventually
+from test_service_hub import aget, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -32,6 +36,10 @@ c.KubeSpawner.profile_list = [{{
     }},
 }}]
 """
+TOKEN_ISSUER = (
+    'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+    '"services": ["test-admin"]})\n'
+)
 POLICY = {
     "flavors": {"gpu": {"kind": "gpu"}},
     "profiles": {"gpu": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "gpu"}}},
@@ -40,19 +48,30 @@ POLICY = {
 
 
 async def switch(hub, *, policy, extra_config) -> None:
-    """Restart the hub with other settings, its servers left running (``helm upgrade``)."""
+    """Restart the hub with other settings, its servers left running (``helm upgrade``):
+    with the policy, the GPU service too."""
     hub.policy = policy
-    hub.extra_config = extra_config
+    hub.gpu_service = policy is not None
+    # the test's own token may issue users' tokens for the service's API
+    hub.extra_config = extra_config + TOKEN_ISSUER
     await asyncio.to_thread(hub.restart)
+
+
+def usage_rows(hub) -> list[tuple]:
+    """(uid, group, started, ended) of every row of the hub's usage database."""
+    with contextlib.closing(sqlite3.connect(hub.directory / "jupyterhub-gpu-usage.sqlite")) as db:
+        return db.execute('SELECT uid, "group", started, ended FROM jupyterhub_gpu_usage').fetchall()
 
 
 async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_back(
     hub_factory, core
 ):
     hub = await hub_factory(
-        users={"ann": ["lab"], "bob": ["lab"]},
+        users={"ann": ["lab"], "bob": ["lab"], "root": []},
+        admin_users=("root",),
         extra_config=STOCK_PROFILES,
         cleanup_servers=False,
+        service_settings={"usage_interval": 1},
     )
     status, body = await api(hub, "POST", "/users/ann/server", {"profile": "gpu-old"})
     assert status in (201, 202), body
@@ -76,6 +95,37 @@ async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_ba
     pod = await core.read_namespaced_pod(old_pod.metadata.name, hub.namespace)
     assert pod.metadata.uid == old_pod.metadata.uid
     assert pod.metadata.deletion_timestamp is None
+    # the GPU service counts it too, shows it as started before the policy, and
+    # records its GPU time from then on
+    switched = time.time()
+    await wait_for_service(hub)
+    root = await user_token(hub, "root")
+
+    async def counted():
+        view, _ = await usage(hub, root)
+        lab = next(g for g in view["groups"] if g["name"] == "lab")
+        return view if lab["gpus"]["used"] == 1 else None
+
+    view = await eventually(counted, "the service to count ann's old GPU in lab")
+    (shown,) = [s for s in view["servers"] if s["user"] == "ann"]
+    assert (shown["group"], shown["before_policy"], shown["stops_in_seconds"]) == (
+        "lab",
+        True,
+        None,
+    )
+    status, _, page = await aget(hub.service_url, root)
+    assert "(started before the GPU policy)" in page
+
+    async def recorded():
+        rows = [r for r in usage_rows(hub) if r[0] == old_pod.metadata.uid]
+        return rows or None
+
+    ((_, group, started, ended),) = await eventually(recorded, "a usage row for ann's server")
+    assert group == "lab"
+    assert ended is None
+    # counted from the switch, not from the pod's start before it
+    assert started >= old_pod.status.start_time.timestamp()
+    assert started >= switched - 60
 
     # it stops cleanly, and its GPU is lab's again
     status, _ = await api(hub, "DELETE", "/users/ann/server")
@@ -84,6 +134,13 @@ async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_ba
     status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
     assert status in (201, 202), body
     await eventually(lambda: ready(hub, "bob"), "bob's policy server to be ready", within=120)
+
+    async def ended():
+        rows = [r for r in usage_rows(hub) if r[0] == old_pod.metadata.uid]
+        return rows if rows and rows[0][3] is not None else None
+
+    ((_, _, started, end),) = await eventually(ended, "ann's usage row to be ended")
+    assert end > started
 
     # rolling back: stock KubeSpawner again; bob's policy server keeps running, ann's
     # stock profile starts and stops, and nothing was deleted

@@ -24,7 +24,7 @@ from jupyterhub_gpu.service.tasks import (
     backoff_delay,
     describe_error,
 )
-from jupyterhub_gpu.service.views import Notice, Server, Snapshot, Viewer, usage_view
+from jupyterhub_gpu.service.views import Notice, Server, Snapshot, Viewer, server_view, usage_view
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
@@ -569,3 +569,76 @@ def test_max_runtime_counts_from_the_pods_start_not_from_the_time_queued():
     )
     overdue = rules.overdue(POLICY, state.servers, NOW)
     assert [(s.user, s.started) for s, _ in overdue] == [("long", NOW - timedelta(minutes=90))]
+
+
+def test_a_server_from_before_the_policy_is_charged_recorded_shown_and_never_stopped():
+    """The service charges a server stock KubeSpawner started (no policy labels) by its
+    user's groups, records its GPU time from when it is first charged, shows it as
+    started before the policy, and no rule stops it; another hub's is not its own."""
+    from jupyterhub_gpu.service.state import ServiceState
+
+    def stock_pod(name: str, user: str, namespace: str = "ns") -> dict:
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "labels": {"component": "singleuser-server"},
+                "annotations": {"hub.jupyter.org/username": user},
+            },
+            "spec": {
+                "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+            },
+            "status": {"phase": "Running", "startTime": (NOW - timedelta(hours=3)).isoformat()},
+        }
+
+    state = ServiceState(POLICY, hub_namespace="ns")
+    pods = {
+        key: found
+        for key, pod in (
+            ("ns/old-ann", stock_pod("old-ann", "ann")),
+            ("ns/old-cat", stock_pod("old-cat", "cat")),
+            ("elsewhere/x", stock_pod("x", "ann", namespace="elsewhere")),
+        )
+        if (found := state.server_pod(pod)) is not None
+    }
+    assert set(pods) == {"ns/old-ann", "ns/old-cat"}  # another namespace: another hub's
+    state.server_pods_listed(pods)
+    # the groups are not known yet: nobody is charged
+    assert state.ledger.charges == {}
+    # ann is in beta alone of the groups offering h200 (alpha and beta both do; ann is
+    # not in alpha); cat is in both, so her server is charged to no group and announced
+    state.set_user_groups({"ann": ["beta"], "cat": ["alpha", "beta"]})
+    ann = state.server_pods["ns/old-ann"]
+    assert (ann.charge.group, ann.charge.request.gpus) == ("beta", 2)
+    assert ann.usage.group == "beta"
+    assert ann.usage.gpus == 2
+    # counted from when it was first charged, not from its pod's start three hours ago
+    assert ann.usage.started > (NOW - timedelta(hours=1)).timestamp()
+    assert set(state.ledger.charges) == {"ns/old-ann"}
+    assert state.server_pods["ns/old-cat"].charge is None
+    told = [n.text for n in state.notices]
+    assert len(told) == 1
+    assert told[0].startswith("cat's server ns/old-cat, started before the GPU policy, is")
+    assert "2 of cat's groups offer flavor h200 (alpha, beta)" in told[0]
+    # beta's max_runtime (1 h) never stops it
+    users = [
+        {
+            "name": name,
+            "servers": {
+                "": {
+                    "user_options": {"profile": "old"},
+                    "started": (NOW - timedelta(hours=3)).isoformat(),
+                    "ready": True,
+                }
+            },
+        }
+        for name in ("ann", "cat")
+    ]
+    state.set_servers(servers_from_users(users))
+    servers = {s.user: s for s in state.servers}
+    assert (servers["ann"].group, servers["ann"].before_policy) == ("beta", True)
+    assert rules.overdue(POLICY, state.servers, NOW) == []
+    shown = server_view(POLICY, servers["ann"], NOW, None)
+    assert shown["before_policy"] is True
+    assert shown["stops_in_seconds"] is None

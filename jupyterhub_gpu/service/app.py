@@ -272,7 +272,7 @@ class GPUService(Application):
                 or in_cluster_namespace()
                 or "default"
             )
-        self.state = ServiceState(self.policy)
+        self.state = ServiceState(self.policy, hub_namespace=self.namespace)
         self.tasks: dict[str, BackgroundTask] = {}
         self.registry, self.stopped_counter = metrics.registry(self.policy, self.snapshot)
         self.runtime_rules = RuntimeRules(
@@ -426,7 +426,8 @@ class GPUService(Application):
         return job
 
     async def poll_hub(self) -> str:
-        servers = await self.hub.servers()
+        servers, groups = await self.hub.servers()
+        self.state.set_user_groups(groups)
         self.state.set_servers(servers)
         return f"{len(servers)} servers"
 

@@ -41,6 +41,8 @@ class BudgetRule:
         group = self.policy.find_group(charge.group) if charge else None
         if charge is None or group is None or not charge.request.gpus:
             return []
+        if pod.before_policy is not None:
+            return []  # started before the policy: its GPU time counts, it is never stopped
         found = []
         for level in self.policy.ancestors(group.name):
             hours = snapshot.groups.get(level.name)

@@ -1,7 +1,8 @@
 """The hub's REST API as the service uses it: list servers, stop one.
 
 The service's token (``JUPYTERHUB_API_TOKEN``, given by the hub) needs the
-scopes ``list:users`` and ``read:servers`` to list, ``delete:servers`` to stop.
+scopes ``list:users``, ``read:users:groups`` and ``read:servers`` to list,
+``delete:servers`` to stop.
 Errors raise ``HubAPIError`` naming the call, the status and the hub's message.
 """
 
@@ -21,7 +22,7 @@ PAGE = 200
 #: the service's role in the hub (z2jh: hub.loadRoles), the least it needs: list
 #: users with their active servers (start time, readiness, options), stop servers
 SERVICE_ROLE = "jupyterhub-gpu-service"
-SERVICE_SCOPES = ("list:users", "read:servers", "delete:servers")
+SERVICE_SCOPES = ("list:users", "read:users:groups", "read:servers", "delete:servers")
 
 
 class HubAPIError(Exception):
@@ -109,8 +110,11 @@ class HubAPI:
                 return users
             offset = following["offset"]
 
-    async def servers(self) -> list[Server]:
-        return servers_from_users(await self.active_users())
+    async def servers(self) -> tuple[list[Server], dict[str, list[str]]]:
+        """The servers, and the groups of their users (which servers started before
+        the policy are charged to)."""
+        users = await self.active_users()
+        return servers_from_users(users), {u["name"]: list(u.get("groups") or ()) for u in users}
 
     async def stop_server(self, user: str, name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"

@@ -21,11 +21,11 @@ def overdue(policy: Policy, servers: Iterable[Server], now: datetime) -> list[tu
     """Servers running longer than their group's ``max_runtime``, with that limit in seconds.
 
     A server still starting or already stopping is left alone: the first is not
-    running yet, the second is on its way out.
+    running yet, the second is on its way out; so is one started before the policy.
     """
     result = []
     for server in servers:
-        if server.started is None or server.pending:
+        if server.started is None or server.pending or server.before_policy:
             continue
         group = policy.find_group(server.group)
         if group is None or group.max_runtime is None:

@@ -107,8 +107,8 @@ class RuntimeRules:
                 continue
             for charge in rules.to_stop_for_limit(self.policy, state.ledger, group, created):
                 pod = pods.get(charge.key)
-                if pod is None or pod.user is None:
-                    continue
+                if pod is None or pod.user is None or pod.before_policy is not None:
+                    continue  # gone, or started before the policy: never stopped for it
                 if charge.key not in self.announced_pods:
                     self.announced_pods.add(charge.key)
                     grace = format_duration(int(self.stop_over_limit_after or 0))

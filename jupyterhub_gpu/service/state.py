@@ -19,20 +19,20 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from ..core.admission import Charge, Ledger
-from ..core.adoption import USERNAME_ANNOTATION
+from ..core.adoption import SERVER_COMPONENT, USERNAME_ANNOTATION, adopt, username_of
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.model import Policy
 from ..core.shaping import GROUP_LABEL, PROFILE_LABEL, charge_from_pod, usage_record_from_pod
 from ..kube.clusterview import capacity_watches
-from ..kube.reflector import Reflector
+from ..kube.reflector import Reflector, slim_pod
 from .views import Notice, Server, Snapshot, waiting_lines
 
 log = logging.getLogger("jupyterhub_gpu.service")
@@ -43,7 +43,7 @@ _FINISHED = ("Succeeded", "Failed")
 
 @dataclass(frozen=True)
 class ServerPod:
-    """A pod labelled as a server of ours: what it is charged, and whose server it is."""
+    """A server pod of this hub: what it is charged, and whose server it is."""
 
     key: str
     charge: Charge | None  # None: terminating, finished, or unreadable
@@ -55,10 +55,37 @@ class ServerPod:
     usage: UsageRecord | None = None
     #: when the pod started (``status.startTime``: after any time in a scheduler's queue)
     started: datetime | None = None
+    #: a server started before the policy (none of its labels): the pod as the adoption
+    #: rule reads it (``core.adoption``); its charge and GPU time follow from its user's
+    #: groups, which ``ServiceState`` knows
+    before_policy: Mapping[str, Any] | None = None
+
+
+def _as_adoption_reads_it(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the adoption rule and the usage record need of a pod from before the policy."""
+    slim = slim_pod(pod)
+    metadata, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
+    keep = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp")
+    return {
+        "metadata": {k: metadata.get(k) for k in keep},
+        "spec": {**slim["spec"], "nodeSelector": spec.get("nodeSelector") or {}},
+        "status": {**slim["status"], "startTime": status.get("startTime")},
+    }
 
 
 def server_pod(pod: Mapping[str, Any]) -> ServerPod:
     metadata = pod.get("metadata") or {}
+    if GROUP_LABEL not in (metadata.get("labels") or {}):
+        annotations = metadata.get("annotations") or {}
+        return ServerPod(
+            key=f"{metadata.get('namespace')}/{metadata.get('name')}",
+            charge=None,
+            user=username_of(pod) or None,
+            servername=annotations.get(SERVERNAME_ANNOTATION, ""),
+            created=_timestamp(metadata.get("creationTimestamp")),
+            started=_timestamp((pod.get("status") or {}).get("startTime")),
+            before_policy=_as_adoption_reads_it(pod),
+        )
     annotations = metadata.get("annotations") or {}
     key = f"{metadata.get('namespace')}/{metadata.get('name')}"
     try:
@@ -100,8 +127,19 @@ def _node_requests(pod: Mapping[str, Any] | None, resources: set[str]):
 
 
 class ServiceState:
-    def __init__(self, policy: Policy, notices: int = 200) -> None:
+    def __init__(
+        self, policy: Policy, notices: int = 200, hub_namespace: str | None = None
+    ) -> None:
         self.policy = policy
+        #: where the hub's servers from before the policy run (None: any namespace)
+        self.hub_namespace = hub_namespace
+        #: each user's JupyterHub groups, as the hub last reported them (None: not yet)
+        self.user_groups: dict[str, tuple[str, ...]] | None = None
+        #: servers from before the policy already announced as charged to no group
+        self._told_unattributed: set[str] = set()
+        #: when each server from before the policy was first charged here (pod uid ->
+        #: epoch seconds): its GPU time counts from then, not from its pod's start
+        self._adopted_since: dict[str, float] = {}
         self.resources = counted_resources(policy)
         self.server_pods: dict[str, ServerPod] | None = None
         self.nodes: dict[str, Any] | None = None
@@ -127,11 +165,13 @@ class ServiceState:
         servers = Reflector(
             "server pods",
             list_servers,
-            transform=server_pod,
+            transform=self.server_pod,
             on_change=lambda r: self.server_pods_listed(r.items),
             on_event=self.server_pod_event,
             watch_timeout=watch_timeout,
-            label_selector=GROUP_LABEL,
+            # KubeSpawner's label on every server pod: the policy's, and those started
+            # before it (charged by the adoption rule)
+            label_selector=f"{SERVER_COMPONENT[0]}={SERVER_COMPONENT[1]}",
         )
         nodes, bound_pods = capacity_watches(
             core,
@@ -143,6 +183,76 @@ class ServiceState:
         return [servers, nodes, bound_pods]
 
     # ---- server pods -----------------------------------------------------------------
+
+    def server_pod(self, pod: Mapping[str, Any]) -> ServerPod | None:
+        """``server_pod``, a server from before the policy charged by its user's groups
+        (None for one outside the hub's namespace: another hub's)."""
+        found = server_pod(pod)
+        if found.before_policy is None:
+            return found
+        if self.hub_namespace is not None and not found.key.startswith(f"{self.hub_namespace}/"):
+            return None
+        return self._adopted(found)
+
+    def _adopted(self, found: ServerPod) -> ServerPod:
+        """A server from before the policy, charged and recording GPU time as the
+        adoption rule says for its user's groups now."""
+        assert found.before_policy is not None
+        pod = found.before_policy
+        adoption = adopt(self.policy, pod, (self.user_groups or {}).get(found.user or "", ()))
+        if adoption is None:  # terminating or finished
+            return replace(found, charge=None, usage=None)
+        uid = (pod.get("metadata") or {}).get("uid")
+        usage = None
+        if adoption.group is not None and adoption.request.gpus and uid and found.started:
+            # its time before the policy was nobody's budget: counted from when it is
+            # first charged (the row, once written, keeps that start)
+            since = self._adopted_since.setdefault(uid, datetime.now(UTC).timestamp())
+            started = max(found.started.timestamp(), since)
+            usage = UsageRecord(
+                uid=uid,
+                key=adoption.key,
+                user=adoption.user,
+                group=adoption.group,
+                profile="",
+                flavor=adoption.flavor,
+                gpus=float(adoption.request.gpus),
+                started=started,
+                last_seen=started,
+            )
+        elif (
+            adoption.group is None
+            and self.user_groups is not None  # said once the hub's groups are known
+            and adoption.key not in self._told_unattributed
+        ):
+            self._told_unattributed.add(adoption.key)
+            self.notice(
+                Notice(
+                    at=found.started or datetime.now(UTC),
+                    text=f"{adoption.user}'s server {adoption.key}, started before the GPU "
+                    f"policy, is charged to no group ({adoption.why}); its GPU time is not "
+                    "recorded. Set GPUPolicy.adopted_servers_group, or ask the user to "
+                    "restart it through a policy profile.",
+                    user=adoption.user,
+                )
+            )
+        return replace(found, charge=adoption.charge, usage=usage)
+
+    def set_user_groups(self, user_groups: Mapping[str, Sequence[str]]) -> None:
+        """The users' groups as the hub reports them: servers from before the policy
+        are charged again where a user's groups changed."""
+        groups = {user: tuple(names) for user, names in user_groups.items()}
+        if groups == self.user_groups:
+            return
+        self.user_groups = groups
+        for key, found in list((self.server_pods or {}).items()):
+            if found.before_policy is None:
+                continue
+            adopted = self._adopted(found)
+            if adopted != found:
+                assert self.server_pods is not None
+                self.server_pods[key] = adopted
+                self.server_pod_event(key, found, adopted)
 
     def server_pods_listed(self, items: dict[str, ServerPod]) -> None:
         """A full list: everything derived from server pods is rebuilt.
@@ -227,6 +337,7 @@ class ServiceState:
                 group=pod.charge.group,
                 profile=pod.profile or s.profile,
                 started=pod.started or s.started,
+                before_policy=pod.before_policy is not None,
             )
             if (pod := pods.get((s.user, s.name))) and pod.charge
             else s

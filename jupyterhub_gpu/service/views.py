@@ -64,6 +64,9 @@ class Server:
     has_pod: bool = True  # False: no pod yet (e.g. waiting in its group's line)
     #: the hub's last sign of use (proxied requests, the server's own activity reports)
     last_activity: datetime | None = None
+    #: started before the policy (its pod has none of the policy's labels): charged to
+    #: ``group`` by the adoption rule, and never stopped by the runtime or idle rules
+    before_policy: bool = False
 
     @property
     def label(self) -> str:
@@ -211,7 +214,8 @@ def server_view(
 ) -> dict[str, Any]:
     group = policy.find_group(server.group)
     runtime = (now - server.started).total_seconds() if server.started else None
-    max_runtime = group.max_runtime if group else None
+    # a server from before the policy is never stopped for its runtime
+    max_runtime = group.max_runtime if group and not server.before_policy else None
     return {
         "user": server.user,
         "name": server.name,
@@ -226,6 +230,7 @@ def server_view(
         if runtime is None or max_runtime is None
         else max(int(max_runtime - runtime), 0),
         "queue_position": position,
+        "before_policy": server.before_policy,
     }
 
 
