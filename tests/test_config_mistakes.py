@@ -246,8 +246,12 @@ def test_the_scheduler_may_be_named_alone_in_the_trait_as_in_the_model(tmp_path)
 )
 async def test_the_hub_does_not_start_with_a_configuration_mistake(local_cluster, mistake, message):
     hub = LocalHub(local_cluster, **mistake)
-    with pytest.raises(RuntimeError, match="the hub did not start") as caught:
-        await asyncio.to_thread(hub.start)
+    try:
+        with pytest.raises(RuntimeError, match="the hub did not start") as caught:
+            await asyncio.to_thread(hub.start)
+    finally:
+        # a hub that started after all must not outlive the test
+        await asyncio.to_thread(hub.stop)
     assert message in str(caught.value)
     assert "the hub will not start" in str(caught.value)
     assert hub.process.returncode == 1

@@ -62,8 +62,12 @@ async def nothing_left_for(core, namespace: str, user: str) -> None:
 
 async def test_a_broken_policy_stops_the_hub_at_start_up(local_cluster):
     hub = LocalHub(local_cluster, policy={"groups": {"students": {"quota": {"gpus": "ten"}}}})
-    with pytest.raises(RuntimeError, match="the hub did not start") as caught:
-        await asyncio.to_thread(hub.start)
+    try:
+        with pytest.raises(RuntimeError, match="the hub did not start") as caught:
+            await asyncio.to_thread(hub.start)
+    finally:
+        # a hub that started after all must not outlive the test
+        await asyncio.to_thread(hub.stop)
     assert "hub.config.GPUPolicy.groups.students.quota.gpus: expected a number, got 'ten'" in str(
         caught.value
     )
