@@ -60,7 +60,9 @@ async def switch(hub, *, policy, extra_config) -> None:
 def usage_rows(hub) -> list[tuple]:
     """(uid, group, started, ended) of every row of the hub's usage database."""
     with contextlib.closing(sqlite3.connect(hub.directory / "jupyterhub-gpu-usage.sqlite")) as db:
-        return db.execute('SELECT uid, "group", started, ended FROM jupyterhub_gpu_usage').fetchall()
+        return db.execute(
+            'SELECT uid, "group", started, ended FROM jupyterhub_gpu_usage'
+        ).fetchall()
 
 
 async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_back(
