@@ -70,6 +70,7 @@ from .core.shaping import (
     charge_from_pod,
     merge_settings,
     namespace_for,
+    of_another_hub,
     shape,
 )
 from .kube.client import exception_message
@@ -284,8 +285,11 @@ class GPUKubeSpawner(KubeSpawner):
                     continue
                 raise
             for pod in pods.items:
+                listed = self.api.api_client.sanitize_for_serialization(pod)
+                if of_another_hub(listed, self._hub_namespace):
+                    continue  # e.g. a staging hub's, in group namespaces of the same names
                 try:
-                    charge = charge_from_pod(self.api.api_client.sanitize_for_serialization(pod))
+                    charge = charge_from_pod(listed)
                 except ValueError as e:
                     self.log.warning("%s; it is not counted", e)
                     continue
@@ -510,6 +514,7 @@ class GPUKubeSpawner(KubeSpawner):
             decision.tier,
             username=self.user.name,
             servername=self.name or "",
+            hub=self._hub_namespace,
         )
         current = {key: getattr(self, key) for key in _MERGED_TRAITS}
         for key, value in merge_settings(current, self.gpu_shape).items():

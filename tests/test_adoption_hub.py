@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import time
+from fractions import Fraction
 
 import pytest
 
 from hub_helpers import api, ready, wait_no_pods
-from kube_helpers import GPU_TOLERATION, eventually
+from jupyterhub_gpu.core.selection import Request
+from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL, HUB_LABEL
+from kube_helpers import GPU_TOLERATION, eventually, pod_manifest
 from test_service_hub import aget, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -156,3 +160,27 @@ async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_ba
         assert status in (202, 204)
     await wait_no_pods(core, hub.namespace)
     assert (await core.read_namespace(hub.namespace)).status.phase == "Active"
+
+
+async def test_another_hubs_server_in_the_same_namespace_is_not_counted(hub_factory, core):
+    """A staging hub's server, labelled as its own, in the namespace this hub lists:
+    it holds a GPU of a group of the same name, and this hub's quota ignores it."""
+    hub = await hub_factory(users={"ann": ["lab"]}, policy=POLICY)
+    request = Request(gpus=Fraction(1), cpu=100, memory=2**27, devices=(("gpu", 1),))
+    staging = pod_manifest("jupyter-staging-ann", {"nvidia.com/gpu": "1"})
+    staging["metadata"]["labels"] = {
+        "component": "singleuser-server",
+        GROUP_LABEL: "lab",
+        HUB_LABEL: "staging",
+    }
+    staging["metadata"]["annotations"] = {
+        CHARGE_ANNOTATION: json.dumps({"user": "ann", "request": request.to_json()})
+    }
+    await core.create_namespaced_pod(hub.namespace, staging)
+    await asyncio.to_thread(hub.restart)  # the ledger is rebuilt from the pods it lists
+    status, body = await api(hub, "POST", "/users/ann/server", {"profile": "lab--gpu"})
+    assert status in (201, 202), body
+    pods = (await core.list_namespaced_pod(hub.namespace)).items
+    mine = next(p for p in pods if p.metadata.name != "jupyter-staging-ann")
+    assert mine.metadata.labels[HUB_LABEL] == hub.namespace
+    await core.delete_namespaced_pod("jupyter-staging-ann", hub.namespace, grace_period_seconds=0)

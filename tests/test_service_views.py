@@ -319,14 +319,16 @@ def test_admins_page_through_many_servers():
     assert "HTTP 403 nodes in namespace x" in html
 
 
-def pod_json(name: str, user: str, group: str, gpus: int, *, phase: str = "Running") -> dict:
+def pod_json(
+    name: str, user: str, group: str, gpus: int, *, phase: str = "Running", namespace: str = "ns"
+) -> dict:
     from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL
 
     request = Request(gpus=Fraction(gpus), cpu=1000, memory=2**30, devices=(("h200", gpus),))
     return {
         "metadata": {
             "name": name,
-            "namespace": "ns",
+            "namespace": namespace,
             "labels": {GROUP_LABEL: group},
             "annotations": {
                 CHARGE_ANNOTATION: json.dumps({"user": user, "request": request.to_json()}),
@@ -457,14 +459,15 @@ def test_view_json_is_the_view_with_group_parts_encoded_once(tmp_path):
     pods, _, _ = service.make_reflectors(None)
     pods.items = {}
     pods.on_change(pods)
-    pods._set("ns/p1", pod_json("p1", "ann", "g1", 2))
+    # in the hub's namespace (c.KubeSpawner.namespace), as the service watches it
+    pods._set("jhub/p1", pod_json("p1", "ann", "g1", 2, namespace="jhub"))
     pods.on_change(pods)
     admin = Viewer("root", admin=True)
     first = json.loads(service.view_json(admin))
     assert first == json.loads(json.dumps(service.view(admin)))
     assert first["groups"][1]["gpus"]["used"] == 2
     # a change after the first encoding is seen by the next request
-    pods._set("ns/p1", None)
+    pods._set("jhub/p1", None)
     pods.on_change(pods)
     assert json.loads(service.view_json(admin))["groups"][1]["gpus"]["used"] == 0
 
@@ -642,3 +645,31 @@ def test_a_server_from_before_the_policy_is_charged_recorded_shown_and_never_sto
     shown = server_view(POLICY, servers["ann"], NOW, None)
     assert shown["before_policy"] is True
     assert shown["stops_in_seconds"] is None
+
+
+def test_the_service_counts_only_its_own_hubs_servers():
+    """Two hubs on one cluster (production and staging, group namespaces of the same
+    names): each pod says its hub, and the service counts only its own hub's; a pod
+    from before hubs were labelled counts where this hub's servers run."""
+    from jupyterhub_gpu.core.shaping import HUB_LABEL
+    from jupyterhub_gpu.service.state import ServiceState
+
+    policy = parse_policy(
+        flavors={"h200": {"kind": "gpu"}},
+        profiles={"p": {"gpu": {"flavor": "h200"}}},
+        groups={"alpha": {"quota": {"gpus": 4}, "profiles": ["p"]}},
+        namespace_per_group=True,
+    )
+    state = ServiceState(policy, hub_namespace="prod")
+    group_ns = "jupyterhub-gpu-alpha"
+
+    def labelled(name, hub=None, namespace=group_ns):
+        pod = pod_json(name, "ann", "alpha", 1, namespace=namespace)
+        if hub:
+            pod["metadata"]["labels"][HUB_LABEL] = hub
+        return state.server_pod(pod)
+
+    assert labelled("mine", hub="prod") is not None
+    assert labelled("staging", hub="staging") is None
+    assert labelled("legacy") is not None  # no hub label, in one of this policy's namespaces
+    assert labelled("elsewhere", namespace="other-team") is None

@@ -24,6 +24,9 @@ GROUP_LABEL = f"{LABEL_PREFIX}/group"
 PROFILE_LABEL = f"{LABEL_PREFIX}/profile"
 FLAVOR_LABEL = f"{LABEL_PREFIX}/flavor"
 TIER_LABEL = f"{LABEL_PREFIX}/tier"
+#: which hub a server belongs to (its namespace), so that two hubs sharing a cluster
+#: (production and staging) never count, bill or stop each other's servers
+HUB_LABEL = f"{LABEL_PREFIX}/hub"
 CHARGE_ANNOTATION = f"{LABEL_PREFIX}/charge"
 QUEUE_LABELS = {"kai": "kai.scheduler/queue", "kueue": "kueue.x-k8s.io/queue-name"}
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
@@ -84,6 +87,7 @@ def shape(
     *,
     username: str,
     servername: str = "",
+    hub: str | None = None,
 ) -> PodShape:
     group, profile, flavor = selection.group, selection.profile, selection.flavor
     scheduler = policy.scheduler
@@ -101,6 +105,8 @@ def shape(
         FLAVOR_LABEL: label_value(flavor.name if flavor else "cpu"),
         TIER_LABEL: tier,
     }
+    if hub:
+        result.labels[HUB_LABEL] = label_value(hub)
     for key, template in policy.extra_labels.items():
         result.labels[key] = label_value(
             template.format(
@@ -253,6 +259,13 @@ def _child(node: Any, attribute: str, key: str) -> Any:
         child = {}
         _put(node, attribute, key, child)
     return child
+
+
+def of_another_hub(pod: Mapping[str, Any], hub: str | None) -> bool:
+    """Whether a server pod is labelled as another hub's than ``hub`` (a pod from
+    before hubs were labelled belongs to whoever lists it in its own namespaces)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return hub is not None and labels.get(HUB_LABEL, label_value(hub)) != label_value(hub)
 
 
 def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:

@@ -30,7 +30,14 @@ from ..core.adoption import SERVER_COMPONENT, USERNAME_ANNOTATION, adopt, userna
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.model import Policy
-from ..core.shaping import GROUP_LABEL, PROFILE_LABEL, charge_from_pod, usage_record_from_pod
+from ..core.shaping import (
+    GROUP_LABEL,
+    PROFILE_LABEL,
+    charge_from_pod,
+    namespace_for,
+    of_another_hub,
+    usage_record_from_pod,
+)
 from ..kube.clusterview import capacity_watches
 from ..kube.reflector import Reflector, slim_pod
 from .views import Notice, Server, Snapshot, waiting_lines
@@ -135,6 +142,10 @@ class ServiceState:
         self.hub_namespace = hub_namespace
         #: each user's JupyterHub groups, as the hub last reported them (None: not yet)
         self.user_groups: dict[str, tuple[str, ...]] | None = None
+        #: the policy's group namespaces (with namespace_per_group), where servers run
+        self._group_namespaces = frozenset(
+            namespace_for(policy, g.name) for g in policy.all_groups
+        ) - {None}
         #: servers from before the policy already announced as charged to no group
         self._told_unattributed: set[str] = set()
         #: when each server from before the policy was first charged here (pod uid ->
@@ -187,12 +198,23 @@ class ServiceState:
     def server_pod(self, pod: Mapping[str, Any]) -> ServerPod | None:
         """``server_pod``, a server from before the policy charged by its user's groups
         (None for one outside the hub's namespace: another hub's)."""
+        if of_another_hub(pod, self.hub_namespace):
+            return None  # another hub's server in a namespace this service watches
         found = server_pod(pod)
+        namespace = found.key.split("/", 1)[0]
         if found.before_policy is None:
-            return found
-        if self.hub_namespace is not None and not found.key.startswith(f"{self.hub_namespace}/"):
+            # one from before hubs were labelled: this hub's where its namespaces are
+            return found if self._ours(namespace) else None
+        if self.hub_namespace is not None and namespace != self.hub_namespace:
             return None
         return self._adopted(found)
+
+    def _ours(self, namespace: str) -> bool:
+        """Whether this hub's servers may run in ``namespace``: the hub's own, or one of
+        the policy's group namespaces (any, where the hub's is not known)."""
+        if self.hub_namespace is None or namespace == self.hub_namespace:
+            return True
+        return namespace in self._group_namespaces
 
     def _adopted(self, found: ServerPod) -> ServerPod:
         """A server from before the policy, charged and recording GPU time as the
