@@ -121,6 +121,8 @@ async def test_a_pod_the_hub_never_started_is_recorded_from_its_own_start_and_en
     charge = {"user": "bob", "request": {"gpus": "1", "cpu": 100, "memory": 1, "servers": 1}}
     body = pod_manifest("jupyter-bob-restored", {"nvidia.com/gpu": "1"}, nodeSelector=H200)
     body["metadata"]["labels"] = {
+        # as KubeSpawner labels every server pod (its own watch selects them by it)
+        "component": "singleuser-server",
         "gpu.jupyterhub.org/group": "beta",
         "gpu.jupyterhub.org/profile": "small",
         "gpu.jupyterhub.org/flavor": "h200",
@@ -217,6 +219,12 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub, 
     assert (status, bad["message"]) == (
         400,
         "step: expected a duration such as 5m, 1h or 1d, got 'often'",
+    )
+    # all of history at once is refused before anything is read
+    status, whole = await get_json(time_hub, amy, "api/history?group=alpha&from=0&step=30d")
+    assert (status, whole["message"]) == (
+        400,
+        "at most 366 days of history at once: ask for a later from, or several ranges",
     )
 
     async def showback(token: str) -> dict:

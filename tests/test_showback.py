@@ -74,3 +74,11 @@ def test_the_showback_csv_never_hands_a_spreadsheet_a_formula():
     users = [row["user"] for row in csv.DictReader(io.StringIO(text))]
     # each name is there, whole, behind an apostrophe that makes it text
     assert sorted(users) == sorted(["'" + n for n in names[:4]] + ["ann"])
+
+
+def test_a_history_longer_than_a_year_is_refused_before_reading():
+    from jupyterhub_gpu.core.showback import check_history
+
+    assert check_history(NOV, NOV + 366 * 86400, 86400) == 366
+    with pytest.raises(ShowbackError, match="at most 366 days of history at once"):
+        check_history(0, NOV, 30 * 86400)

@@ -20,6 +20,8 @@ from .budgets import HOUR, UsageRecord, used_seconds
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the most points one history answer has (a year at one-hour steps is 8,760)
 MAX_POINTS = 10_000
+#: the longest range one history request reads (a year and a day)
+MAX_HISTORY_SECONDS = 366 * 86400
 NO_FLAVOR = "(none)"
 
 
@@ -55,6 +57,24 @@ class Series:
         }
 
 
+def check_history(since: float, until: float, step: float) -> int:
+    """The number of points of a history from ``since`` to ``until`` in ``step``s, or a
+    ``ShowbackError`` saying what to ask instead: checked before any record is read."""
+    if step <= 0 or until <= since:
+        raise ShowbackError("step must be positive and from before to")
+    if until - since > MAX_HISTORY_SECONDS:
+        raise ShowbackError(
+            f"at most {MAX_HISTORY_SECONDS // 86400} days of history at once: "
+            "ask for a later from, or several ranges"
+        )
+    count = int((until - since + step - 1) // step)
+    if count > MAX_POINTS:
+        raise ShowbackError(
+            f"{count} points asked for; at most {MAX_POINTS}: use a larger step or a shorter range"
+        )
+    return count
+
+
 def history(
     records: Iterable[UsageRecord],
     since: float,
@@ -65,13 +85,7 @@ def history(
 ) -> Series:
     """GPU-equivalents in use from ``since`` to ``until`` in steps of ``step`` seconds,
     each the average over its step, stacked by flavor."""
-    if step <= 0 or until <= since:
-        raise ShowbackError("step must be positive and from before to")
-    count = int((until - since + step - 1) // step)
-    if count > MAX_POINTS:
-        raise ShowbackError(
-            f"{count} points asked for; at most {MAX_POINTS}: use a larger step or a shorter range"
-        )
+    count = check_history(since, until, step)
     times = [since + i * step for i in range(count)]
     values: dict[str, list[float]] = defaultdict(lambda: [0.0] * count)
     for record in records:

@@ -22,7 +22,7 @@ from typing import Any
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.model import Budget, Policy
-from ..core.showback import Series, Showback, history, month_bounds, showback
+from ..core.showback import Series, Showback, check_history, history, month_bounds, showback
 from .idle import ENGINE_ACTIVE, GPU_UTIL, SHARED_KINDS, Prometheus, PrometheusError
 from .state import ServiceState
 from .time_views import showback_json
@@ -99,6 +99,7 @@ class GPUTime:
         self._revision: int | None = None
         #: showbacks computed since the book last changed, by (month, groups)
         self._showbacks: dict[tuple[str, tuple[str, ...] | None], Showback] = {}
+        self._histories: dict[tuple[str, float, float, float], Series] = {}
         #: what was rendered from them for every admin alike (views, JSON, CSV), by key
         self.rendered: dict[tuple[str, ...], Any] = {}
 
@@ -154,6 +155,7 @@ class GPUTime:
         self._read_at = now
         self.snapshot = self.compute(now)
         self._showbacks.clear()
+        self._histories.clear()
         self.rendered.clear()
 
     def compute(self, now: float) -> GPUTimeSnapshot:
@@ -204,8 +206,22 @@ class GPUTime:
         }
 
     async def history(self, group: str, since: float, until: float, step: float) -> Series:
+        """``group``'s GPU use over time; the range and points are checked before any
+        record is read, the sums made off the event loop, and each answer kept until the
+        next pass reads the book again."""
+        check_history(since, until, step)
+        key = (group, since, until, step)
+        cached = self._histories.get(key)
+        if cached is not None:
+            return cached
         records = await self._records(since, until, self.family(group))
-        return history(records, since, until, step, self.clock(), self.running)
+        series = await asyncio.to_thread(
+            history, records, since, until, step, self.clock(), self.running
+        )
+        if len(self._histories) >= 256:
+            self._histories.pop(next(iter(self._histories)))
+        self._histories[key] = series
+        return series
 
     async def showback(self, month: str, groups: set[str] | None) -> Showback:
         """GPU-hours of a month (``YYYY-MM``) for ``groups`` (None: every group)."""
