@@ -62,3 +62,35 @@ def test_a_running_clusters_range_is_taken_wherever_its_folder_is(local_cluster)
     # folder, and has no pod listening yet when another session's cluster starts beside it
     assert not local_cluster.state.path.is_relative_to(state_root())
     assert local_cluster.state.pod_cidr in pod_addresses_in_use()
+
+
+@pytest.mark.k8s
+def test_a_port_another_process_took_meanwhile_is_chosen_again(tmp_path, monkeypatch):
+    """Ports are chosen free and bound a moment later; a cluster starting beside this
+    one may take one in between. The component exits on it, and the start tries again
+    with new ports instead of failing (or waiting a minute for nodes that never come)."""
+    import socket
+
+    from jupyterhub_gpu.dev.localcluster import cluster as cluster_module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    chosen = cluster_module.free_port
+    handed_out = iter([port])  # the first port handed out (etcd's) is in use
+    monkeypatch.setattr(cluster_module, "free_port", lambda: next(handed_out, None) or chosen())
+    said: list[str] = []
+    try:
+        started = cluster_module.LocalCluster.create(
+            name="port-taken", directory=tmp_path / "cluster", progress=said.append
+        )
+        try:
+            assert port not in started.state.ports.values()
+            (again,) = [m for m in said if "a port was taken" in m]
+            assert "etcd exited during start-up" in again
+            assert cluster_module.PORT_TAKEN in again
+        finally:
+            started.down()
+    finally:
+        taken.close()

@@ -70,6 +70,12 @@ class ClusterError(RuntimeError):
     pass
 
 
+#: what a component's log says when the port it was given was taken meanwhile
+PORT_TAKEN = "address already in use"
+#: the components that make simulated nodes Ready
+NODE_ROLES = ("kwok", "kube-controller-manager")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -242,23 +248,34 @@ class LocalCluster:
             roles += [f"kueue-{server}" for server in KUEUE_SERVERS]
         if "volcano" in schedulers:
             roles += [f"volcano-{server}" for server in volcano.SERVERS]
-        ports = {k: free_port() for k in roles}
-        state = ClusterState(
-            name=name,
-            directory=str(directory),
-            ports=ports,
-            versions=build.versions(schedulers),
-            pod_cidr=choose_pod_cidr(pod_addresses_in_use()),
-            stand_in_schedulers=list(stand_in_schedulers),
-            schedulers=list(schedulers),
-        )
-        cluster = cls(state)
-        try:
-            cluster._start(Path(binaries), nodes, progress, start_timeout)
-        except BaseException:
-            cluster.down()
-            raise
-        return cluster
+        for attempt in (1, 2):
+            # a port is free when chosen and bound a moment later by the component: in
+            # between, another cluster starting beside this one (two test workers) may
+            # take it, and the component exits; the next attempt chooses anew
+            state = ClusterState(
+                name=name,
+                directory=str(directory),
+                ports={k: free_port() for k in roles},
+                versions=build.versions(schedulers),
+                pod_cidr=choose_pod_cidr(pod_addresses_in_use()),
+                stand_in_schedulers=list(stand_in_schedulers),
+                schedulers=list(schedulers),
+            )
+            cluster = cls(state)
+            try:
+                cluster._start(Path(binaries), nodes, progress, start_timeout)
+            except ClusterError as e:
+                cluster.down()
+                if attempt == 1 and PORT_TAKEN in str(e):
+                    progress(f"a port was taken by another process meanwhile ({e}); again")
+                    directory.mkdir(parents=True, exist_ok=True)
+                    continue
+                raise
+            except BaseException:
+                cluster.down()
+                raise
+            return cluster
+        raise AssertionError("unreachable")
 
     def _spawn(self, role: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         logs = self.state.path / "logs"
@@ -594,10 +611,19 @@ class LocalCluster:
                 missing = await self._not_ready(core, nodes)
                 if not missing:
                     return
+                # kwok makes nodes Ready, the controller-manager lifts their not-ready
+                # taint: one that exited (a port taken, say) says why at once
+                for role in NODE_ROLES:
+                    if not _alive(self.state.pids[role]):
+                        raise ClusterError(
+                            f"{role} exited during start-up; its log ends:\n{self._log_tail(role)}"
+                        )
                 if time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"cluster not ready in time: {missing}; logs in {self.state.path / 'logs'}"
+                    tails = "".join(
+                        f"\n--- {role} log ends:\n{self._log_tail(role, 1500)}"
+                        for role in NODE_ROLES
                     )
+                    raise ClusterError(f"cluster not ready in time: {missing}{tails}")
                 await asyncio.sleep(0.25)
 
     @staticmethod
@@ -651,18 +677,22 @@ class LocalCluster:
     def _wait(self, check: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         pid = self.state.pids.get(what)
-        log = self.state.path / "logs" / f"{what}.log"
         while not check():
             if pid and not _alive(pid):
-                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-                raise ClusterError(f"{what} exited during start-up; its log ({log}) ends:\n{tail}")
-            if time.monotonic() > deadline:
-                # the state folder goes with the failed cluster: say what the log said
-                tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise ClusterError(
-                    f"{what} not ready after {timeout:.0f}s; its log ({log}) ends:\n{tail}"
+                    f"{what} exited during start-up; its log ends:\n{self._log_tail(what)}"
+                )
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{what} not ready after {timeout:.0f}s; its log ends:\n{self._log_tail(what)}"
                 )
             time.sleep(0.1)
+
+    def _log_tail(self, role: str, size: int = 3000) -> str:
+        """The end of a component's log: the state folder goes with a failed cluster,
+        so its error says what the log said."""
+        log = self.state.path / "logs" / f"{role}.log"
+        return log.read_text(errors="replace")[-size:] if log.exists() else "(no log)"
 
     def status(self) -> dict[str, Any]:
         processes = {role: _alive(pid) for role, pid in self.state.pids.items()}
