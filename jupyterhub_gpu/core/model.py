@@ -1073,6 +1073,22 @@ def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
 
 
 def _check_parents(e: _Errors, groups: Mapping[str, Group]) -> None:
+    children: dict[str, list[str]] = {}
+    for name, group in groups.items():
+        if group.parent is not None:
+            children.setdefault(group.parent, []).append(name)
+    for name, kids in children.items():
+        parent = groups.get(name)
+        if parent is not None and parent.user_budget is not None and not parent.profiles:
+            # a server is charged to the group it was started in: a per-member budget of
+            # a group that offers no profile of its own would never count anything
+            e.add(
+                f"groups.{name}.per_user.budget",
+                f"{name} offers no profiles of its own, so no server is ever charged to it "
+                f"and this per-member budget would never apply (its children "
+                f"{', '.join(sorted(kids))} are charged instead): set per_user.budget on "
+                "each child",
+            )
     for name, group in groups.items():
         if group.parent is None:
             continue
