@@ -5,7 +5,7 @@ Built by scripts/test with warnings as errors:
     python3 -m sphinx -W --keep-going -b html docs docs/_build/html
 
 The configuration reference is generated from the code: the traits of
-``GPUPolicy`` and ``GPUKubeSpawner`` (autodoc-traits) and the keys the policy
+``GPUPolicy``, ``GPUKubeSpawner`` and ``GPUService`` (autodoc-traits) and the keys the policy
 accepts (the allow-lists in ``jupyterhub_gpu.core.model``), written to
 ``docs/_generated/`` at build time.
 """
@@ -54,11 +54,11 @@ def _spawner_traits() -> str:
 
 
 def _service_traits() -> str:
-    from traitlets.config import Application
+    from traitlets.config import Configurable
 
-    from jupyterhub_gpu.service.app import GPUService
+    from jupyterhub_gpu.config.service_settings import GPUService
 
-    return _own_traits(GPUService, Application)
+    return _own_traits(GPUService, Configurable)
 
 
 def _policy_keys() -> str:

@@ -6,7 +6,7 @@ fresh namespace that is deleted afterwards.
 
 ``scripts/test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``):
 each worker is a session of its own, with its own cluster, Prometheus and Chromium,
-and runs whole modules, so a module's hubs and Kueue cluster start once.
+and runs whole modules, so a module's hubs and scheduler clusters start once.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from kube_helpers import module_cluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,45 +41,10 @@ def local_cluster(tmp_path_factory) -> LocalCluster:
     cluster.down()
 
 
-def module_cluster(request, tmp_path_factory, scheduler: str, **settings) -> LocalCluster:
-    """A cluster of the test module's own that runs ``scheduler`` for real (the modules'
-    queues share names, so each gets one); modules that use it override ``kube``."""
-    module = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
-    directory = tmp_path_factory.mktemp(f"{module}-cluster")
-    return LocalCluster.create(
-        name=f"pytest-{module}-{os.getpid()}",
-        directory=Path(directory),
-        schedulers=(scheduler,),
-        **settings,
-    )
-
-
 @pytest.fixture(scope="module")
 def kueue_cluster(request, tmp_path_factory) -> LocalCluster:
     """A module's cluster with a real Kueue (see ``module_cluster``)."""
     cluster = module_cluster(request, tmp_path_factory, "kueue")
-    yield cluster
-    cluster.down()
-
-
-#: two H200 GPUs in all: a queue's room is the cluster's, so Volcano queues and reclaims
-VOLCANO_NODE_POOLS = {
-    "node_pools": {
-        "cpu": {"count": 1, "cpu": 32, "memory": "128Gi"},
-        "h200": {
-            "count": 1,
-            "cpu": 64,
-            "memory": "512Gi",
-            "gpu": {"product": "NVIDIA-H200-NVL", "memory": 143771, "count": 2},
-        },
-    }
-}
-
-
-@pytest.fixture(scope="module")
-def volcano_cluster(request, tmp_path_factory) -> LocalCluster:
-    """A module's cluster with Volcano's scheduler and controllers, and two GPUs."""
-    cluster = module_cluster(request, tmp_path_factory, "volcano", node_pools=VOLCANO_NODE_POOLS)
     yield cluster
     cluster.down()
 

@@ -1,11 +1,15 @@
-"""Small helpers the k8s tests share: pod manifests and polling."""
+"""Small helpers the k8s tests share: pod manifests, polling, a module's own cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
+
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 
 T = TypeVar("T")
 
@@ -81,3 +85,17 @@ async def failed_scheduling(core, namespace: str, pod: str) -> list:
         return [e for e in listed.items if e.reason == "FailedScheduling"]
 
     return await eventually(events, f"a FailedScheduling event for {pod}")
+
+
+def module_cluster(request, tmp_path_factory, scheduler: str, **settings) -> LocalCluster:
+    """A cluster of the test module's own that runs ``scheduler`` for real (the modules'
+    queues share names, so each gets one); modules that use it override ``kube``. A
+    module may run one per scheduler, one after the other."""
+    module = request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")
+    directory = tmp_path_factory.mktemp(f"{module}-{scheduler}-cluster")
+    return LocalCluster.create(
+        name=f"pytest-{module}-{scheduler}-{os.getpid()}",
+        directory=Path(directory),
+        schedulers=(scheduler,),
+        **settings,
+    )

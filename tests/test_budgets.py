@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from jupyterhub_gpu.core.admission import Ledger
 from jupyterhub_gpu.core.budgets import (
     UsageBook,
     UsageRecord,
     budget_refusal,
     budgets_of,
+    format_hours,
     gpu_hours,
 )
 from jupyterhub_gpu.core.model import parse_policy
@@ -76,6 +79,18 @@ def test_an_open_record_counts_to_now_while_running_else_to_when_last_seen():
     assert gpu_hours([r], NOW - DAY, NOW, running={r.key}) == 3.0
     # the server is gone and nobody saw it end: counted to its last sighting
     assert gpu_hours([r], NOW - DAY, NOW) == 2.0
+
+
+def test_gpu_hours_read_alike_in_messages_and_on_the_dashboard_but_for_thousands():
+    """One formatter: refusals and the profile list write 12345.6, the dashboard's
+    tables 12,345.6 (``grouped``); below a thousand the two are the same, and below one
+    GPU-hour both keep three digits."""
+    assert format_hours(12345.64) == "12345.6"
+    assert format_hours(12345.64, grouped=True) == "12,345.6"
+    assert format_hours(2000) == "2000.0"
+    assert format_hours(2000, grouped=True) == "2,000.0"
+    for value, shown in ((0, "0.0"), (1, "1.0"), (12.34, "12.3"), (0.5, "0.5"), (0.0125, "0.0125")):
+        assert format_hours(value) == format_hours(value, grouped=True) == shown
 
 
 def test_exhausted_group_budget_refuses_with_the_numbers_and_when_room_returns():
@@ -193,3 +208,27 @@ def test_a_stop_budget_admits_only_as_many_gpus_as_its_remainder_gives_their_gra
         "course has 0.6 of 1 GPU-hours left in the last 1 hour; its servers' 2 GPUs and "
         "this server's 1 need 0.75 for the 15 minutes each may run once it is used up"
     )
+
+
+def test_a_per_member_budget_on_a_parent_that_offers_nothing_is_an_error():
+    from jupyterhub_gpu.core.model import PolicyError, parse_policy
+
+    weekly = {"gpu_hours": 10, "period": "7d"}
+    policy = dict(
+        flavors={"g": {"kind": "gpu"}},
+        profiles={"p": {"gpu": {"flavor": "g"}}},
+        groups={
+            "uni": {"quota": {"gpus": 4}, "per_user": {"budget": weekly}},
+            "lab": {"parent": "uni", "quota": {"gpus": 2}, "profiles": ["p"]},
+        },
+    )
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(**policy)
+    assert (
+        "groups.uni.per_user.budget: uni offers no profiles of its own, so no server is "
+        "ever charged to it and this per-member budget would never apply (its children lab "
+        "are charged instead): set per_user.budget on each child"
+    ) in str(caught.value)
+    # where the parent offers profiles of its own, it counts its own servers
+    policy["groups"]["uni"]["profiles"] = ["p"]
+    assert parse_policy(**policy).groups["uni"].user_budget is not None

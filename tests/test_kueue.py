@@ -1,9 +1,9 @@
-"""A real Kueue in the local cluster: the reconciler's queues, the hub's pods, the backstop.
+"""A real Kueue in the local cluster: the reconciler's queues, the hub's pods in them.
 
 One cluster for the module runs Kueue's manager (``schedulers=("kueue",)``). The
-policy runs every server in the hub's namespace (no namespace per group), where
-no ResourceQuota can tell groups apart: Kueue is then what holds a pod created
-past the hub into a full queue.
+policy runs every server in the hub's namespace (no namespace per group). Kueue
+and a hub together (servers queued, preempted, a pod created past the hub held)
+are tests/test_scheduler_spawn.py, for Volcano alike.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import yaml
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.config.values import policy_from_values
-from jupyterhub_gpu.core.pending import kueue_waiting
-from jupyterhub_gpu.dev.localcluster import sockets
 from jupyterhub_gpu.kube.reconciler import Reconciler
 from jupyterhub_gpu.offline import render_pod
 from kube_helpers import eventually
@@ -134,17 +132,6 @@ async def workload_of(kube, pod: client.V1Pod) -> dict | None:
     return None
 
 
-async def test_kueue_runs_on_loopback_and_status_lists_it(kueue_cluster):
-    status = kueue_cluster.status()
-    assert status["processes"].get("kueue") is True
-    assert status["versions"]["kueue"] == "v0.19.2"
-    addresses = sockets.listening_addresses([kueue_cluster.state.pids["kueue"]])
-    listened = [a for found in addresses.values() for a in found]
-    ports = {kueue_cluster.state.ports[f"kueue-{s}"] for s in ("webhook", "health")}
-    assert ports <= {int(a.rsplit(":", 1)[1]) for a in listened}, listened
-    assert all(sockets.is_loopback(a) for a in listened), listened
-
-
 async def test_the_reconciled_queues_are_accepted_and_the_cluster_queue_becomes_active(
     kube, reconciled, hub_namespace
 ):
@@ -202,42 +189,3 @@ async def test_a_spawned_pod_is_admitted_by_kueue_and_runs_on_a_gpu_node(
     assert workload["status"]["admission"]["clusterQueue"] == "lab"
     node = await core.read_node(pod.spec.node_name)
     assert node.metadata.labels["nvidia.com/gpu.product"] == H200
-
-
-async def test_a_pod_created_past_the_hub_into_the_full_queue_waits_until_the_gpu_is_free(
-    kube, reconciled, hub_namespace, values_file, created_pods
-):
-    """The backstop: a pod made the way kubectl would, skipping the hub's admission."""
-    core = client.CoreV1Api(kube)
-    first = await spawner_pod(values_file, "bob")
-    await core.create_namespaced_pod(hub_namespace, first)
-    created_pods.append(first["metadata"]["name"])
-    await admitted_and_running(kube, hub_namespace, first["metadata"]["name"])
-
-    second = await spawner_pod(values_file, "eve")
-    await core.create_namespaced_pod(hub_namespace, second)
-    created_pods.append(second["metadata"]["name"])
-    name = second["metadata"]["name"]
-
-    async def held():
-        pod = await core.read_namespaced_pod(name, hub_namespace)
-        workload = await workload_of(kube, pod)
-        reserved = workload and condition(workload, "QuotaReserved")
-        return (pod, workload, reserved) if reserved and reserved["status"] == "False" else None
-
-    pod, workload, reserved = await eventually(held, f"Kueue holding {name}", within=60)
-    assert GATE in [g.name for g in pod.spec.scheduling_gates or []]
-    assert pod.spec.node_name is None
-    assert pod.status.phase == "Pending"
-    admitted = condition(workload, "Admitted")
-    assert admitted is None or admitted["status"] == "False"
-    # the reason is Kueue's own, naming the resource the queue is out of
-    assert reserved["reason"] == "Pending"
-    assert "nvidia.com/gpu" in reserved["message"], reserved
-    line = kueue_waiting(workload)
-    assert line == f"waiting in Kueue queue lab: {reserved['message']}"
-
-    await core.delete_namespaced_pod(first["metadata"]["name"], hub_namespace)
-    pod, workload = await admitted_and_running(kube, hub_namespace, name)
-    assert not any(g.name == GATE for g in pod.spec.scheduling_gates or [])
-    assert kueue_waiting(workload) is None

@@ -1,6 +1,7 @@
-"""The package's layout holds: the pure core imports no I/O library (a lint rule
-enforces it), and the hub and the service never import the local cluster or the demo,
-so a hub image without the ``[demo]`` extra works."""
+"""The package's layout holds: the pure core imports no I/O library, dependencies point
+one way (core <- config <- kube <- spawner and service; lint rules enforce both), and
+the hub and the service never import the local cluster or the demo, so a hub image
+without the ``[demo]`` extra works."""
 
 from __future__ import annotations
 
@@ -69,26 +70,21 @@ def test_the_offline_commands_work_without_the_demo_extra_and_the_cluster_says_w
     assert "pip install 'jupyterhub-gpu[demo]'" in result.stderr
 
 
-def _ruff_on_core(source: str) -> subprocess.CompletedProcess:
-    """``ruff check`` of ``source`` as if it were a module in jupyterhub_gpu/core/."""
+def _ruff(*args: str, source: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ruff",
-            "check",
-            "--output-format",
-            "concise",
-            "--stdin-filename",
-            str(ROOT / "jupyterhub_gpu/core/probe.py"),
-            "-",
-        ],
+        [sys.executable, "-m", "ruff", "check", "--output-format", "concise", *args],
         input=source,
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=60,
     )
+
+
+def _ruff_as(module: str, source: str) -> subprocess.CompletedProcess:
+    """``ruff check`` of ``source`` as if it were the module at ``module`` (a path in
+    jupyterhub_gpu/), with the lint rules of its folder."""
+    return _ruff("--stdin-filename", str(ROOT / "jupyterhub_gpu" / module), "-", source=source)
 
 
 def test_the_lint_rule_keeps_io_out_of_the_core():
@@ -102,7 +98,7 @@ def test_the_lint_rule_keeps_io_out_of_the_core():
         __all__ = ["ApiException", "GPUKubeSpawner", "client", "web"]
         """
     )
-    result = _ruff_on_core(bad)
+    result = _ruff_as("core/probe.py", bad)
     assert result.returncode == 1
     for banned in (
         "kubernetes_asyncio",
@@ -117,4 +113,46 @@ def test_the_lint_rule_keeps_io_out_of_the_core():
         "from fractions import Fraction\n\nfrom .model import Policy\n\n"
         '__all__ = ["Fraction", "Policy"]\n'
     )
-    assert _ruff_on_core(good).returncode == 0
+    assert _ruff_as("core/probe.py", good).returncode == 0
+
+
+#: what each layer must not import: everything above it
+ABOVE = {
+    "config": ("kube", "service", "spawner", "spawn_admission", "dev"),
+    "kube": ("service", "spawner", "spawn_admission", "dev"),
+}
+
+
+def test_the_lint_rule_keeps_the_layers_pointing_one_way():
+    """config/ reads the core only, kube/ the core and config/: an import of a layer
+    above, relative or absolute, at the top or inside a function, is a lint error."""
+    for layer, above in ABOVE.items():
+        for name in above:
+            for line in (
+                f"from ..{name} import something",
+                f"import jupyterhub_gpu.{name}",
+                # inside a function, as a lazy import would be
+                f"def f():\n    from jupyterhub_gpu.{name} import x\n\n    return x",
+            ):
+                source = f"{line}\n\n__all__ = []\n"
+                result = _ruff_as(f"{layer}/probe.py", source)
+                assert result.returncode == 1, (layer, line)
+                assert f"`jupyterhub_gpu.{name}` is banned: {layer}/ must not" in result.stdout, (
+                    result.stdout
+                )
+
+    # what lies below passes
+    good = {
+        "config": "from ..core.model import Policy\nfrom .policy import GPUPolicy\n",
+        "kube": "from ..config.policy import GPUPolicy\nfrom ..core.model import Policy\n",
+    }
+    for layer, imports in good.items():
+        result = _ruff_as(f"{layer}/probe.py", f'{imports}\n__all__ = ["GPUPolicy", "Policy"]\n')
+        assert result.returncode == 0, (layer, result.stdout)
+
+
+def test_the_package_keeps_its_layers():
+    """The package as it is: no layer imports one above it (the same rules as the lint
+    step, so running the tests alone catches such an import too)."""
+    result = _ruff("--select", "TID251", "jupyterhub_gpu")
+    assert result.returncode == 0, result.stdout

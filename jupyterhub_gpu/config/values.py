@@ -19,6 +19,7 @@ from traitlets.config import Config
 
 from ..core.model import PREFIX, Policy, PolicyError, unknown_settings
 from .policy import GPUPolicy
+from .service_settings import prometheus_url_error, service_setting_names
 
 
 class ValuesError(ValueError):
@@ -243,12 +244,7 @@ def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
     settings = config.get("GPUService") or {}
     if not settings:
         return []
-    from ..service.app import GPUService  # only with settings to check: it imports the service
-    from ..service.idle import prometheus_url_error
-
-    errors = unknown_settings(
-        "hub.config.GPUService", settings, GPUService.class_trait_names(config=True)
-    )
+    errors = unknown_settings("hub.config.GPUService", settings, service_setting_names())
     problem = prometheus_url_error(settings.get("prometheus_url", ""))
     if problem:
         errors.append(f"hub.config.GPUService.prometheus_url: {problem}")

@@ -565,9 +565,14 @@ def format_period(seconds: int) -> str:
     return f"{seconds} seconds"
 
 
-def format_hours(value: float) -> str:
-    """GPU-hours to one decimal (2000 -> "2000.0"); below one, three digits (0.0125)."""
-    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.3g}"
+def format_hours(value: float, *, grouped: bool = False) -> str:
+    """GPU-hours to one decimal (2000 -> "2000.0"); below one, three digits (0.0125).
+
+    ``grouped``: thousands separated, for tables ("12,345.6"); a message keeps the
+    plain number ("12345.6"), which reads the same in a log line and a refusal."""
+    if value >= 1 or value == 0:
+        return f"{value:,.1f}" if grouped else f"{value:.1f}"
+    return f"{value:.3g}"
 
 
 def format_cap(value: float) -> str:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from ..core.budgets import format_period
+from ..core.budgets import format_hours, format_period
 from ..core.quantities import format_duration
 
 _CSS = """
@@ -200,10 +200,6 @@ def tasks_section(tasks: list[dict[str, Any]]) -> str:
     )
 
 
-def _hours(value: float) -> str:
-    return f"{value:,.1f}" if value >= 1 or value == 0 else f"{value:.3g}"
-
-
 def _short_time(epoch: float, span: float) -> str:
     moment = datetime.fromtimestamp(epoch, UTC)
     return moment.strftime("%H:%M" if span <= 86400 else "%b %d")
@@ -316,7 +312,7 @@ def gpu_time_section(view: dict[str, Any]) -> str:
         note = ""
         if hours:
             window = format_period(hours["period_seconds"])
-            note = f"{_hours(hours['used'])} GPU-hours in the last {window}"
+            note = f"{format_hours(hours['used'], grouped=True)} GPU-hours in the last {window}"
             if hours["budget"] is not None:
                 note += f" of a {hours['budget']:g} GPU-hour budget"
                 if hours["exhausted"]:
@@ -347,23 +343,24 @@ def showback_section(showback: dict[str, Any] | None) -> str:
     per_flavor: dict[str, list[str]] = {}
     for item in showback["flavors"]:
         per_flavor.setdefault(item["group"], []).append(
-            f"{item['flavor']} {_hours(item['gpu_hours'])}"
+            f"{item['flavor']} {format_hours(item['gpu_hours'], grouped=True)}"
         )
     for item in showback["groups"]:
         budget = item.get("budget")
         cap = f"{budget['budget']:g}" if budget else ""
         busy = ""
         if item.get("measured_gpu_hours"):
-            busy = f"{_hours(item['utilised_gpu_hours'])} of {_hours(item['measured_gpu_hours'])}"
+            utilised = format_hours(item["utilised_gpu_hours"], grouped=True)
+            busy = f"{utilised} of {format_hours(item['measured_gpu_hours'], grouped=True)}"
         rows.append(
             f"<tr><td>{escape(item['group'])}</td>"
-            f'<td class="num">{_hours(item["gpu_hours"])}</td>'
+            f'<td class="num">{format_hours(item["gpu_hours"], grouped=True)}</td>'
             f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
             f'<td class="num">{busy}</td><td class="num">{cap}</td></tr>'
         )
     users = [
         f"<tr><td>{escape(u['group'])}</td><td>{escape(u['user'])}</td>"
-        f'<td class="num">{_hours(u["gpu_hours"])}</td></tr>'
+        f'<td class="num">{format_hours(u["gpu_hours"], grouped=True)}</td></tr>'
         for u in sorted(showback["users"], key=lambda u: -u["gpu_hours"])[:50]
     ]
     link = f"api/showback?month={month}&amp;format=csv"

@@ -1,0 +1,229 @@
+"""``GPUService``: the settings of the hub service (``hub.config.GPUService``).
+
+Declared here, beside ``GPUPolicy``, so that checking a hub's configuration
+(``jupyterhub-gpu check``, the hub's start-up check) knows every setting of the
+service without importing it; the service's application
+(``jupyterhub_gpu.service.app.GPUService``) inherits them, and traitlets applies
+the ``GPUService`` section to both. The service is a traitlets ``Application``:
+its log settings (``log_level``, ...) are ``GPUService`` settings too.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+from traitlets import Bool, Float, Int, Unicode
+from traitlets.config import Application, Configurable
+
+
+class GPUService(Configurable):
+    """The service's own settings; how it runs is ``jupyterhub_gpu.service.app``."""
+
+    config_file = Unicode(
+        help="""
+        The hub's config file, where the service finds ``GPUPolicy`` (the same
+        policy as the hub's) and its own ``GPUService`` settings. Default:
+        ``$JUPYTERHUB_GPU_CONFIG``, else z2jh's
+        ``/usr/local/etc/jupyterhub/jupyterhub_config.py``, else
+        ``jupyterhub_config.py`` in the working directory.
+
+        In a z2jh hub pod (the file's folder holds the chart's ``z2jh.py``) the
+        service does not run that file, which needs the pod's Kubernetes Service
+        variables a hub-managed service does not inherit: it reads
+        ``hub.config.GPUPolicy``, ``hub.config.GPUService`` and
+        ``hub.config.KubeSpawner`` from the chart values, as the hub's start-up
+        check does. Elsewhere it loads the file; a file that fails to load
+        stops the service.
+        """,
+    ).tag(config=True)
+
+    namespace = Unicode(
+        "",
+        help="""
+        The namespace the hub spawns servers in. Default:
+        ``KubeSpawner.namespace`` from the hub's config (z2jh:
+        ``hub.config.KubeSpawner.namespace``), else ``$POD_NAMESPACE``, else the
+        service account's namespace (in the hub pod), else ``default``.
+        """,
+    ).tag(config=True)
+
+    hub_poll_interval = Float(5.0, help="Seconds between reads of the hub's server list.").tag(
+        config=True
+    )
+
+    rules_interval = Float(
+        30.0,
+        help="""
+        Seconds between runs of the runtime rules (``max_runtime`` stops and the
+        over-limit report) and of the idle rule. A server is stopped at most this
+        long after its ``max_runtime``.
+        """,
+    ).tag(config=True)
+
+    reconcile_interval = Float(
+        60.0,
+        help="""
+        Seconds between reconcile passes (0: never): the namespaces, quotas,
+        network policies, priority classes, scheduler queues and DRA claim
+        templates the policy implies are created, updated when they drift, and
+        pruned when the policy drops them (``jupyterhub_gpu.kube.reconciler``; the same
+        objects as ``jupyterhub-gpu manifests``). A pass that changes nothing
+        writes nothing. Errors (a missing CRD, missing RBAC) show under *Service
+        health* and are retried with backoff.
+        """,
+    ).tag(config=True)
+
+    prune_namespaces = Bool(
+        False,
+        help="""
+        Delete the namespace of a group the policy no longer has
+        (``namespace_per_group``). Off by default: such a namespace is kept and
+        reported on the page and in the log, while the objects the service made
+        in it (quota, limit range, network policy, ...) are pruned. Even when on,
+        a namespace that still holds pods is never deleted: it is reported, and
+        deleted by a later pass once its servers are gone.
+        """,
+    ).tag(config=True)
+
+    reconcile_dry_run = Bool(
+        False,
+        help="""
+        Reconcile without writing: each pass logs every object it would create,
+        update or prune, and changes nothing in the cluster. Turn it on for the
+        first start of the service on a cluster that already has objects, read
+        the log, then turn it off.
+        """,
+    ).tag(config=True)
+
+    hub_service_account = Unicode(
+        "hub",
+        help="""
+        The hub's Kubernetes service account (z2jh: ``hub``), bound in each group
+        namespace so the hub can spawn there when ``namespace_per_group`` is on.
+        """,
+    ).tag(config=True)
+
+    max_backoff = Float(
+        300.0,
+        help="""
+        Longest wait, in seconds, between retries of a failing task (API
+        errors, conflicts, missing permissions); retries start at the task's
+        interval and double.
+        """,
+    ).tag(config=True)
+
+    stop_over_limit_after = Float(
+        None,
+        allow_none=True,
+        help="""
+        Stop servers of a group that stays over its limit (e.g. after the
+        policy lowered it) for this many seconds, youngest first, until the
+        group fits. ``None`` (the default): only report them on the page, in
+        the log and in metrics.
+        """,
+    ).tag(config=True)
+
+    prometheus_url = Unicode(
+        "",
+        help="""
+        The Prometheus server that scrapes the NVIDIA DCGM exporter (the GPU
+        Operator's ``dcgm-exporter``), e.g. ``http://prometheus-server.monitoring``
+        or kube-prometheus-stack's
+        ``http://kube-prometheus-stack-prometheus.monitoring:9090``. The idle
+        rule (a group's ``idle: {after, gpu_utilization_below}``) asks it, through
+        ``/api/v1/query``, for the GPU utilisation of each server's pod
+        (``DCGM_FI_DEV_GPU_UTIL``; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` for MIG
+        slices), by the ``namespace`` and ``pod`` labels dcgm-exporter adds
+        (scrape it with ``honor_labels: true`` so they are kept as they are).
+
+        Empty (the default): no GPU metrics; idle servers are found by the
+        hub's record of notebook activity alone. When it is set and cannot be
+        reached, servers judged by GPU utilisation are neither warned nor
+        stopped, and the *idle servers* task shows the error. A server whose
+        pod it has no series for is neither warned nor stopped either; when
+        that is most of them, the task shows that as an error too.
+        """,
+    ).tag(config=True)
+
+    idle_notice = Float(
+        600.0,
+        help="""
+        Seconds between the notice that a server is idle (on the dashboard and in
+        the log, with the time of the stop) and its stop. The server is stopped
+        only if it is still idle then: use in between (GPU utilisation at or
+        above the group's ``gpu_utilization_below``, or notebook activity where
+        that is the signal) cancels the stop.
+        """,
+    ).tag(config=True)
+
+    metrics_require_auth = Bool(
+        True,
+        help="""
+        Require a hub token with the ``read:metrics`` scope for ``metrics``
+        (the scope the hub's own /hub/metrics uses with
+        ``JupyterHub.authenticate_prometheus``): give Prometheus the token of a
+        service whose role has ``read:metrics``. ``False``: anyone who can
+        reach the service may read the per-group numbers.
+        """,
+    ).tag(config=True)
+
+    ip = Unicode(
+        "",
+        help="""
+        The address to listen on. Default: the host of
+        ``$JUPYTERHUB_SERVICE_URL`` (the service's ``url``) when it is an IP
+        address or ``localhost``; otherwise (z2jh's ``http://hub:10101``, a
+        Kubernetes Service name the proxy pod connects to) all interfaces.
+        """,
+    ).tag(config=True)
+
+    auth_cache_max_age = Int(
+        30,
+        help="""
+        Seconds the service trusts what the hub said about a user's token (their
+        name, admin flag and groups) before asking again. A user an admin removes
+        from a group stops seeing that group's usage within this time.
+        JupyterHub's own default for services is 300 seconds.
+        """,
+    ).tag(config=True)
+
+    watch_timeout = Int(300, help="Seconds a Kubernetes watch runs before it is renewed.").tag(
+        config=True
+    )
+
+    usage_interval = Float(
+        30.0,
+        help="""
+        Seconds between passes that write down GPU time (``GPUPolicy.accounting_url``):
+        each GPU server pod is marked as seen, pods the hub did not record get a row
+        from their own start, and rows of pods that are gone are ended at their last
+        sighting. An end nobody witnessed (the hub down when a pod was removed) is
+        off by at most this long. The budgets, history and showback the service
+        shows are read back at the same time.
+        """,
+    ).tag(config=True)
+
+
+def service_setting_names() -> set[str]:
+    """Every setting ``hub.config.GPUService`` may hold: the service's own and its
+    application's (``log_level``, ...)."""
+    return set(GPUService.class_trait_names(config=True)) | set(
+        Application.class_trait_names(config=True)
+    )
+
+
+def prometheus_url_error(url: object) -> str | None:
+    """Why ``url`` cannot be the Prometheus server's URL, or None (empty: not configured)."""
+    if url == "" or url is None:
+        return None
+    if not isinstance(url, str):
+        return f"expected the Prometheus server's http(s) URL, got {url!r}"
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return (
+            "expected the Prometheus server's http(s) URL, such as "
+            f"http://prometheus-server.monitoring or http://127.0.0.1:9090, got {url!r}"
+        )
+    if parsed.query or parsed.fragment:
+        return f"expected a URL without ?query or #fragment, got {url!r}"
+    return None
