@@ -7,7 +7,8 @@ Prometheus scraping it every second. The group ``lab`` reclaims GPUs idle for
 
 Users: ann (whole GPU, 0%), bob (whole GPU, 50%), carl (time-sliced GPU, the
 device reports 50% but cannot be attributed), dave (whole GPU, busy until a
-test idles him), erin (MIG slice, 0%).
+test idles him), erin (MIG slice, 0%). A hub of their own for the failure cases:
+Prometheus unreachable, and a busy GPU the exporter does not map to its pod.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jupyterhub_gpu.dev.localcluster.cluster import free_port
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.service.idle import Prometheus, PrometheusError
 from kube_helpers import eventually
-from test_service_hub import start_server, usage, user_token, wait_for_service
+from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -207,6 +208,79 @@ async def test_prometheus_unreachable_stops_nothing_and_the_task_shows_why(hub_f
     await asyncio.sleep(3 * 5 + 2)
     assert await running(hub, "ann")
     assert await notices(hub, root, "ann") == []
+
+
+async def idle_task(hub: LocalHub, token: str) -> dict | None:
+    view, _ = await usage(hub, token)
+    return next((t for t in view["tasks"] if t["name"] == "idle servers"), None)
+
+
+async def service_metrics(hub: LocalHub) -> set[str]:
+    # the hub's test-admin service token has read:metrics, as a Prometheus would
+    status, _, body = await aget(hub.service_url + "metrics", hub.api_token)
+    assert status == 200, body
+    return set(body.splitlines())
+
+
+async def test_a_busy_gpu_without_series_is_never_stopped_and_the_task_says_why(
+    hub_factory, gpu_metrics
+):
+    policy = {**POLICY, "groups": {"lab": {**POLICY["groups"]["lab"], "idle": {"after": "5s"}}}}
+    hub = await hub_factory(
+        users={"fay": ["lab"]},
+        admin_users=("root",),
+        policy=policy,
+        gpu_service=True,
+        service_settings={**settings(gpu_metrics.prometheus.url, after_notice=2), "max_backoff": 2},
+        extra_config=CONFIG,
+    )
+    exporter, pod = gpu_metrics.exporter, "jupyter-fay"
+    # fay trains from a terminal: her GPU is busy, her notebook silent; the exporter
+    # reports her GPU without her pod's labels (as when it cannot map a device to a pod)
+    exporter.set_utilization(hub.namespace, pod, 90)
+    exporter.set_mapped(hub.namespace, pod, False)
+    try:
+        await wait_for_service(hub)
+        await start_server(hub, "fay", "lab--whole")
+        root = await user_token(hub, "root")
+
+        async def failing():
+            task = await idle_task(hub, root)
+            return task if task and task["consecutive_failures"] >= 2 else None
+
+        task = await eventually(failing, "the idle task to fail twice", within=60, interval=0.5)
+        assert task["last_error"].startswith(
+            "NoDCGMSeries: 1 of 1 servers judged by GPU utilisation have no DCGM series in "
+            "Prometheus, so are neither warned nor stopped: is dcgm-exporter down on their "
+            "nodes, scraped without honorLabels (labels renamed exported_pod) or not mapping "
+            "DRA devices to pods? nodes "
+        ), task
+        assert task["last_error"].endswith(f"; pods {hub.namespace}/{pod}"), task
+        lines = await service_metrics(hub)
+        assert "jupyterhub_gpu_idle_servers_judged_by_dcgm 1.0" in lines
+        assert "jupyterhub_gpu_idle_servers_without_dcgm_series 1.0" in lines
+        assert 'jupyterhub_gpu_task_consecutive_failures{task="idle servers"} 0.0' not in lines
+        # three times the idle time plus the notice: by notebook activity fay would be gone
+        await asyncio.sleep(3 * 5 + 2)
+        assert await running(hub, "fay")
+        assert await notices(hub, root, "fay") == []
+
+        # the exporter maps her GPU again: measured busy, the task recovers
+        exporter.set_mapped(hub.namespace, pod, True)
+
+        async def recovered():
+            task = await idle_task(hub, root)
+            return task if task and task["ok"] else None
+
+        task = await eventually(recovered, "the idle task to recover", within=60, interval=0.5)
+        assert task["last_result"].startswith("1 server(s) checked, 0 warned, 0 stopped"), task
+        lines = await service_metrics(hub)
+        assert "jupyterhub_gpu_idle_servers_without_dcgm_series 0.0" in lines
+        assert await running(hub, "fay")
+        assert await notices(hub, root, "fay") == []
+    finally:
+        exporter.set_mapped(hub.namespace, pod, True)
+        exporter.set_utilization(hub.namespace, pod, None)
 
 
 async def test_a_url_that_is_not_prometheus_is_named_as_such(gpu_metrics):

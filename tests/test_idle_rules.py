@@ -5,20 +5,24 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import generate_latest
 
+from jupyterhub_gpu.config.service_settings import prometheus_url_error
 from jupyterhub_gpu.core.admission import Charge
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.selection import Request
+from jupyterhub_gpu.service import metrics
 from jupyterhub_gpu.service.idle import (
     ENGINE_ACTIVE,
     GPU_UTIL,
+    IdleServers,
+    NoDCGMSeries,
     Utilization,
     candidates,
     judge,
-    prometheus_url_error,
     utilization_queries,
 )
-from jupyterhub_gpu.service.state import ServerPod
+from jupyterhub_gpu.service.state import ServerPod, ServiceState
 from jupyterhub_gpu.service.views import Server
 
 POLICY = parse_policy(
@@ -105,17 +109,33 @@ def test_not_idle_without_enough_samples_or_before_the_idle_time():
     assert judged("shared", 7000).idle is False
 
 
-def test_activity_where_utilisation_cannot_be_attributed_or_is_missing():
+def test_activity_where_utilisation_cannot_be_attributed_or_is_not_configured():
     reading = judged("shared", 9000, active_ago=7300, seen=Utilization(0, True))
     assert reading.idle is True
     assert reading.signal == (
         "no notebook activity for 2h (GPU use of a shared GPU cannot be attributed)"
     )
     assert judged("shared", 9000, active_ago=60).idle is False
-    assert judged("h200", 9000, active_ago=7300).signal.endswith("(no DCGM metrics for its pod)")
+    # Prometheus answered without a series for the shared device's pod: activity as before
+    assert judged("shared", 9000, active_ago=7300).idle is True
     assert judged("h200", 9000, active_ago=7300, prom=False).signal.endswith(
         "(no GPU metrics configured)"
     )
+
+
+@pytest.mark.parametrize("flavor", ["h200", "mig"])
+def test_no_series_for_an_attributable_gpu_is_unknown_never_notebook_activity(flavor):
+    # no notebook activity for the whole run (a training run in a terminal), and
+    # Prometheus answered without a series for the pod (exporter down, no honorLabels)
+    reading = judged(flavor, 9000, active_ago=None)
+    assert reading.idle is None
+    assert (reading.dcgm, reading.no_series) == (True, True)
+    assert reading.signal == "no DCGM series for its pod"
+    # whatever the activity says
+    assert judged(flavor, 90000, active_ago=80000).idle is None
+    # a series (any series) is judged by it
+    reading = judged(flavor, 9000, seen=Utilization(highest=0, covered=True))
+    assert (reading.idle, reading.dcgm, reading.no_series) == (True, True, False)
 
 
 def test_prometheus_not_answering_decides_nothing():
@@ -137,3 +157,103 @@ def test_the_queries_read_the_window_and_its_edges():
 @pytest.mark.parametrize("url", ["prometheus:9090", "ftp://p", "http://", 9090])
 def test_a_prometheus_url_must_be_http(url):
     assert "expected the Prometheus server's http(s) URL" in prometheus_url_error(url)
+
+
+# ---- a whole run, against a Prometheus that answers what each test says ---------------
+
+
+class AnsweringPrometheus:
+    """Answers the idle rule's two queries with a series for each pod in ``percent``
+    (covering the whole window); pods not in it have no series."""
+
+    def __init__(self, percent: dict[str, float]) -> None:
+        self.percent = percent
+
+    async def query(self, promql: str) -> list[dict]:
+        return [
+            {"metric": {"namespace": "jhub", "pod": pod}, "value": [0, str(value)]}
+            for pod, value in self.percent.items()
+        ]
+
+
+def idle_pass(users: dict[str, str], percent: dict[str, float]):
+    """An IdleServers over ``users`` (user -> flavor), every server started 3h ago with no
+    notebook activity, the bound pods on node gpu-<user>; and what it stopped."""
+    state = ServiceState(POLICY)
+    state.server_pods = {f"p-{u}": pod(u, "lab", flavor) for u, flavor in users.items()}
+    state.cluster_pods = {f"jhub/jupyter-{u}": {"spec": {"nodeName": f"gpu-{u}"}} for u in users}
+    state.set_servers([server(u, "lab", 3 * 3600) for u in users])
+    stopped = []
+
+    async def stop(user: str, name: str, reason: str) -> None:
+        stopped.append((user, reason))
+
+    rule = IdleServers(POLICY, state, stop, AnsweringPrometheus(percent), notice_period=60)
+    return rule, state, stopped
+
+
+async def test_most_servers_without_series_fail_the_task_and_stop_nothing_by_activity():
+    users = {"ann": "h200", "bob": "mig", "carl": "shared", "dave": "h200"}
+    rule, state, stopped = idle_pass(users, {"jupyter-dave": 80})
+    with pytest.raises(NoDCGMSeries) as caught:
+        await rule.run(NOW)
+    message = str(caught.value)
+    assert message.startswith(
+        "2 of 3 servers judged by GPU utilisation have no DCGM series in Prometheus, "
+        "so are neither warned nor stopped: is dcgm-exporter down on their nodes, scraped "
+        "without honorLabels (labels renamed exported_pod) or not mapping DRA devices to pods?"
+    ), message
+    assert message.endswith("nodes gpu-ann, gpu-bob; pods jhub/jupyter-ann, jhub/jupyter-bob")
+    # carl's shared GPU is still judged by his (missing) notebook activity
+    assert [n.user for n in state.notices] == ["carl"]
+    assert "no notebook activity" in state.notices[0].text
+    # past the notice: carl is stopped, ann and bob (no series) are never warned nor stopped
+    with pytest.raises(NoDCGMSeries):
+        await rule.run(NOW + timedelta(seconds=61))
+    assert stopped == [("carl", "idle")]
+    assert {n.user for n in state.notices} == {"carl"}
+    assert (rule.coverage.judged, rule.coverage.without_series) == (
+        3,
+        ("jhub/jupyter-ann", "jhub/jupyter-bob"),
+    )
+
+
+async def test_a_few_servers_without_series_are_left_alone_without_failing():
+    users = {"ann": "h200", "bob": "mig", "dave": "h200"}
+    rule, state, stopped = idle_pass(users, {"jupyter-bob": 0, "jupyter-dave": 80})
+    result = await rule.run(NOW)
+    assert result == (
+        "3 server(s) checked, 1 without DCGM series (left alone), 1 warned, 0 stopped, "
+        "1 awaiting their stop"
+    )
+    await rule.run(NOW + timedelta(seconds=61))
+    # bob's slice measured idle is stopped; ann, with no series, is neither warned nor stopped
+    assert stopped == [("bob", "idle")]
+    assert all(n.user == "bob" for n in state.notices)
+    assert rule.coverage.without_series == ("jhub/jupyter-ann",)
+    assert not rule.coverage.degraded
+
+
+async def test_the_metrics_say_how_many_servers_have_no_series():
+    rule, state, _ = idle_pass({"ann": "h200", "bob": "h200"}, {})
+    with pytest.raises(NoDCGMSeries):
+        await rule.run(NOW)
+
+    def snapshot():
+        snap = state.snapshot([])
+        snap.idle = rule.coverage
+        return snap
+
+    registry, _ = metrics.registry(POLICY, snapshot)
+    lines = generate_latest(registry).decode().splitlines()
+    assert "jupyterhub_gpu_idle_servers_judged_by_dcgm 2.0" in lines
+    assert "jupyterhub_gpu_idle_servers_without_dcgm_series 2.0" in lines
+
+
+def test_a_server_from_before_the_policy_is_never_an_idle_candidate():
+    from dataclasses import replace
+
+    old = replace(server("ann", "lab", 99_000), before_policy=True)
+    assert candidates(POLICY, [old], {"p": pod("ann", "lab", "h200")}) == []
+    # the same server started by the policy is one
+    assert candidates(POLICY, [server("ann", "lab", 99_000)], {"p": pod("ann", "lab", "h200")})

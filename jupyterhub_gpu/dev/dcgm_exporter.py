@@ -6,7 +6,10 @@ would on those nodes, with its metric names and labels, for Prometheus to
 scrape: each server pod (labelled ``gpu.jupyterhub.org/group``, Running on a
 node) gets the devices it requested, with the utilisation a test or the demo
 sets for it (``set_utilization``, or ``PUT /utilization/<namespace>/<pod>``
-with ``{"percent": 50}``; default ``default_utilization``).
+with ``{"percent": 50}``; default ``default_utilization``). ``set_mapped(namespace,
+pod, False)`` reports a pod's devices without its ``namespace``/``pod`` labels, as
+dcgm-exporter does for a device it cannot map to a pod (no pod-resources access,
+DRA devices): Prometheus then has no series for the pod.
 
 What it serves, per device kind (as dcgm-exporter does when it maps devices to
 pods through the kubelet's pod-resources API):
@@ -46,7 +49,7 @@ import json
 import signal
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,8 +209,10 @@ def metric_families(
     devices: DeviceMap,
     utilization: Mapping[tuple[str, str], float],
     default: float,
+    unmapped: Collection[tuple[str, str]] = (),
 ) -> list[Metric]:
-    """The two metric families, as dcgm-exporter would report them now (pure)."""
+    """The two metric families, as dcgm-exporter would report them now (pure);
+    the devices of the ``unmapped`` (namespace, pod) without pod labels."""
     util = Metric(GPU_UTIL, "GPU utilization (in %).", "gauge")
     engine = Metric(ENGINE_ACTIVE, "Ratio of time the graphics engine is active.", "gauge")
     by_pod = {p.uid: p for p in pods}
@@ -216,6 +221,8 @@ def metric_families(
         return min(max(utilization.get((pod.namespace, pod.name), default), 0.0), 100.0)
 
     def with_pod(labels: dict[str, str], pod: PodOnNode) -> dict[str, str]:
+        if (pod.namespace, pod.name) in unmapped:
+            return labels
         return {**labels, "container": pod.container, "namespace": pod.namespace, "pod": pod.name}
 
     whole: dict[tuple[str, int], PodOnNode] = {}
@@ -248,8 +255,10 @@ def metric_families(
                 util.add_sample(GPU_UTIL, base, 0.0)
                 continue
             value = min(sum(percent(p) for p in on_it), 100.0)
-            for pod in on_it:
-                util.add_sample(GPU_UTIL, with_pod(base, pod), value)
+            # unmapped pods sharing the device make one series without pod labels
+            series = {tuple(sorted(with_pod(base, p).items())) for p in on_it}
+            for sample in sorted(series):
+                util.add_sample(GPU_UTIL, dict(sample), value)
     return [util, engine]
 
 
@@ -272,6 +281,7 @@ class SimulatedDCGMExporter:
         self.default_utilization = default_utilization
         self.devices = DeviceMap()
         self._utilization: dict[tuple[str, str], float] = {}
+        self._unmapped: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -301,6 +311,20 @@ class SimulatedDCGMExporter:
         with self._lock:
             return dict(self._utilization)
 
+    def set_mapped(self, namespace: str, pod: str, mapped: bool) -> None:
+        """False: from the next scrape on, the pod's devices are reported (with their
+        utilisation) without its ``namespace``, ``pod`` and ``container`` labels, as
+        for a device dcgm-exporter cannot map to a pod; True (the default): with them."""
+        with self._lock:
+            if mapped:
+                self._unmapped.discard((namespace, pod))
+            else:
+                self._unmapped.add((namespace, pod))
+
+    def unmapped(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return set(self._unmapped)
+
     async def render(self, core) -> bytes:
         """One scrape: the pods and nodes as the API server lists them now."""
         nodes_raw = await core.list_node(_preload_content=False)
@@ -314,7 +338,7 @@ class SimulatedDCGMExporter:
         pods = _pods(json.loads(await pods_raw.read())["items"])
         self.devices.update(pods, nodes)
         families = metric_families(
-            pods, nodes, self.devices, self.utilization(), self.default_utilization
+            pods, nodes, self.devices, self.utilization(), self.default_utilization, self.unmapped()
         )
         return generate_latest(_Families(families))
 

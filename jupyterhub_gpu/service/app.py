@@ -140,6 +140,7 @@ class GPUService(Application, service_settings.GPUService):
     def snapshot(self) -> Snapshot:
         snapshot = self.state.snapshot(self.task_statuses())
         snapshot.gpu_time = self.gpu_time.snapshot
+        snapshot.idle = self.idle_servers.coverage
         return snapshot
 
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:

@@ -11,19 +11,26 @@ that has run for at least ``after``:
   ``DCGM_FI_DEV_GPU_UTIL`` (percent) for a whole GPU,
   ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a ratio, times 100) for a MIG slice. Below
   ``gpu_utilization_below`` all that time: idle. A pod whose samples do not
-  reach back to the start of that window is not idle (not enough data).
+  reach back to the start of that window is not idle (not enough data). A pod
+  Prometheus has no series for is unknown: never warned, never stopped, and
+  never judged by notebook activity instead (a training run in a terminal or a
+  long cell makes none).
 - **Notebook activity**, where a GPU's use cannot be attributed to one pod
   (``timeslice``, ``mps``, ``fraction`` and ``hami`` flavors share a device:
-  each pod sees the device's whole utilisation), where no Prometheus is
-  configured, or where Prometheus has no series for the pod: the hub's
-  ``last_activity`` of the server. No activity for ``after``: idle.
+  each pod sees the device's whole utilisation), or where no Prometheus is
+  configured: the hub's ``last_activity`` of the server. No activity for
+  ``after``: idle.
 
 An idle server gets a notice (the dashboard and the log) that says which
 signal was used and when it will be stopped; ``GPUService.idle_notice`` later,
 if it is still idle, the hub is asked to stop it. Use or activity coming back
 in between cancels the stop, with a notice. When Prometheus cannot be reached,
 the servers judged by DCGM are left as they are (neither warned nor stopped nor
-cleared) and the task fails, naming the URL, until it answers again.
+cleared) and the task fails, naming the URL, until it answers again. When it
+answers but has no series for most (more than half) of the servers judged by
+DCGM, the task fails too (``NoDCGMSeries``), naming the likely causes; those
+servers are left as they are and the others are still judged. Each run's
+numbers (``Coverage``) are in the service's metrics.
 
 What is remembered (who was warned, when) lives in memory: after a restart of
 the service a server is warned again, which only ever delays a stop.
@@ -36,7 +43,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import urlencode, urlparse
+from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -59,23 +66,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 class PrometheusError(Exception):
     """Prometheus did not answer a query; the message names the URL and what to check."""
-
-
-def prometheus_url_error(url: object) -> str | None:
-    """Why ``url`` cannot be the Prometheus server's URL, or None (empty: not configured)."""
-    if url == "" or url is None:
-        return None
-    if not isinstance(url, str):
-        return f"expected the Prometheus server's http(s) URL, got {url!r}"
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        return (
-            "expected the Prometheus server's http(s) URL, such as "
-            f"http://prometheus-server.monitoring or http://127.0.0.1:9090, got {url!r}"
-        )
-    if parsed.query or parsed.fragment:
-        return f"expected a URL without ?query or #fragment, got {url!r}"
-    return None
 
 
 class Prometheus:
@@ -155,12 +145,13 @@ def candidates(
     """The servers an idle rule applies to now, with the metric each is judged by.
 
     A server still starting or already stopping is left alone, and so is one
-    without a pod or without GPUs (CPU-only servers hold nothing to reclaim).
+    without a pod or without GPUs (CPU-only servers hold nothing to reclaim), and
+    one started before the policy (never stopped because of the switch).
     """
     by_server = {(p.user, p.servername): p for p in pods.values() if p.charge is not None}
     result = []
     for server in servers:
-        if server.pending or not server.ready or server.started is None:
+        if server.pending or not server.ready or server.started is None or server.before_policy:
             continue
         group = policy.find_group(server.group)
         pod = by_server.get((server.user, server.name))
@@ -223,10 +214,15 @@ class Reading:
     """What one run found about one server."""
 
     #: True: idle; False: in use (or not enough data to say it is idle);
-    #: None: unknown this run (Prometheus did not answer): nothing changes
+    #: None: unknown this run (Prometheus did not answer, or has no series for the
+    #: pod): nothing changes
     idle: bool | None
     #: the signal, in words, for the notice
     signal: str
+    #: judged by DCGM: from what Prometheus answered about the pod's GPU use
+    dcgm: bool = False
+    #: judged by DCGM, and Prometheus answered without a series for the pod
+    no_series: bool = False
 
 
 def _since(server: Server) -> datetime | None:
@@ -246,6 +242,10 @@ def judge(
 
     ``utilization``: what Prometheus said for the candidate's metric (None: it
     did not answer); ``prometheus``: whether one is configured at all.
+
+    A server whose GPU use is attributable to its pod is judged by that use
+    alone: no series for the pod is unknown, not a reason to look at notebook
+    activity (a silent training run makes none).
     """
     rule, server = candidate.rule, candidate.server
     after = format_duration(rule.after)
@@ -260,18 +260,63 @@ def judge(
         return Reading(None, "Prometheus did not answer")
     else:
         seen = utilization.get((candidate.namespace, candidate.pod_name))
-        if seen is not None:
-            if not seen.covered:
-                return Reading(False, f"DCGM samples do not cover the last {after}")
-            idle = seen.highest < rule.gpu_utilization_below
-            below = f"{rule.gpu_utilization_below:g}%"
-            if idle:
-                return Reading(True, f"GPU utilisation below {below} for {after} (DCGM)")
-            return Reading(False, f"GPU utilisation reached {seen.highest:g}% (DCGM)")
-        why = "no DCGM metrics for its pod"
+        if seen is None:
+            return Reading(None, "no DCGM series for its pod", dcgm=True, no_series=True)
+        if not seen.covered:
+            return Reading(False, f"DCGM samples do not cover the last {after}", dcgm=True)
+        idle = seen.highest < rule.gpu_utilization_below
+        below = f"{rule.gpu_utilization_below:g}%"
+        if idle:
+            return Reading(True, f"GPU utilisation below {below} for {after} (DCGM)", dcgm=True)
+        return Reading(False, f"GPU utilisation reached {seen.highest:g}% (DCGM)", dcgm=True)
     since = _since(server)
     idle = since is not None and (now - since).total_seconds() >= rule.after
     return Reading(idle, f"no notebook activity for {after} ({why})")
+
+
+class NoDCGMSeries(Exception):
+    """Prometheus answered, but has no series for most servers judged by GPU use."""
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """One run's servers judged by GPU utilisation (past their idle time, Prometheus
+    answering), and which of them Prometheus had no series for."""
+
+    judged: int = 0
+    #: ``namespace/pod`` of each server without a series
+    without_series: tuple[str, ...] = ()
+    #: the nodes those pods run on, where known
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> str:
+        return (
+            f"{len(self.without_series)} of {self.judged} servers judged by GPU utilisation "
+            "have no DCGM series in Prometheus"
+        )
+
+    @property
+    def degraded(self) -> bool:
+        """Most (more than half) of them without a series: the metrics are not there."""
+        return 2 * len(self.without_series) > self.judged
+
+    def problem(self) -> str | None:
+        """The degraded state in words, likely causes first (the page shows the first
+        300 characters), then some of the nodes and pods; None when not degraded."""
+        if not self.degraded:
+            return None
+
+        def some(names: tuple[str, ...]) -> str:
+            return ", ".join(names[:2]) + ", …" * (len(names) > 2)
+
+        nodes = f"nodes {some(self.nodes)}; " if self.nodes else ""
+        return (
+            f"{self.summary}, so are neither warned nor stopped: is "
+            "dcgm-exporter down on their nodes, scraped without honorLabels (labels renamed "
+            f"exported_pod) or not mapping DRA devices to pods? {nodes}"
+            f"pods {some(self.without_series)}"
+        )
 
 
 # ---- the rule at work ---------------------------------------------------------------
@@ -305,6 +350,9 @@ class IdleServers:
         self.notice_period = notice_period
         #: (user, server name, started) -> the warning it was given
         self.warned: dict[tuple[str, str, datetime | None], IdleWarning] = {}
+        #: the last run's servers judged by DCGM and those without a series (None: no
+        #: run yet, no Prometheus configured, or it did not answer)
+        self.coverage: Coverage | None = None
 
     @property
     def active(self) -> bool:
@@ -336,8 +384,9 @@ class IdleServers:
         return result
 
     async def run(self, now: datetime) -> str:
-        """One run; raises when Prometheus did not answer or a stop failed, so the task
-        shows it and retries (what could be judged was acted on first)."""
+        """One run; raises when Prometheus did not answer, when it has no series for
+        most servers judged by DCGM, or when a stop failed, so the task shows it and
+        retries (what could be judged was acted on first)."""
         state = self.state
         if state.servers is None:
             raise RuntimeError("no server list from the hub yet (see the hub-servers task)")
@@ -352,7 +401,8 @@ class IdleServers:
             except PrometheusError as e:
                 readings, failure = None, e
         errors: list[str] = []
-        warned = stopped = 0
+        warned = stopped = judged = 0
+        without_series: list[Candidate] = []
         seen = set()
         for candidate in chosen:
             server = candidate.server
@@ -365,6 +415,9 @@ class IdleServers:
             )
             reading = judge(candidate, now, utilization, prometheus=self.prometheus is not None)
             warning = self.warned.get(key)
+            judged += reading.dcgm
+            if reading.no_series:
+                without_series.append(candidate)
             if reading.idle is None:
                 continue
             if not reading.idle:
@@ -408,13 +461,37 @@ class IdleServers:
         # warnings of servers gone (stopped, or restarted since) are done with
         for key in set(self.warned) - seen:
             del self.warned[key]
+        coverage = None
+        if self.prometheus is not None and readings is not None:
+            coverage = self._coverage(judged, without_series)
+        self.coverage = coverage
         if failure is not None:
             raise failure
+        problem = coverage.problem() if coverage is not None else None
         if errors:
-            raise RuntimeError(f"{len(errors)} idle stop(s) failed; first: {errors[0]}")
+            also = f" (and {coverage.summary})" if problem and coverage else ""
+            raise RuntimeError(f"{len(errors)} idle stop(s) failed; first: {errors[0]}{also}")
+        if problem:
+            raise NoDCGMSeries(problem)
+        unknown = ""
+        if without_series:
+            unknown = f", {len(without_series)} without DCGM series (left alone)"
         return (
-            f"{len(chosen)} server(s) checked, {warned} warned, {stopped} stopped, "
+            f"{len(chosen)} server(s) checked{unknown}, {warned} warned, {stopped} stopped, "
             f"{len(self.warned)} awaiting their stop"
+        )
+
+    def _coverage(self, judged: int, without_series: list[Candidate]) -> Coverage:
+        bound = self.state.cluster_pods or {}
+        nodes = {
+            node
+            for c in without_series
+            if (node := ((bound.get(c.pod.key) or {}).get("spec") or {}).get("nodeName"))
+        }
+        return Coverage(
+            judged=judged,
+            without_series=tuple(sorted(c.pod.key for c in without_series)),
+            nodes=tuple(sorted(nodes)),
         )
 
     def _notice(self, now: datetime, server: Server, text: str) -> None:

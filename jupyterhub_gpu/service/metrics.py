@@ -11,6 +11,11 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 - ``group_gpu_hours_used`` {group}: GPU-equivalent-hours in the group's budget
   window (30 days without a budget); ``group_gpu_hours_budget`` {group};
   ``group_gpu_hours_window_seconds`` {group}
+- ``idle_servers_judged_by_dcgm``: in the idle rule's last run, servers past their
+  idle time whose GPU use is read from DCGM (whole GPUs, MIG slices);
+  ``idle_servers_without_dcgm_series``: those of them Prometheus had no series
+  for (neither warned nor stopped). Absent while Prometheus does not answer
+  or none is configured.
 - ``servers_stopped_total`` {reason}: stops made by the runtime rules
 - ``task_consecutive_failures`` {task}, ``task_last_success_timestamp_seconds`` {task}
 """
@@ -54,6 +59,16 @@ class ServiceCollector(Collector):
                 ("flavor_capacity_allocatable", "flavor units the nodes offer", ["flavor"]),
                 ("flavor_capacity_allocated", "flavor units pods request", ["flavor"]),
                 ("flavor_capacity_free", "flavor units free", ["flavor"]),
+                (
+                    "idle_servers_judged_by_dcgm",
+                    "servers the idle rule judged by DCGM GPU utilisation in its last run",
+                    [],
+                ),
+                (
+                    "idle_servers_without_dcgm_series",
+                    "servers judged by DCGM without a series in Prometheus (left alone)",
+                    [],
+                ),
                 ("task_consecutive_failures", "failures in a row of a service task", ["task"]),
                 (
                     "task_last_success_timestamp_seconds",
@@ -88,6 +103,11 @@ class ServiceCollector(Collector):
                 value = getattr(capacity, key)
                 if value is not None:
                     gauges[f"flavor_capacity_{key}"].add_metric([flavor], value)
+        if snapshot.idle is not None:
+            gauges["idle_servers_judged_by_dcgm"].add_metric([], snapshot.idle.judged)
+            gauges["idle_servers_without_dcgm_series"].add_metric(
+                [], len(snapshot.idle.without_series)
+            )
         for task in snapshot.tasks:
             gauges["task_consecutive_failures"].add_metric(
                 [task["name"]], task["consecutive_failures"]

@@ -98,6 +98,9 @@ class Snapshot:
     by_user: Mapping[str, Sequence[Server]] | None = None
     #: GPU-hours per group and per member (``gpu_time.GPUTimeSnapshot``); None: not read
     gpu_time: Any = None
+    #: the idle rule's last run: servers judged by DCGM and those without a series
+    #: (``idle.Coverage``); None: no run yet, no Prometheus, or it did not answer
+    idle: Any = None
 
     def lines(self) -> Mapping[str, Sequence[Server]]:
         """Per group, the spawns waiting in its line, oldest first."""
