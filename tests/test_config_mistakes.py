@@ -332,3 +332,16 @@ def test_gpus_in_settings_every_server_gets_are_errors_with_their_key_paths(tmp_
     del values["singleuser"]
     values["singleuser"] = {"extraResource": {"limits": {"example.com/fpga": "1"}}}
     assert check(tmp_path, values).returncode == 0
+
+
+def test_a_namespace_per_user_beside_the_policy_is_an_error(tmp_path):
+    values = {
+        "hub": {"config": {"GPUPolicy": GOOD, "KubeSpawner": {"enable_user_namespaces": True}}}
+    }
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    assert (
+        "hub.config.KubeSpawner.enable_user_namespaces: a namespace per user is not supported "
+        "with the GPU policy"
+    ) in result.stderr
+    assert "use GPUPolicy.namespace_per_group to keep groups apart" in result.stderr

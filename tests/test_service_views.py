@@ -673,3 +673,19 @@ def test_the_service_counts_only_its_own_hubs_servers():
     assert labelled("staging", hub="staging") is None
     assert labelled("legacy") is not None  # no hub label, in one of this policy's namespaces
     assert labelled("elsewhere", namespace="other-team") is None
+
+
+def test_the_service_watches_the_namespace_the_gpu_spawner_uses(tmp_path):
+    """A namespace set on GPUKubeSpawner wins over KubeSpawner's for the hub's spawner
+    (traitlets' class hierarchy), and so for the service: it would otherwise watch an
+    empty namespace and end every server the hub starts."""
+    from jupyterhub_gpu.service.app import GPUService
+
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(
+        HUB_CONFIG.format(policy={"profiles": {"cpu": {}}, "everyone": {"profiles": ["cpu"]}})
+        + 'c.GPUKubeSpawner.namespace = "gpu-servers"\n'
+    )
+    service = GPUService()
+    service.initialize(["--config", str(config)])
+    assert service.namespace == "gpu-servers"

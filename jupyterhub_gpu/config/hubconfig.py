@@ -41,8 +41,9 @@ from .values import (
 
 #: the file the hub image installs into z2jh's jupyterhub_config.d
 CONFIG_D_FILE = Path(__file__).parent / "jupyterhub_config.d" / "jupyterhub-gpu.py"
-#: the config sections of hub.config this bundle reads (the namespace from KubeSpawner's)
-BUNDLE_SECTIONS = ("GPUPolicy", "GPUService", "KubeSpawner")
+#: the config sections of hub.config this bundle reads (the spawner's namespace from
+#: KubeSpawner's, or GPUKubeSpawner's where that is set)
+BUNDLE_SECTIONS = ("GPUPolicy", "GPUService", "KubeSpawner", "GPUKubeSpawner")
 
 
 def config_from_z2jh_values(get_config: Callable[..., Any]) -> Config:

@@ -41,8 +41,9 @@ class GPUService(Configurable):
         "",
         help="""
         The namespace the hub spawns servers in. Default:
-        ``KubeSpawner.namespace`` from the hub's config (z2jh:
-        ``hub.config.KubeSpawner.namespace``), else ``$POD_NAMESPACE``, else the
+        the spawner's namespace in the hub's config (``GPUKubeSpawner.namespace``,
+        else ``KubeSpawner.namespace``; z2jh: ``hub.config.KubeSpawner.namespace``,
+        which the chart sets), else ``$POD_NAMESPACE``, else the
         service account's namespace (in the hub pod), else ``default``.
         """,
     ).tag(config=True)

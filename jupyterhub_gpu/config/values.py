@@ -113,6 +113,8 @@ def setup_errors(
     chart's ``singleuser`` values, if any.
     """
     errors = site_gpu_resource_errors(sections, singleuser)
+    if "GPUPolicy" in sections:
+        errors += _user_namespace_errors(sections)
     jupyterhub = sections.get("JupyterHub") or {}
     gpu_spawner = isinstance(jupyterhub, Mapping) and uses_gpu_spawner(
         jupyterhub.get("spawner_class")
@@ -129,6 +131,31 @@ def setup_errors(
         problem = site_profile_list_error(*site_list)
         if problem:
             errors.append(problem)
+    return errors
+
+
+def spawner_namespace(sections: Mapping[str, Any]) -> str | None:
+    """The namespace the hub's spawner puts servers in, as traitlets resolves it: a
+    ``GPUKubeSpawner`` section wins over ``KubeSpawner`` (the hub and the service must
+    agree on it, or the service would end every server the hub starts)."""
+    for section in ("GPUKubeSpawner", "KubeSpawner"):
+        settings = sections.get(section)
+        if isinstance(settings, Mapping) and settings.get("namespace"):
+            return str(settings["namespace"])
+    return None
+
+
+def _user_namespace_errors(sections: Mapping[str, Any]) -> list[str]:
+    errors = []
+    for section in ("KubeSpawner", "GPUKubeSpawner"):
+        settings = sections.get(section)
+        if isinstance(settings, Mapping) and settings.get("enable_user_namespaces"):
+            errors.append(
+                f"hub.config.{section}.enable_user_namespaces: a namespace per user is not "
+                "supported with the GPU policy (its quotas, usage and rules follow servers "
+                "in the hub's namespace, or in one per group): turn it off, and use "
+                "GPUPolicy.namespace_per_group to keep groups apart"
+            )
     return errors
 
 

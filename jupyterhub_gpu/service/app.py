@@ -32,7 +32,7 @@ from traitlets.config import Application
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..config import service_settings
 from ..config.policy import GPUPolicy
-from ..config.values import service_setting_errors
+from ..config.values import service_setting_errors, spawner_namespace
 from ..core.model import Group, PolicyError
 from ..kube.client import api_client, in_cluster_namespace
 from ..kube.reconciler import ReconcilePasses, Reconciler
@@ -90,7 +90,7 @@ class GPUService(Application, service_settings.GPUService):
             raise SystemExit(f"jupyterhub-gpu-service: the GPU policy is invalid:\n{e}") from None
         if not self.namespace:
             self.namespace = (
-                self.config.get("KubeSpawner", {}).get("namespace")
+                spawner_namespace(self.config)
                 or os.environ.get("POD_NAMESPACE")
                 or in_cluster_namespace()
                 or "default"
