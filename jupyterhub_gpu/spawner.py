@@ -42,7 +42,7 @@ from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
 from .config.values import site_profile_list_error
 from .core.admission import Charge, Decision, Ledger
-from .core.adoption import UNLABELLED_SERVERS, adopt, username_of
+from .core.adoption import adopt, servers_selector, username_of
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
 from .core.manifests import IN_QUOTA_PRIORITY, OVER_QUOTA_PRIORITY
@@ -303,7 +303,7 @@ class GPUKubeSpawner(KubeSpawner):
         try:
             pods = await self.api.list_namespaced_pod(
                 self._hub_namespace,
-                label_selector=UNLABELLED_SERVERS,
+                label_selector=servers_selector(self.component_label, unlabelled=True),
                 _request_timeout=self.k8s_api_request_timeout,
             )
         except ApiException as e:
@@ -314,7 +314,7 @@ class GPUKubeSpawner(KubeSpawner):
         groups = self._hub_groups({username_of(p) for p in listed} - {""})
         charges = []
         for pod in listed:
-            adopted = adopt(policy, pod, groups.get(username_of(pod), ()))
+            adopted = adopt(policy, pod, groups.get(username_of(pod), ()), self.component_label)
             if adopted is None:
                 continue
             if adopted.key not in GPUKubeSpawner._adoptions_logged:

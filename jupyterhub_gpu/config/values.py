@@ -134,14 +134,14 @@ def setup_errors(
     return errors
 
 
-def spawner_namespace(sections: Mapping[str, Any]) -> str | None:
-    """The namespace the hub's spawner puts servers in, as traitlets resolves it: a
-    ``GPUKubeSpawner`` section wins over ``KubeSpawner`` (the hub and the service must
-    agree on it, or the service would end every server the hub starts)."""
+def spawner_setting(sections: Mapping[str, Any], name: str) -> str | None:
+    """A setting of the hub's spawner as traitlets resolves it: a ``GPUKubeSpawner``
+    section wins over ``KubeSpawner``. The service reads the spawner's ``namespace``
+    and ``component_label`` so: it must see the servers the hub starts."""
     for section in ("GPUKubeSpawner", "KubeSpawner"):
         settings = sections.get(section)
-        if isinstance(settings, Mapping) and settings.get("namespace"):
-            return str(settings["namespace"])
+        if isinstance(settings, Mapping) and settings.get(name):
+            return str(settings[name])
     return None
 
 

@@ -29,11 +29,20 @@ from .model import Flavor, Policy
 from .selection import SHARED_KINDS, Request, offers
 from .shaping import GROUP_LABEL
 
-#: KubeSpawner's label on every server pod, and its annotation with the user's name
-SERVER_COMPONENT = ("component", "singleuser-server")
+#: KubeSpawner's label on every server pod (its value is ``KubeSpawner.component_label``)
+#: and its annotation with the user's name
+COMPONENT_LABEL = "component"
+DEFAULT_COMPONENT = "singleuser-server"
 USERNAME_ANNOTATION = "hub.jupyter.org/username"
-#: the label selector of a namespace's servers that have none of the policy's labels
-UNLABELLED_SERVERS = f"{SERVER_COMPONENT[0]}={SERVER_COMPONENT[1]},!{GROUP_LABEL}"
+
+
+def servers_selector(component: str = DEFAULT_COMPONENT, *, unlabelled: bool = False) -> str:
+    """The label selector of a hub's server pods, as KubeSpawner's own watch selects
+    them; ``unlabelled``: only those with none of the policy's labels."""
+    selector = f"{COMPONENT_LABEL}={component}"
+    return f"{selector},!{GROUP_LABEL}" if unlabelled else selector
+
+
 #: extended resources that are GPUs whatever the policy's flavors say
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
 
@@ -98,12 +107,17 @@ def _groups_offering(
     return found
 
 
-def adopt(policy: Policy, pod: Mapping[str, Any], user_groups: Iterable[str]) -> Adoption | None:
+def adopt(
+    policy: Policy,
+    pod: Mapping[str, Any],
+    user_groups: Iterable[str],
+    component: str = DEFAULT_COMPONENT,
+) -> Adoption | None:
     """How the policy charges ``pod`` (the API's JSON form), or None when there is
     nothing to adopt: a pod of the policy's own, not a server, terminating or done."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    if GROUP_LABEL in labels or labels.get(SERVER_COMPONENT[0]) != SERVER_COMPONENT[1]:
+    if GROUP_LABEL in labels or labels.get(COMPONENT_LABEL) != component:
         return None
     if metadata.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
         "Succeeded",

@@ -32,7 +32,8 @@ from traitlets.config import Application
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..config import service_settings
 from ..config.policy import GPUPolicy
-from ..config.values import service_setting_errors, spawner_namespace
+from ..config.values import service_setting_errors, spawner_setting
+from ..core.adoption import DEFAULT_COMPONENT
 from ..core.model import Group, PolicyError
 from ..kube.client import api_client, in_cluster_namespace
 from ..kube.reconciler import ReconcilePasses, Reconciler
@@ -90,12 +91,16 @@ class GPUService(Application, service_settings.GPUService):
             raise SystemExit(f"jupyterhub-gpu-service: the GPU policy is invalid:\n{e}") from None
         if not self.namespace:
             self.namespace = (
-                spawner_namespace(self.config)
+                spawner_setting(self.config, "namespace")
                 or os.environ.get("POD_NAMESPACE")
                 or in_cluster_namespace()
                 or "default"
             )
-        self.state = ServiceState(self.policy, hub_namespace=self.namespace)
+        self.state = ServiceState(
+            self.policy,
+            hub_namespace=self.namespace,
+            component=spawner_setting(self.config, "component_label") or DEFAULT_COMPONENT,
+        )
         self.tasks: dict[str, BackgroundTask] = {}
         self.registry, self.stopped_counter = metrics.registry(self.policy, self.snapshot)
         self.runtime_rules = RuntimeRules(

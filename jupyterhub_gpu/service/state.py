@@ -26,7 +26,13 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from ..core.admission import Charge, Ledger
-from ..core.adoption import SERVER_COMPONENT, USERNAME_ANNOTATION, adopt, username_of
+from ..core.adoption import (
+    DEFAULT_COMPONENT,
+    USERNAME_ANNOTATION,
+    adopt,
+    servers_selector,
+    username_of,
+)
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.model import Policy
@@ -135,9 +141,15 @@ def _node_requests(pod: Mapping[str, Any] | None, resources: set[str]):
 
 class ServiceState:
     def __init__(
-        self, policy: Policy, notices: int = 200, hub_namespace: str | None = None
+        self,
+        policy: Policy,
+        notices: int = 200,
+        hub_namespace: str | None = None,
+        component: str = DEFAULT_COMPONENT,
     ) -> None:
         self.policy = policy
+        #: KubeSpawner's component label of the hub's servers (``component_label``)
+        self.component = component
         #: where the hub's servers from before the policy run (None: any namespace)
         self.hub_namespace = hub_namespace
         #: each user's JupyterHub groups, as the hub last reported them (None: not yet)
@@ -182,7 +194,7 @@ class ServiceState:
             watch_timeout=watch_timeout,
             # KubeSpawner's label on every server pod: the policy's, and those started
             # before it (charged by the adoption rule)
-            label_selector=f"{SERVER_COMPONENT[0]}={SERVER_COMPONENT[1]}",
+            label_selector=servers_selector(self.component),
         )
         nodes, bound_pods = capacity_watches(
             core,
@@ -221,7 +233,8 @@ class ServiceState:
         adoption rule says for its user's groups now."""
         assert found.before_policy is not None
         pod = found.before_policy
-        adoption = adopt(self.policy, pod, (self.user_groups or {}).get(found.user or "", ()))
+        groups = (self.user_groups or {}).get(found.user or "", ())
+        adoption = adopt(self.policy, pod, groups, self.component)
         if adoption is None:  # terminating or finished
             return replace(found, charge=None, usage=None)
         uid = (pod.get("metadata") or {}).get("uid")
