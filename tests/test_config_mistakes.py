@@ -345,3 +345,17 @@ def test_a_namespace_per_user_beside_the_policy_is_an_error(tmp_path):
         "with the GPU policy"
     ) in result.stderr
     assert "use GPUPolicy.namespace_per_group to keep groups apart" in result.stderr
+
+
+def test_an_unknown_billing_time_zone_is_an_error(tmp_path):
+    values = {
+        "hub": {"config": {"GPUPolicy": GOOD, "GPUService": {"billing_timezone": "Europe/Berln"}}}
+    }
+    result = check(tmp_path, values)
+    assert result.returncode == 1, result.stdout
+    assert (
+        "hub.config.GPUService.billing_timezone: unknown time zone 'Europe/Berln'; use an IANA "
+        "name such as Europe/Berlin or America/New_York"
+    ) in result.stderr
+    values["hub"]["config"]["GPUService"]["billing_timezone"] = "Europe/Berlin"
+    assert check(tmp_path, values).returncode == 0

@@ -82,3 +82,56 @@ def test_a_history_longer_than_a_year_is_refused_before_reading():
     assert check_history(NOV, NOV + 366 * 86400, 86400) == 366
     with pytest.raises(ShowbackError, match="at most 366 days of history at once"):
         check_history(0, NOV, 30 * 86400)
+
+
+def test_a_month_is_taken_in_the_billing_time_zone():
+    from zoneinfo import ZoneInfo
+
+    from jupyterhub_gpu.core.showback import month_of
+
+    berlin = ZoneInfo("Europe/Berlin")
+    since, until = month_bounds("2026-11", berlin)
+    assert datetime.fromtimestamp(since, UTC) == datetime(2026, 10, 31, 23, tzinfo=UTC)
+    assert datetime.fromtimestamp(until, UTC) == datetime(2026, 11, 30, 23, tzinfo=UTC)
+    # October has the change back from summer time: 31 days and an hour
+    since, until = month_bounds("2026-10", berlin)
+    assert until - since == 31 * 86400 + 3600
+    # December ends at the new year's midnight there
+    assert datetime.fromtimestamp(month_bounds("2026-12", berlin)[1], berlin).year == 2027
+    # 23:30 UTC on 30 November is December in Berlin
+    assert month_of(datetime(2026, 11, 30, 23, 30, tzinfo=UTC).timestamp(), berlin) == "2026-12"
+
+
+def test_a_parents_showback_total_includes_its_childrens_use():
+    from jupyterhub_gpu.core.model import parse_policy
+    from jupyterhub_gpu.service.time_views import showback_json
+    from jupyterhub_gpu.service.views import Viewer
+
+    policy = parse_policy(
+        flavors={"g": {"kind": "gpu"}},
+        profiles={"p": {"gpu": {"flavor": "g"}}},
+        groups={
+            "uni": {"quota": {"gpus": 8}, "profiles": ["p"]},
+            "lab": {"parent": "uni", "quota": {"gpus": 4}, "profiles": ["p"]},
+        },
+    )
+    since, until = month_bounds("2026-11")
+    records = [
+        record("a", "ann", "uni", "g", 1, NOV, NOV + 2 * H),
+        record("b", "bob", "lab", "g", 1, NOV, NOV + 3 * H),
+    ]
+    result = showback(records, since, until, now=until)
+
+    def totals(viewer, admin, groups):
+        view = showback_json(
+            "2026-11", result, viewer, admin, groups, {}, policy.charged_groups, "Europe/Berlin"
+        )
+        assert view["timezone"] == "Europe/Berlin"
+        return {g["group"]: g["gpu_hours"] for g in view["groups"]}, view
+
+    everything, view = totals(Viewer("root", admin=True), True, None)
+    assert everything == {"uni": 5.0, "lab": 3.0}  # uni's own 2 and lab's 3
+    # a member of uni alone sees uni's whole total, and no row of lab's
+    mine, view = totals(Viewer("ann", groups=frozenset({"uni"})), False, {"uni"})
+    assert mine == {"uni": 5.0}
+    assert {u["group"] for u in view["users"]} == {"uni"}

@@ -204,6 +204,17 @@ class GPUService(Configurable):
         """,
     ).tag(config=True)
 
+    billing_timezone = Unicode(
+        "UTC",
+        help="""
+        The time zone a showback month is taken in, as an IANA name such as
+        ``Europe/Berlin`` or ``America/New_York``: ``api/showback?month=2026-11``
+        runs from the first midnight of November there to the first midnight of
+        December (a month with a daylight saving change is an hour shorter or
+        longer). The default month is the current one there.
+        """,
+    ).tag(config=True)
+
 
 def service_setting_names() -> set[str]:
     """Every setting ``hub.config.GPUService`` may hold: the service's own and its

@@ -12,6 +12,7 @@ import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from traitlets import TraitError
@@ -132,6 +133,14 @@ def setup_errors(
         if problem:
             errors.append(problem)
     return errors
+
+
+def _is_time_zone(name: object) -> bool:
+    try:
+        ZoneInfo(str(name))
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return isinstance(name, str)
 
 
 def spawner_setting(sections: Mapping[str, Any], name: str) -> str | None:
@@ -272,6 +281,12 @@ def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
     if not settings:
         return []
     errors = unknown_settings("hub.config.GPUService", settings, service_setting_names())
+    zone = settings.get("billing_timezone")
+    if zone is not None and not _is_time_zone(zone):
+        errors.append(
+            f"hub.config.GPUService.billing_timezone: unknown time zone {zone!r}; use an IANA "
+            "name such as Europe/Berlin or America/New_York"
+        )
     problem = prometheus_url_error(settings.get("prometheus_url", ""))
     if problem:
         errors.append(f"hub.config.GPUService.prometheus_url: {problem}")

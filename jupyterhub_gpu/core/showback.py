@@ -8,12 +8,11 @@ Both read usage records (``budgets.UsageRecord``). Pure: no I/O; epoch seconds.
 
 from __future__ import annotations
 
-import calendar
 import re
 from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 from .budgets import HOUR, UsageRecord, used_seconds
 
@@ -29,15 +28,22 @@ class ShowbackError(ValueError):
     """A bad request: its text says what to send instead."""
 
 
-def month_bounds(month: str) -> tuple[float, float]:
-    """``2026-11`` -> (start, end) of that month in UTC, as epoch seconds."""
+def month_bounds(month: str, zone: tzinfo = UTC) -> tuple[float, float]:
+    """``2026-11`` -> (start, end) of that month in the billing time zone ``zone``, as
+    epoch seconds: from its first midnight to the next month's (a month with a daylight
+    saving change is an hour shorter or longer)."""
     match = _MONTH.match(month or "")
     if not match:
         raise ShowbackError(f"month: expected YYYY-MM, such as 2026-11, got {month[:20]!r}")
     year, number = int(match.group(1)), int(match.group(2))
-    start = datetime(year, number, 1, tzinfo=UTC)
-    days = calendar.monthrange(year, number)[1]
-    return start.timestamp(), start.timestamp() + days * 86400.0
+    start = datetime(year, number, 1, tzinfo=zone)
+    end = datetime(year + number // 12, number % 12 + 1, 1, tzinfo=zone)
+    return start.timestamp(), end.timestamp()
+
+
+def month_of(epoch: float, zone: tzinfo = UTC) -> str:
+    """The ``YYYY-MM`` a moment falls in, in the billing time zone."""
+    return datetime.fromtimestamp(epoch, zone).strftime("%Y-%m")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ class GPUService(Application, service_settings.GPUService):
             UsageStore(settings.accounting_url),
             fail_open=settings.accounting_fail_open,
             prometheus=self.idle_servers.prometheus,
+            billing_timezone=self.billing_timezone,
         )
         self.budget_rule = BudgetRule(self.policy, self.state, self.gpu_time, self._stop)
 
@@ -200,7 +201,7 @@ class GPUService(Application, service_settings.GPUService):
                 }
             )
         view["charts_hidden"] = max(len(shown) - MAX_CHARTS, 0)
-        month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+        month = self.gpu_time.month_of(now)
         admin, groups = self.showback_scope(viewer)
         view["showback"] = await self.gpu_time.showback_view(month, viewer, admin, groups)
 

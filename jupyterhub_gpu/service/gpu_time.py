@@ -16,13 +16,21 @@ import logging
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.model import Budget, Policy
-from ..core.showback import Series, Showback, check_history, history, month_bounds, showback
+from ..core.showback import (
+    Series,
+    Showback,
+    check_history,
+    history,
+    month_bounds,
+    month_of,
+    showback,
+)
 from .idle import ENGINE_ACTIVE, GPU_UTIL, SHARED_KINDS, Prometheus, PrometheusError
 from .state import ServiceState
 from .time_views import showback_json
@@ -85,8 +93,12 @@ class GPUTime:
         fail_open: bool = False,
         clock: Callable[[], float] = time.time,
         prometheus: Prometheus | None = None,
+        billing_timezone: str = "UTC",
     ) -> None:
         self.policy = policy
+        #: the time zone a showback month is taken in (its name, and the zone)
+        self.billing_timezone = billing_timezone
+        self.zone = ZoneInfo(billing_timezone)
         #: where GPUs' utilisation is read for showback (allocated versus utilised)
         self.prometheus = prometheus
         self.state = state
@@ -130,7 +142,7 @@ class GPUTime:
             self.snapshot.error = str(e)
             raise
         # this month for every group, ready before an admin asks (the largest answer)
-        await self.showback(datetime.fromtimestamp(now, UTC).strftime("%Y-%m"), None)
+        await self.showback(self.month_of(now), None)
         for record in ended:
             log.info(
                 "GPU usage: %s's server %s ended unseen; counted until last seen",
@@ -223,9 +235,17 @@ class GPUTime:
         self._histories[key] = series
         return series
 
+    def month_of(self, epoch: float) -> str:
+        """The billing month (``YYYY-MM``, in the billing time zone) of a moment."""
+        return month_of(epoch, self.zone)
+
     async def showback(self, month: str, groups: set[str] | None) -> Showback:
-        """GPU-hours of a month (``YYYY-MM``) for ``groups`` (None: every group)."""
-        since, until = month_bounds(month)
+        """GPU-hours of a month (``YYYY-MM``, in the billing time zone) for ``groups``
+        and the groups below them (a parent's total includes its children's; None:
+        every group)."""
+        since, until = month_bounds(month, self.zone)
+        if groups is not None:
+            groups = set().union(*(self.family(g) for g in groups))
         key = (month, None if groups is None else tuple(sorted(groups)))
         cached = self._showbacks.get(key)
         if cached is not None:
@@ -283,7 +303,16 @@ class GPUTime:
         if admin and key in self.rendered:
             return self.rendered[key]
         budgets = {n: h.to_json() for n, h in self.snapshot.groups.items() if h.budget is not None}
-        view = showback_json(month, result, viewer, admin, groups, budgets)
+        view = showback_json(
+            month,
+            result,
+            viewer,
+            admin,
+            groups,
+            budgets,
+            self.policy.charged_groups,
+            self.billing_timezone,
+        )
         if admin:
             self.rendered[key] = view
         return view

@@ -201,8 +201,7 @@ class ShowbackHandler(APIHandler):
         self.require_user()
         service = self.service
         viewer = self.viewer()
-        now = datetime.now(UTC)
-        month = self.get_argument("month", f"{now.year:04d}-{now.month:02d}")
+        month = self.get_argument("month", service.gpu_time.month_of(service.gpu_time.clock()))
         output = self.get_argument("format", "json")
         if output not in ("json", "csv"):
             raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")

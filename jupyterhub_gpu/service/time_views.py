@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,6 +60,24 @@ def _hours(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def group_totals(
+    result: Showback, groups: set[str] | None, charged: Callable[[str], Iterable[str]]
+) -> dict[str, list[float]]:
+    """Each visible group's (GPU-hours, measured, utilised), its children's included:
+    a server counts for its group and every parent above it (``charged``), as budgets
+    and history count it. A parent's member sees the parent's total even where the
+    children's rows are not theirs to read."""
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for key, hours in result.detail.items():
+        values = (hours, result.measured.get(key, 0.0), result.utilised.get(key, 0.0))
+        for group in charged(key[0]):
+            if groups is None or group in groups:
+                total = sums[group]
+                for i in range(3):
+                    total[i] += values[i]
+    return sums
+
+
 def showback_json(
     month: str,
     result: Showback,
@@ -66,13 +85,17 @@ def showback_json(
     admin: bool,
     groups: set[str] | None,
     budgets: dict[str, Any],
+    charged: Callable[[str], Iterable[str]] = lambda group: (group,),
+    timezone: str = "UTC",
 ) -> dict[str, Any]:
     rows = showback_rows(result, viewer, admin, groups)
-    by_group = _sums(rows, lambda r: r[0])
+    by_group = group_totals(result, groups, charged)
     by_user = _sums(rows, lambda r: (r[0], r[1]))
     by_flavor = _sums(rows, lambda r: (r[0], r[2]))
     return {
         "month": month,
+        # the billing time zone the month's bounds are taken in
+        "timezone": timezone,
         "from": _iso(result.since),
         "to": _iso(result.until),
         "groups": [
