@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import shlex
+import shutil
 import sys
 from typing import Any
 
@@ -201,6 +203,25 @@ def cmd_manifests(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_servers_can_run() -> None:
+    """The demo's servers run on this machine: ``jupyterhub-singleuser`` opening
+    JupyterLab. Without them every spawn would end in the hub's own error; say so
+    before anything starts."""
+    missing = [
+        what
+        for what, found in (
+            ("jupyterhub-singleuser (JupyterHub's)", shutil.which("jupyterhub-singleuser")),
+            ("JupyterLab", importlib.util.find_spec("jupyterlab")),
+        )
+        if not found
+    ]
+    if missing:
+        raise UserError(
+            f"the demo's servers run {' and '.join(missing)} on this machine, which "
+            "is not installed: pip install 'jupyterhub-gpu[demo]'"
+        )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     _dev_tools()
     from .dev.demo import plan_demo, print_node_pools, run_demo
@@ -211,6 +232,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if args.print_node_pools:
             print(print_node_pools(plan), end="")
             return 0
+        _demo_servers_can_run()
         return run_demo(plan, bin_dir=args.bin_dir, port=args.port)
 
 

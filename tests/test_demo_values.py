@@ -198,3 +198,40 @@ def test_values_without_a_policy_say_what_to_start_from(tmp_path):
     assert f"{bare}: no hub.config.GPUPolicy to demo; start from helm-values/base.yaml" in (
         result.stderr
     )
+
+
+def test_the_demo_says_what_to_install_when_its_servers_cannot_run(tmp_path):
+    """Installed without the [demo] extra, the demo would start and every spawn would end
+    in the hub's own error; it stops before starting anything, naming the install."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hide_jupyterlab = (
+        "import sys; sys.modules['jupyterlab'] = None; "
+        "from jupyterhub_gpu.cli import main; sys.exit(main(['demo']))"
+    )
+    # this checkout's code; and no binaries, so that were the check ever to pass, the
+    # demo fails at once instead of starting a cluster this test would leave behind
+    (tmp_path / "no-binaries").mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "JUPYTERHUB_GPU_BIN_DIR": str(tmp_path / "no-binaries"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", hide_jupyterlab],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 1, result.stdout
+    assert (
+        "the demo's servers run JupyterLab on this machine, which is not installed: "
+        "pip install 'jupyterhub-gpu[demo]'"
+    ) in result.stderr
+    # nothing was started: no cluster state was written
+    assert "starting" not in result.stderr
