@@ -27,7 +27,7 @@ from .admission import IN_QUOTA, Charge
 from .capacity import pod_requests
 from .model import Flavor, Policy
 from .selection import SHARED_KINDS, Request, offers
-from .shaping import GROUP_LABEL
+from .shaping import GROUP_LABEL, holds_nothing, pod_key
 
 #: KubeSpawner's label on every server pod (its value is ``KubeSpawner.component_label``)
 #: and its annotation with the user's name
@@ -117,14 +117,9 @@ def adopt(
     nothing to adopt: a pod of the policy's own, not a server, terminating or done."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    if GROUP_LABEL in labels or labels.get(COMPONENT_LABEL) != component:
+    if GROUP_LABEL in labels or labels.get(COMPONENT_LABEL) != component or holds_nothing(pod):
         return None
-    if metadata.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
-        "Succeeded",
-        "Failed",
-    ):
-        return None
-    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    key = pod_key(pod)
     user = username_of(pod)
     requested = pod_requests(pod)
     cpu = int(requested.pop("cpu", 0) * 1000)

@@ -268,6 +268,19 @@ def of_another_hub(pod: Mapping[str, Any], hub: str | None) -> bool:
     return hub is not None and labels.get(HUB_LABEL, label_value(hub)) != label_value(hub)
 
 
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``<namespace>/<name>``: how the ledger and the usage records name a server's pod."""
+    metadata = pod.get("metadata") or {}
+    return f"{metadata.get('namespace')}/{metadata.get('name')}"
+
+
+def holds_nothing(pod: Mapping[str, Any]) -> bool:
+    """A pod on its way out (terminating) or done (succeeded, failed) holds nothing."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or (
+        pod.get("status") or {}
+    ).get("phase") in ("Succeeded", "Failed")
+
+
 def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:
     """The charge a live server pod carries, or None for a pod that holds nothing.
 
@@ -277,14 +290,9 @@ def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:
     """
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    if GROUP_LABEL not in labels:
+    if GROUP_LABEL not in labels or holds_nothing(pod):
         return None
-    if metadata.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
-        "Succeeded",
-        "Failed",
-    ):
-        return None
-    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    key = pod_key(pod)
     try:
         charge = json.loads((metadata.get("annotations") or {})[CHARGE_ANNOTATION])
         return Charge(

@@ -42,6 +42,7 @@ from ..core.shaping import (
     charge_from_pod,
     namespace_for,
     of_another_hub,
+    pod_key,
     usage_record_from_pod,
 )
 from ..kube.clusterview import capacity_watches
@@ -91,7 +92,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
     if GROUP_LABEL not in (metadata.get("labels") or {}):
         annotations = metadata.get("annotations") or {}
         return ServerPod(
-            key=f"{metadata.get('namespace')}/{metadata.get('name')}",
+            key=pod_key(pod),
             charge=None,
             user=username_of(pod) or None,
             servername=annotations.get(SERVERNAME_ANNOTATION, ""),
@@ -100,7 +101,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
             before_policy=_as_adoption_reads_it(pod),
         )
     annotations = metadata.get("annotations") or {}
-    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    key = pod_key(pod)
     try:
         charge = charge_from_pod(pod)
     except ValueError as e:
