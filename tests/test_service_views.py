@@ -689,3 +689,38 @@ def test_the_service_watches_the_namespace_the_gpu_spawner_uses(tmp_path):
     service = GPUService()
     service.initialize(["--config", str(config)])
     assert service.namespace == "gpu-servers"
+
+
+async def test_no_pod_is_taken_for_an_orphan_without_a_complete_answer_from_the_hub():
+    """A role without read:servers gets users without their servers: such an answer
+    must never make a server pod look unowned, let alone deleted."""
+    from jupyterhub_gpu.service.orphans import OrphanPods
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    state = ServiceState(POLICY)
+    pod = pod_json("lost", "ann", "alpha", 1)
+    pod["metadata"]["uid"] = "uid-lost"
+    state.server_pods_listed({"ns/lost": server_pod(pod)})
+    deleted: list[tuple[str, str, str]] = []
+
+    async def delete(namespace: str, name: str, uid: str) -> None:
+        deleted.append((namespace, name, uid))
+
+    clock = [1000.0]
+    orphans = OrphanPods(state, delete, grace=60, clock=lambda: clock[0])
+    with pytest.raises(RuntimeError, match="no complete server list from the hub"):
+        await orphans.run()
+    state.set_servers([], complete=False)
+    with pytest.raises(RuntimeError, match="nothing is taken for an orphan without one"):
+        await orphans.run()
+    # a complete answer in which ann has no server: reported, then deleted after the grace
+    state.set_servers([], complete=True)
+    assert await orphans.run() == "1 orphaned server pod(s), 0 deleted"
+    clock[0] += 61
+    assert await orphans.run() == "1 orphaned server pod(s), 1 deleted"
+    assert deleted == [("ns", "lost", "uid-lost")]
+    # a dry run only ever reports
+    dry = OrphanPods(state, delete, grace=0, dry_run=True, clock=lambda: clock[0])
+    assert await dry.run() == "1 orphaned server pod(s), 0 deleted"
+    assert dry.orphans[0].deletes_at is None
+    assert len(deleted) == 1

@@ -204,6 +204,19 @@ class GPUService(Configurable):
         """,
     ).tag(config=True)
 
+    orphan_grace = Float(
+        600.0,
+        allow_none=True,
+        help="""
+        Seconds a server pod of this hub may run with no hub server owning it before
+        the service deletes it (``None``: never delete, only report). Such a pod is
+        left by a stop that failed while the Kubernetes API was away, followed by a
+        hub restart: JupyterHub forgot the server, the pod holds its GPUs. While it
+        exists it stays charged to its group and is listed on the dashboard and in
+        ``api/usage``. With ``reconcile_dry_run`` it is only reported.
+        """,
+    ).tag(config=True)
+
     billing_timezone = Unicode(
         "UTC",
         help="""

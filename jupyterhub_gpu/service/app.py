@@ -43,6 +43,7 @@ from .budget_rules import BudgetRule
 from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
 from .idle import IdleServers, Prometheus
+from .orphans import OrphanPods
 from .page import RANGES
 from .runtime_rules import RuntimeRules
 from .startup import default_config_file, listen_address, read_hub_config
@@ -127,6 +128,9 @@ class GPUService(Application, service_settings.GPUService):
             billing_timezone=self.billing_timezone,
         )
         self.budget_rule = BudgetRule(self.policy, self.state, self.gpu_time, self._stop)
+        self.orphan_pods = OrphanPods(
+            self.state, self._delete_pod, self.orphan_grace, dry_run=self.reconcile_dry_run
+        )
 
     def load_hub_config(self, path: Path) -> str:
         """Read the hub's config into ``self.config``; where the policy came from, in words.
@@ -147,6 +151,7 @@ class GPUService(Application, service_settings.GPUService):
         snapshot = self.state.snapshot(self.task_statuses())
         snapshot.gpu_time = self.gpu_time.snapshot
         snapshot.idle = self.idle_servers.coverage
+        snapshot.orphans = [orphan.to_json() for orphan in self.orphan_pods.orphans]
         return snapshot
 
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
@@ -256,10 +261,33 @@ class GPUService(Application, service_settings.GPUService):
         return job
 
     async def poll_hub(self) -> str:
-        servers, groups = await self.hub.servers()
-        self.state.set_user_groups(groups)
-        self.state.set_servers(servers)
-        return f"{len(servers)} servers"
+        answer = await self.hub.servers()
+        self.state.set_user_groups(answer.groups)
+        self.state.set_servers(answer.servers, answer.complete)
+        if not answer.complete:
+            raise RuntimeError(
+                "the hub answered without users' servers: the service's role needs "
+                "read:servers (orphaned pods are not looked for until it has it)"
+            )
+        return f"{len(answer.servers)} servers"
+
+    async def find_orphans(self) -> str:
+        """Report server pods no hub server owns; delete them after ``orphan_grace``."""
+        return await self.orphan_pods.run()
+
+    async def _delete_pod(self, namespace: str, name: str, uid: str) -> str | None:
+        """Delete a pod if it is still the one found (its uid); the error in words."""
+        try:
+            await client.CoreV1Api(self.kube).delete_namespaced_pod(
+                name,
+                namespace,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+            )
+        except client.ApiException as e:
+            if e.status in (404, 409):  # gone, or a newer pod has the name now
+                return None
+            return f"deleting pod {namespace}/{name}: {e.status} {e.reason}"
+        return None
 
     async def apply_rules(self) -> str:
         """Stop servers past ``max_runtime``; report (optionally stop) groups over limit."""
@@ -331,6 +359,7 @@ class GPUService(Application, service_settings.GPUService):
         await self._setup_kubernetes()
         self.add_periodic("hub servers", self.poll_hub, self.hub_poll_interval)
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
+        self.add_periodic("orphaned pods", self.find_orphans, self.rules_interval)
         self.add_periodic("GPU time", self.gpu_time.record, self.usage_interval)
         self.add_periodic("GPU budgets", self.budget_rule.run, self.usage_interval)
         if self.idle_servers.active:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -66,6 +67,15 @@ def servers_from_users(users: list[Mapping[str, Any]]) -> list[Server]:
     return result
 
 
+@dataclass(frozen=True)
+class HubServers:
+    """The hub's answer about its servers."""
+
+    servers: list[Server]
+    groups: dict[str, list[str]]
+    complete: bool
+
+
 class HubAPI:
     def __init__(self, api_url: str, token: str, timeout: float = 30) -> None:
         self.api_url = api_url.rstrip("/")
@@ -110,11 +120,17 @@ class HubAPI:
                 return users
             offset = following["offset"]
 
-    async def servers(self) -> tuple[list[Server], dict[str, list[str]]]:
-        """The servers, and the groups of their users (which servers started before
-        the policy are charged to)."""
+    async def servers(self) -> HubServers:
+        """The servers, the groups of their users (which servers started before the
+        policy are charged to), and whether the answer told every user's servers."""
         users = await self.active_users()
-        return servers_from_users(users), {u["name"]: list(u.get("groups") or ()) for u in users}
+        return HubServers(
+            servers=servers_from_users(users),
+            groups={u["name"]: list(u.get("groups") or ()) for u in users},
+            # a role without read:servers gets users without their servers: such an
+            # answer must never make a server pod look unowned
+            complete=all("servers" in u for u in users),
+        )
 
     async def stop_server(self, user: str, name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"

@@ -7,6 +7,8 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 - ``group_gpus_allocated`` / ``_quota`` / ``_limit`` {group}: GPU-equivalents
 - ``group_flavor_allocated`` / ``_quota`` / ``_limit`` {group, flavor}: devices
 - ``group_servers`` {group}, ``group_waiting`` {group}
+- ``group_orphaned_server_pods`` {group}: server pods charged to the group that no
+  hub server owns (listed on the dashboard; deleted after ``orphan_grace``)
 - ``flavor_capacity_allocatable`` / ``_allocated`` / ``_free`` {flavor}: units
 - ``group_gpu_hours_used`` {group}: GPU-equivalent-hours in the group's budget
   window (30 days without a budget); ``group_gpu_hours_budget`` {group};
@@ -22,6 +24,7 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter
@@ -69,6 +72,11 @@ class ServiceCollector(Collector):
                     "servers judged by DCGM without a series in Prometheus (left alone)",
                     [],
                 ),
+                (
+                    "group_orphaned_server_pods",
+                    "server pods charged to the group that no hub server owns",
+                    ["group"],
+                ),
                 ("task_consecutive_failures", "failures in a row of a service task", ["task"]),
                 (
                     "task_last_success_timestamp_seconds",
@@ -78,6 +86,7 @@ class ServiceCollector(Collector):
             )
         }
         lines = snapshot.lines()
+        orphans = Tally(orphan["group"] for orphan in snapshot.orphans)
         for group in self.policy.all_groups:
             name, usage = group.name, snapshot.ledger.usage(group.name)
             for key, amounts in (("quota", group.quota), ("limit", group.limit)):
@@ -92,6 +101,7 @@ class ServiceCollector(Collector):
                 )
             gauges["group_servers"].add_metric([name], usage.servers)
             gauges["group_waiting"].add_metric([name], len(lines.get(name, ())))
+            gauges["group_orphaned_server_pods"].add_metric([name], orphans.get(name, 0))
         hours = snapshot.gpu_time.groups if snapshot.gpu_time is not None else {}
         for name, view in hours.items():
             gauges["group_gpu_hours_used"].add_metric([name], view.used)

@@ -200,6 +200,21 @@ def tasks_section(tasks: list[dict[str, Any]]) -> str:
     )
 
 
+def orphans_section(orphans: list[dict[str, Any]]) -> str:
+    """Server pods no hub server owns: still charged; deleted at the time shown."""
+    rows = [
+        f"<tr><td>{escape(o['pod'])}</td><td>{escape(o['user'])}</td>"
+        f"<td>{escape(o['server'] or '(default)')}</td><td>{escape(o['group'])}</td>"
+        f"<td>{escape(_time(o['since']))}</td>"
+        f"<td>{escape(_time(o['deletes_at']) or 'only reported')}</td></tr>"
+        for o in orphans
+    ]
+    return (
+        "<table><tr><th>Pod</th><th>User</th><th>Server</th><th>Charged to</th>"
+        f"<th>No hub server since</th><th>Deleted at</th></tr>{''.join(rows)}</table>"
+    )
+
+
 def _short_time(epoch: float, span: float) -> str:
     moment = datetime.fromtimestamp(epoch, UTC)
     return moment.strftime("%H:%M" if span <= 86400 else "%b %d")
@@ -411,6 +426,8 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         )
     if view["admin"] and view["tasks"]:
         body += ["<h2>Service health</h2>", tasks_section(view["tasks"])]
+        if view.get("orphans"):
+            body += ["<h2>Server pods the hub does not own</h2>", orphans_section(view["orphans"])]
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

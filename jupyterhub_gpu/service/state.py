@@ -69,6 +69,8 @@ class ServerPod:
     usage: UsageRecord | None = None
     #: when the pod started (``status.startTime``: after any time in a scheduler's queue)
     started: datetime | None = None
+    #: the pod's uid (a delete names it, so a newer pod of the same name is never hit)
+    uid: str | None = None
     #: a server started before the policy (none of its labels): the pod as the adoption
     #: rule reads it (``core.adoption``); its charge and GPU time follow from its user's
     #: groups, which ``ServiceState`` knows
@@ -99,6 +101,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
             created=_timestamp(metadata.get("creationTimestamp")),
             started=_timestamp((pod.get("status") or {}).get("startTime")),
             before_policy=_as_adoption_reads_it(pod),
+            uid=metadata.get("uid"),
         )
     annotations = metadata.get("annotations") or {}
     key = pod_key(pod)
@@ -122,6 +125,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         profile=(metadata.get("labels") or {}).get(PROFILE_LABEL),
         usage=usage,
         started=_timestamp(started),
+        uid=metadata.get("uid"),
     )
 
 
@@ -153,6 +157,8 @@ class ServiceState:
         self.component = component
         #: where the hub's servers from before the policy run (None: any namespace)
         self.hub_namespace = hub_namespace
+        #: whether the hub's last answer told every user's servers (see ``set_servers``)
+        self.servers_complete = False
         #: each user's JupyterHub groups, as the hub last reported them (None: not yet)
         self.user_groups: dict[str, tuple[str, ...]] | None = None
         #: the policy's group namespaces (with namespace_per_group), where servers run
@@ -350,7 +356,7 @@ class ServiceState:
 
     # ---- the hub's servers -----------------------------------------------------------
 
-    def set_servers(self, servers: list[Server]) -> None:
+    def set_servers(self, servers: list[Server], complete: bool = True) -> None:
         """The hub's servers, each charged to the group its pod is labelled with.
 
         The pod's group label is the authority: every rule that acts on a server
@@ -382,6 +388,7 @@ class ServiceState:
             for s in servers
         ]
         self.servers = servers
+        self.servers_complete = complete
         by_user: dict[str, list[Server]] = {}
         for server in servers:
             by_user.setdefault(server.user, []).append(server)

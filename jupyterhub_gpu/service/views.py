@@ -101,6 +101,8 @@ class Snapshot:
     #: the idle rule's last run: servers judged by DCGM and those without a series
     #: (``idle.Coverage``); None: no run yet, no Prometheus, or it did not answer
     idle: Any = None
+    #: server pods no hub server owns (``orphans.Orphan.to_json``), as last found
+    orphans: Sequence[Mapping[str, Any]] = ()
 
     def lines(self) -> Mapping[str, Sequence[Server]]:
         """Per group, the spawns waiting in its line, oldest first."""
@@ -312,6 +314,8 @@ def usage_view(
         "notices": notices,
         # what the service's own loops last did: admins only (errors name namespaces)
         "tasks": list(snapshot.tasks) if admin else [],
+        # server pods no hub server owns (they name pods and namespaces): admins only
+        "orphans": list(snapshot.orphans) if admin else [],
         "gpu_hours": gpu_hours_view(snapshot.gpu_time, groups, viewer),
     }
 

@@ -1,0 +1,155 @@
+"""Server pods no hub server owns: found, shown, still charged, deleted after a grace.
+
+A stop that failed while the API server was away, followed by a hub restart before
+it came back, leaves a pod that no hub server owns: JupyterHub forgot the server,
+the pod runs on and holds its GPUs. The service finds such pods of this hub (its
+hub label, its group label) whose user has no server of that name in the hub's
+last answer, says so on the dashboard, keeps them charged while they exist, and
+deletes each once it has been an orphan for ``GPUService.orphan_grace`` seconds;
+with ``reconcile_dry_run`` (or no grace) it only reports.
+
+It deletes only on evidence: a policy was loaded (the service stops without one),
+the hub's server list is fresh and complete (every user in it came with their
+servers, which the service's role must be able to read), and the pod is the one
+first found (its uid is a precondition of the delete).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ..core.quantities import format_duration
+from .state import ServerPod, ServiceState
+from .views import Notice
+
+#: deletes a pod by namespace, name and uid; the error in words, or None when gone
+DeletePod = Callable[[str, str, str], Awaitable[str | None]]
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A server pod no hub server owns, and since when."""
+
+    key: str
+    user: str
+    server: str
+    group: str
+    since: float  # epoch seconds: first found orphaned
+    deletes_at: float | None  # None: only reported
+
+    def to_json(self) -> dict:
+        return {
+            "pod": self.key,
+            "user": self.user,
+            "server": self.server,
+            "group": self.group,
+            "since": _iso(self.since),
+            "deletes_at": _iso(self.deletes_at) if self.deletes_at is not None else None,
+        }
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+class OrphanPods:
+    def __init__(
+        self,
+        state: ServiceState,
+        delete: DeletePod,
+        grace: float | None,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.delete = delete
+        #: None (or dry run): orphans are only reported
+        self.grace = None if dry_run else grace
+        self.clock = clock
+        #: pod key -> (uid, when first found orphaned)
+        self.first_seen: dict[str, tuple[str, float]] = {}
+        self.orphans: list[Orphan] = []
+
+    def _orphaned(self) -> list[ServerPod]:
+        state = self.state
+        if state.server_pods is None:
+            raise RuntimeError("server pods not listed yet (see the watch server pods task)")
+        if state.servers is None or not state.servers_complete:
+            raise RuntimeError(
+                "no complete server list from the hub yet (see the hub servers task): "
+                "nothing is taken for an orphan without one"
+            )
+        owned = {(s.user, s.name) for s in state.servers}
+        return [
+            pod
+            for pod in state.server_pods.values()
+            # live pods the policy started (a server from before it is the hub's own
+            # business), whose user has no server of that name
+            if pod.charge is not None
+            and pod.before_policy is None
+            and pod.uid
+            and pod.user
+            and (pod.user, pod.servername) not in owned
+        ]
+
+    async def run(self) -> str:
+        now = self.clock()
+        found = self._orphaned()
+        keys = {pod.key for pod in found}
+        # a pod owned again (or gone) starts afresh if it is ever orphaned later
+        self.first_seen = {k: v for k, v in self.first_seen.items() if k in keys}
+        orphans, due, errors = [], [], []
+        for pod in found:
+            charge, user = pod.charge, pod.user or ""
+            if charge is None:  # only live, charged pods are found
+                continue
+            uid, since = self.first_seen.get(pod.key, (pod.uid, now))
+            if uid != pod.uid:  # a new pod of the same name: its own grace
+                uid, since = pod.uid, now
+            if pod.key not in self.first_seen:
+                self._announce(pod, now)
+            self.first_seen[pod.key] = (uid or "", since)
+            deletes_at = since + self.grace if self.grace is not None else None
+            orphans.append(Orphan(pod.key, user, pod.servername, charge.group, since, deletes_at))
+            if deletes_at is not None and now >= deletes_at:
+                due.append(pod)
+        self.orphans = orphans
+        for pod in due:
+            namespace, name = pod.key.split("/", 1)
+            error = await self.delete(namespace, name, pod.uid or "")
+            if error:
+                errors.append(error)
+                continue
+            self.state.notice(
+                Notice(
+                    at=datetime.fromtimestamp(now, UTC),
+                    text=f"Deleted pod {pod.key}: {pod.user} has had no server "
+                    f"{pod.servername or '(default)'} in the hub for "
+                    f"{format_duration(int(self.grace or 0))}",
+                    group=pod.charge.group if pod.charge else None,
+                    user=pod.user,
+                )
+            )
+        if errors:
+            raise RuntimeError(f"{len(errors)} orphaned pod(s) not deleted; first: {errors[0]}")
+        return f"{len(orphans)} orphaned server pod(s), {len(due)} deleted"
+
+    def _announce(self, pod: ServerPod, now: float) -> None:
+        if self.grace is None:
+            then = "it is only reported (no orphan_grace, or a dry run)"
+        else:
+            at = datetime.fromtimestamp(now + self.grace, UTC).strftime("%H:%M:%S UTC")
+            then = f"it is deleted at {at} unless the hub owns it again"
+        self.state.notice(
+            Notice(
+                at=datetime.fromtimestamp(now, UTC),
+                text=f"Pod {pod.key} is labelled as {pod.user}'s server "
+                f"{pod.servername or '(default)'}, which the hub does not have: it stays "
+                f"charged to {pod.charge.group if pod.charge else '?'} while it runs, and {then}",
+                group=pod.charge.group if pod.charge else None,
+                user=pod.user,
+            )
+        )
