@@ -163,35 +163,39 @@ def _insert_new(connection: Connection, rows: list[dict[str, Any]]) -> int:
     return len(new)
 
 
+#: the PostgreSQL advisory lock the upgrade of a table is made under
+_UPGRADE_LOCK = 7_395_512_001
+
+
 def _add_revision(engine: Engine) -> None:
     """Bring a table of an earlier version up to this one: its ``revision`` column
     (0 in every existing row) and index. Safe when the hub and the service both
-    start on it at once."""
-    with engine.connect() as connection:
-        columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
+    start on it at once: on PostgreSQL one waits for the other (its ``IF NOT EXISTS``
+    does not hold against a concurrent create); elsewhere the second finds it done."""
     dialect = engine.dialect.name
-    if "revision" not in columns:
-        exists = "IF NOT EXISTS " if dialect == "postgresql" else ""
-        try:
-            with engine.begin() as connection:
-                connection.exec_driver_sql(
-                    f"ALTER TABLE {usage.name} ADD COLUMN {exists}revision BIGINT NOT NULL "
-                    "DEFAULT 0"
-                )
-        except SQLAlchemyError:
-            with engine.connect() as connection:
-                columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
-            if "revision" not in columns:
-                raise
-            # the other one added it first
     index = next(i for i in usage.indexes if i.name == "ix_jupyterhub_gpu_usage_revision")
-    with engine.begin() as connection:
-        if dialect in ("postgresql", "sqlite"):
-            connection.exec_driver_sql(
-                f"CREATE INDEX IF NOT EXISTS {index.name} ON {usage.name} (revision)"
-            )
-        else:
-            index.create(connection, checkfirst=True)
+    try:
+        with engine.begin() as connection:
+            if dialect == "postgresql":
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_UPGRADE_LOCK})")
+            columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
+            if "revision" not in columns:
+                connection.exec_driver_sql(
+                    f"ALTER TABLE {usage.name} ADD COLUMN revision BIGINT NOT NULL DEFAULT 0"
+                )
+            if dialect in ("postgresql", "sqlite"):
+                connection.exec_driver_sql(
+                    f"CREATE INDEX IF NOT EXISTS {index.name} ON {usage.name} (revision)"
+                )
+            else:
+                index.create(connection, checkfirst=True)
+    except SQLAlchemyError:
+        with engine.connect() as connection:
+            columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
+            indexes = {i["name"] for i in inspect(connection).get_indexes(usage.name)}
+        if "revision" not in columns or index.name not in indexes:
+            raise
+        # the other one did it first
 
 
 class UsageStore:
