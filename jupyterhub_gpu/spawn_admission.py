@@ -7,6 +7,14 @@ periodic resync against the pods, the per-group first-come-first-served lines of
 spawner supplies what only it can do (list the charged pods, with its Kubernetes
 client and namespaces); everything else about admission lives here, in one
 object a test can replace.
+
+GPU time: the hub writes each GPU server's start and end to the usage database
+through a ``Backlog``, so a write the database refuses is kept (bounded) and
+written, with its true time, at the next chance: a retry soon after, every
+ledger resync, every later write. After any failed read or write, GPU spawns of
+groups with a budget follow ``accounting_fail_open`` (refused by default) until
+everything kept is written and the rows are read again: never admitted on
+numbers that could not be refreshed.
 """
 
 from __future__ import annotations
@@ -16,18 +24,32 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from .accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from .accounting.store import AccountingUnavailable, UsageStore
 from .core.admission import Charge, Decision, Ledger
-from .core.budgets import BudgetState, UsageBook, budget_refusal, budgets_of, has_budget
+from .core.budgets import (
+    BudgetState,
+    UsageBook,
+    budget_refusal,
+    budgets_of,
+    has_budget,
+    longest_period,
+)
 from .core.model import Group, Policy
 from .core.selection import Request
 from .core.shaping import usage_record_from_pod
 
 #: lists the charges on the pods Kubernetes has now (the spawner's own client)
 ListCharges = Callable[[Policy], Awaitable[list[Charge]]]
+
+#: what a GPU spawn of a group with a budget is told while budgets cannot be checked
+BUDGETS_UNCHECKED = (
+    "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
+    "GPU servers of groups with a budget start again once it is back"
+)
 
 
 class SpawnAdmission:
@@ -57,9 +79,21 @@ class SpawnAdmission:
         self.fail_open = False
         self.usage_loaded = loaded
         self.usage_error: str | None = None
+        #: since when a read or write of the usage database has failed (None: the last
+        #: read succeeded, with everything kept written first)
+        self.usage_failing_since: float | None = None
+        #: when the usage database was last read
+        self.usage_read_at: float | None = None
         #: the usage database's revision read up to (None: not read yet)
         self._usage_revision: int | None = None
         self.clock: Callable[[], float] = time.time
+        #: starts and ends not written yet (while the database cannot be written)
+        self.backlog = Backlog(DEFAULT_LIMIT, self.log, lambda: self.clock())
+        #: the longest wait between two retries after a failure (seconds)
+        self.retry_max = 30.0
+        self._policy: Policy | None = None
+        self._database: asyncio.Lock | None = None
+        self._retrying: asyncio.Task | None = None
 
     def use_store(self, store: UsageStore, fail_open: bool) -> None:
         """Record GPU time in ``store`` and check budgets against what it holds."""
@@ -160,39 +194,120 @@ class SpawnAdmission:
 
     # ---- GPU time -------------------------------------------------------------------
 
+    @property
+    def usage_current(self) -> bool:
+        """Budgets can be checked: the usage was read, and nothing failed since."""
+        return self.usage_loaded and self.usage_failing_since is None
+
+    def _database_lock(self) -> asyncio.Lock:
+        """Held by every read and write of the usage database: one at a time, so a
+        read never misses a write of this hub's that is under way."""
+        if self._database is None:
+            self._database = asyncio.Lock()
+        return self._database
+
     async def read_usage(self, policy: Policy) -> None:
-        """Bring the usage book up to date with the database (only rows changed since
-        the last read, after the first). A failure is kept, shown and retried."""
+        """Write what is kept, then bring the usage book up to date with the database
+        (only rows changed since the last read, after the first). A failure is kept,
+        shown and retried; budgets are checked again once a read succeeds."""
+        self._policy = policy
         if self.store is None:
             self.usage_loaded = True  # nothing recorded: offline rendering
             return
-        now = self.clock()
-        first = self._usage_revision is None
-        if first:
-            self.usage = UsageBook.for_policy(policy)
-        try:
+        async with self._database_lock():
+            if not await self._write_kept():
+                return  # its failure is noted: what is read now would be behind
+            now = self.clock()
+            first = self._usage_revision is None
+            try:
+                if first:
+                    since = now - longest_period(policy)
+                    records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
+                else:
+                    # every row written since, in the order written (whatever its times)
+                    records, revision = await asyncio.to_thread(
+                        self.store.changed_since, self._usage_revision
+                    )
+            except AccountingUnavailable as e:
+                self._failed(e)
+                return
             if first:
-                since = now - self.usage.horizon
-                records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
-            else:
-                # every row written since, in the order written (whatever its times)
-                records, revision = await asyncio.to_thread(
-                    self.store.changed_since, self._usage_revision
-                )
+                mine = list(self.usage.records.values())
+                self.usage = UsageBook.for_policy(policy)
+                for record in mine:
+                    # this hub's own starts and stops since it started
+                    self.usage.put(policy, record)
+            for record in records:
+                pending = self.backlog.get(record.uid)
+                self.usage.put(policy, pending.applied(record) if pending else record)
+            self.usage.prune(policy, now)
+            self._usage_revision = revision
+            self.usage_read_at = now
+            if self.usage_failing_since is not None:
+                self.log.info("GPU usage database readable and writable again")
+            self.usage_error = None
+            self.usage_failing_since = None
+            self.usage_loaded = True
+
+    async def _write_kept(self) -> bool:
+        """Write the starts and ends kept (the caller holds the database lock);
+        whether everything was written."""
+        if not len(self.backlog) or self.store is None:
+            return True
+        try:
+            await self.backlog.write(self.store)
         except AccountingUnavailable as e:
-            if self.usage_error is None:
-                self.log.error("GPU-hour budgets cannot be checked: %s", e)
-            self.usage_error = str(e)
-            self.usage_loaded = self.usage_loaded and not first
-            return
-        for record in records:
-            self.usage.put(policy, record)
-        self.usage.prune(policy, now)
-        self._usage_revision = revision
-        if self.usage_error is not None:
-            self.log.info("GPU usage database readable again")
-        self.usage_error = None
-        self.usage_loaded = True
+            self._failed(e)
+            return False
+        return True
+
+    def _failed(self, error: AccountingUnavailable) -> None:
+        """A read or write failed: budgets are not checked on what the hub holds until a
+        read succeeds again, which is retried soon."""
+        if self.usage_failing_since is None:
+            self.usage_failing_since = self.clock()
+            self.log.error(
+                "GPU usage database unavailable: GPU spawns of groups with a budget are %s "
+                "until it can be read again; starts and stops are kept in memory (at most "
+                "%d servers) and written then: %s",
+                "admitted unchecked" if self.fail_open else "refused",
+                self.backlog.limit,
+                error,
+            )
+        self.usage_error = str(error)
+        if self._retrying is None or self._retrying.done():
+            self._retrying = asyncio.ensure_future(self._retry())
+
+    async def _retry(self) -> None:
+        """After a failure: write what is kept and read again, waiting longer each time
+        (up to ``retry_max``), until both succeed."""
+        delay = 1.0
+        while self.usage_failing_since is not None or len(self.backlog):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.retry_max)
+            try:
+                if self._policy is not None:
+                    await self.read_usage(self._policy)
+                else:
+                    async with self._database_lock():
+                        if await self._write_kept():
+                            self.usage_failing_since = None
+            except Exception:
+                self.log.exception("GPU usage: retrying the usage database failed")
+
+    def accounting(self) -> AccountingLag:
+        """How far the usage database is behind what this hub has seen (for the
+        hub's metrics)."""
+        return AccountingLag(
+            ok=self.usage_current,
+            error=self.usage_error if self.usage_failing_since is not None else None,
+            failing_since=self.usage_failing_since,
+            unwritten=len(self.backlog),
+            oldest_unwritten=self.backlog.oldest(),
+            last_write=self.backlog.last_write,
+            last_read=self.usage_read_at,
+            dropped=self.backlog.dropped,
+        )
 
     def budget_refusal(
         self, policy: Policy, user: str, group: Group, request: Request
@@ -201,26 +316,24 @@ class SpawnAdmission:
         the atomic admission)."""
         if not request.gpus or not has_budget(policy, group):
             return None
-        if not self.usage_loaded:
+        if not self.usage_current:
+            # never checked against numbers that could not be refreshed
             if self.fail_open:
                 self.log.warning(
                     "GPU budget of %s not checked (accounting_fail_open): %s",
                     group.name,
-                    self.usage_error,
+                    self.usage_error or "the usage database has not been read yet",
                 )
                 return None
-            return (
-                "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
-                "GPU servers of groups with a budget start again once it is back"
-            )
+            return BUDGETS_UNCHECKED
         return budget_refusal(
             policy, self.usage, user, group, float(request.gpus), self.clock(), self.ledger
         )
 
     def budgets(self, policy: Policy, user: str, group: Group) -> list[BudgetState]:
         """The budgets a GPU server of ``user`` in ``group`` would count against, now
-        (none while the usage database has not been read)."""
-        if not self.usage_loaded or not has_budget(policy, group):
+        (none while the usage database cannot be read)."""
+        if not self.usage_current or not has_budget(policy, group):
             return []
         return budgets_of(
             policy, self.usage, user, group, self.clock(), running=self.ledger.charges
@@ -235,10 +348,12 @@ class SpawnAdmission:
             return
         if record is None:
             return
+        self._policy = policy
         record.last_seen = max(self.clock(), record.started)
-        self.usage.put(policy, record)
         if self.store is not None:
-            self._write_in_background(self.store.open, [record], what=f"start of {record.key}")
+            self.backlog.add(record.uid, record=record)
+            self._write_soon()
+        self.usage.put(policy, record)
 
     def record_stop(
         self, key: str, at: float | None = None, *, uid: str | None = None, inferred: bool = False
@@ -267,19 +382,18 @@ class SpawnAdmission:
             # last sighting; when this pod went is not known any better
             at, inferred = record.ended if record.ended is not None else at, True
         if self.store is not None:
-            self._write_in_background(
-                self.store.end, record.uid, at, inferred=inferred, what=f"stop of {key}"
-            )
+            self.backlog.add(record.uid, end=at, inferred=inferred)
+            self._write_soon()
 
-    def _write_in_background(
-        self, write: Callable[..., Any], *args: Any, what: str, **kwargs: Any
-    ) -> None:
+    def _write_soon(self) -> None:
+        """Write what is kept now, in the background; while the database is failing,
+        the retry writes it."""
+        if self.usage_failing_since is not None:
+            return
+
         async def work() -> None:
-            try:
-                await asyncio.to_thread(write, *args, **kwargs)
-            except AccountingUnavailable as e:
-                # the service records the pod from Kubernetes when it next looks
-                self.log.warning("GPU usage: the %s was not written: %s", what, e)
+            async with self._database_lock():
+                await self._write_kept()
 
         self.finish_in_background(work())
 
@@ -358,3 +472,50 @@ class SpawnAdmission:
     async def _notify(self) -> None:
         async with self.changed:
             self.changed.notify_all()
+
+
+class AccountingCollector:
+    """The hub's side of GPU usage accounting as Prometheus metrics, for the hub's own
+    ``/hub/metrics``: register it once with the shared admission,
+    ``prometheus_client.REGISTRY.register(AccountingCollector(admission))``."""
+
+    PREFIX = "jupyterhub_gpu_hub_accounting"
+
+    def __init__(self, admission: SpawnAdmission) -> None:
+        self.admission = admission
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        lag, now = self.admission.accounting(), self.admission.clock()
+        gauges = [
+            (
+                "up",
+                "1 when the usage database was last written and read, 0 while it fails",
+                1.0 if lag.ok else 0.0,
+            ),
+            (
+                "unwritten_servers",
+                "servers whose starts or ends are kept, not written yet",
+                lag.unwritten,
+            ),
+            (
+                "oldest_unwritten_age_seconds",
+                "age of the oldest start or end not written yet (0: none)",
+                0.0 if lag.oldest_unwritten is None else max(now - lag.oldest_unwritten, 0.0),
+            ),
+            (
+                "last_write_timestamp_seconds",
+                "when the usage database was last written",
+                lag.last_write,
+            ),
+            ("last_read_timestamp_seconds", "when the usage database was last read", lag.last_read),
+        ]
+        for name, help_text, value in gauges:
+            if value is not None:
+                yield GaugeMetricFamily(f"{self.PREFIX}_{name}", help_text, value=float(value))
+        yield CounterMetricFamily(
+            f"{self.PREFIX}_dropped_events",
+            "starts and ends dropped because what was kept was full",
+            value=lag.dropped,
+        )

@@ -23,6 +23,10 @@ transaction commits, so writers take their numbers in the order they commit: a
 reader that has seen every row up to revision N has seen every write numbered N
 or less, whatever times those writes carry, and asks for what is newer.
 
+A write the database refuses is not lost: the hub and the service keep it
+(``backlog.Backlog``) and write it later with ``write``, which applies each pod's
+kept start, latest sighting and end, with their true times, in one transaction.
+
 Rows are never deleted: they are the history showback and budgets read. The
 database is any SQLAlchemy URL: a sqlite file by default, PostgreSQL where the
 hub has one. Synchronous (SQLAlchemy Core); async callers run it in a thread.
@@ -33,7 +37,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
@@ -62,6 +67,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.budgets import UsageRecord
+
+if TYPE_CHECKING:
+    from .backlog import Pending
 
 metadata = MetaData()
 
@@ -161,6 +169,63 @@ def _insert_new(connection: Connection, rows: list[dict[str, Any]]) -> int:
     if new:
         connection.execute(insert(usage), new)
     return len(new)
+
+
+def _open_rows(
+    connection: Connection, records: Iterable[UsageRecord], stamp: dict[str, Any]
+) -> int:
+    """Insert rows for the records whose pod has none; how many were new."""
+    rows = [
+        {**{f: getattr(r, f) for f in _FIELDS}, "ended": r.ended, "end_inferred": False, **stamp}
+        for r in records
+    ]
+    return _insert_new(connection, rows) if rows else 0
+
+
+def _seen_rows(connection: Connection, uids: list[str], at: float, stamp: dict[str, Any]) -> None:
+    """These pods were alive at ``at``: open rows move their last sighting forward, and
+    an end inferred before ``at`` is undone."""
+    connection.execute(
+        update(usage)
+        .where(usage.c.uid.in_(uids), usage.c.ended.is_(None), usage.c.last_seen < at)
+        .values(last_seen=at, **stamp)
+    )
+    connection.execute(
+        update(usage)
+        .where(usage.c.uid.in_(uids), usage.c.end_inferred.is_(True), usage.c.ended < at)
+        .values(
+            last_seen=_greatest(usage.c.last_seen, at),
+            ended=None,
+            end_inferred=False,
+            **stamp,
+        )
+    )
+
+
+def _end_row(
+    connection: Connection, uid: str, at: float, inferred: bool, stamp: dict[str, Any]
+) -> int:
+    """End the row of pod ``uid`` at ``at`` (see ``UsageStore.end``); 0 or 1 rows."""
+    if inferred:
+        statement = (
+            update(usage)
+            .where(usage.c.uid == uid, usage.c.ended.is_(None))
+            .values(
+                ended=_greatest(at, usage.c.last_seen, usage.c.started),
+                end_inferred=True,
+                **stamp,
+            )
+        )
+    else:
+        statement = (
+            update(usage)
+            .where(
+                usage.c.uid == uid,
+                or_(usage.c.ended.is_(None), usage.c.end_inferred.is_(True)),
+            )
+            .values(ended=_greatest(at, usage.c.started), end_inferred=False, **stamp)
+        )
+    return connection.execute(statement).rowcount
 
 
 #: the PostgreSQL advisory lock the upgrade of a table is made under
@@ -281,17 +346,7 @@ class UsageStore:
         now = time.time() if now is None else now
 
         def work(connection: Connection, revision: int) -> int:
-            rows = [
-                {
-                    **{f: getattr(r, f) for f in _FIELDS},
-                    "ended": r.ended,
-                    "end_inferred": False,
-                    "updated": now,
-                    "revision": revision,
-                }
-                for r in records
-            ]
-            return _insert_new(connection, rows)
+            return _open_rows(connection, records, {"updated": now, "revision": revision})
 
         return self._write("record new servers", work)
 
@@ -304,22 +359,7 @@ class UsageStore:
         now = time.time()
 
         def work(connection: Connection, revision: int) -> None:
-            stamp = {"updated": now, "revision": revision}
-            connection.execute(
-                update(usage)
-                .where(usage.c.uid.in_(uids), usage.c.ended.is_(None), usage.c.last_seen < at)
-                .values(last_seen=at, **stamp)
-            )
-            connection.execute(
-                update(usage)
-                .where(usage.c.uid.in_(uids), usage.c.end_inferred.is_(True), usage.c.ended < at)
-                .values(
-                    last_seen=_greatest(usage.c.last_seen, at),
-                    ended=None,
-                    end_inferred=False,
-                    **stamp,
-                )
-            )
+            _seen_rows(connection, uids, at, {"updated": now, "revision": revision})
 
         self._write("record running servers", work)
 
@@ -333,29 +373,41 @@ class UsageStore:
         now = time.time()
 
         def work(connection: Connection, revision: int) -> int:
-            stamp = {"updated": now, "revision": revision}
-            if inferred:
-                statement = (
-                    update(usage)
-                    .where(usage.c.uid == uid, usage.c.ended.is_(None))
-                    .values(
-                        ended=_greatest(at, usage.c.last_seen, usage.c.started),
-                        end_inferred=True,
-                        **stamp,
-                    )
-                )
-            else:
-                statement = (
-                    update(usage)
-                    .where(
-                        usage.c.uid == uid,
-                        or_(usage.c.ended.is_(None), usage.c.end_inferred.is_(True)),
-                    )
-                    .values(ended=_greatest(at, usage.c.started), end_inferred=False, **stamp)
-                )
-            return connection.execute(statement).rowcount
+            return _end_row(connection, uid, at, inferred, {"updated": now, "revision": revision})
 
         return self._write("record a stopped server", work)
+
+    def write(self, entries: Iterable[Pending]) -> int:
+        """Write pods' events kept while the database could not be written (or just
+        now: ``backlog.Backlog``), in one transaction: each pod's start (a new row
+        unless it has one, its last sighting as kept), then its sighting, then its
+        end, each with its true time. Returns how many rows were new."""
+        entries = list(entries)
+        if not entries:
+            return 0
+        now = time.time()
+
+        def work(connection: Connection, revision: int) -> int:
+            stamp = {"updated": now, "revision": revision}
+            opens = [
+                replace(p.record, last_seen=max(p.record.last_seen, p.seen or 0.0))
+                for p in entries
+                if p.record is not None
+            ]
+            new = _open_rows(connection, opens, stamp)
+            # one statement per sighting time: a pass sees all its pods at once
+            by_time: dict[float, list[str]] = {}
+            for p in entries:
+                if p.seen is not None:
+                    by_time.setdefault(p.seen, []).append(p.uid)
+            for at, uids in by_time.items():
+                _seen_rows(connection, uids, at, stamp)
+            for p in entries:
+                if p.end is not None:
+                    _end_row(connection, p.uid, p.end, p.inferred, stamp)
+            return new
+
+        return self._write("record servers' starts, sightings and ends", work)
 
     def end_missing(self, live: Iterable[str], started_before: float) -> list[UsageRecord]:
         """End the open rows whose pod is not in ``live`` at their last sighting

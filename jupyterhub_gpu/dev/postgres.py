@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .localcluster.cluster import free_port
 
@@ -31,9 +32,42 @@ def server_binaries() -> Path:
     return Path(binaries[-1]).parent
 
 
+class LocalPostgres:
+    """A running throwaway server: its ``url``, and ``stop()`` and ``start()`` for an
+    outage (the same data, port and URL when it starts again)."""
+
+    def __init__(self, bin_dir: Path, data: Path, port: int, as_owner: list[str]) -> None:
+        self.bin_dir, self.data, self.port, self.as_owner = bin_dir, data, port, as_owner
+        self.url = ""
+        self.running = False
+
+    def run(self, *argv: Any) -> None:
+        subprocess.run([*self.as_owner, *argv], check=True, capture_output=True)
+
+    def start(self) -> None:
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.data}"
+        self.run(
+            self.bin_dir / "pg_ctl",
+            "-D",
+            self.data / "db",
+            "-o",
+            options,
+            "-l",
+            self.data / "log",
+            "-w",
+            "start",
+        )
+        self.running = True
+
+    def stop(self) -> None:
+        """Stop at once: open connections are cut, as when the server goes down."""
+        self.run(self.bin_dir / "pg_ctl", "-D", self.data / "db", "-m", "fast", "-w", "stop")
+        self.running = False
+
+
 @contextlib.contextmanager
-def throwaway_postgres(database: str = "hub") -> Iterator[str]:
-    """Start a server, create ``database``, yield its SQLAlchemy URL; stop and remove it."""
+def postgres_server(database: str = "hub") -> Iterator[LocalPostgres]:
+    """Start a server, create ``database``, yield it (``.url``); stop and remove it."""
     try:
         import psycopg2  # noqa: F401  (SQLAlchemy's PostgreSQL driver)
     except ImportError:
@@ -43,20 +77,24 @@ def throwaway_postgres(database: str = "hub") -> Iterator[str]:
     data = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-postgres-"))
     if as_owner:
         shutil.chown(data, "postgres")
-    port = free_port()
-
-    def run(*argv) -> None:
-        subprocess.run([*as_owner, *argv], check=True, capture_output=True)
-
+    server = LocalPostgres(bin_dir, data, free_port(), as_owner)
     try:
-        run(bin_dir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres")
-        options = f"-h 127.0.0.1 -p {port} -k {data}"
-        run(bin_dir / "pg_ctl", "-D", data / "db", "-o", options, "-l", data / "log", "-w", "start")
+        server.run(bin_dir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres")
+        server.start()
         try:
-            address = ["-h", "127.0.0.1", "-p", str(port)]
-            run(bin_dir / "createdb", *address, "-U", "postgres", database)
-            yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/{database}"
+            address = ["-h", "127.0.0.1", "-p", str(server.port)]
+            server.run(bin_dir / "createdb", *address, "-U", "postgres", database)
+            server.url = f"postgresql+psycopg2://postgres@127.0.0.1:{server.port}/{database}"
+            yield server
         finally:
-            run(bin_dir / "pg_ctl", "-D", data / "db", "-m", "fast", "-w", "stop")
+            if server.running:
+                server.stop()
     finally:
         shutil.rmtree(data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def throwaway_postgres(database: str = "hub") -> Iterator[str]:
+    """Start a server, create ``database``, yield its SQLAlchemy URL; stop and remove it."""
+    with postgres_server(database) as server:
+        yield server.url

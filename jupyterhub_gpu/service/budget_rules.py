@@ -7,6 +7,11 @@ server runs on, and new GPU servers are refused at the hub. With
 ``when_exhausted: stop`` the notice says when the server stops, and it is
 stopped ``grace`` later if the budget is still used up then. Read from the
 GPU-time snapshot (computed once per pass), not per server.
+
+Only numbers just read count: while the usage database cannot be written or
+read, nobody is told and nothing is stopped on the last numbers read (the task
+fails, saying so, at its interval); a stop that fell due meanwhile happens at
+the first run after the database is back, if the budget is still used up then.
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from ..core.quantities import format_duration
 from .gpu_time import GPUTime, HoursView
 from .runtime_rules import StopServer
 from .state import ServerPod, ServiceState
+from .tasks import RetryAtInterval
 from .views import Notice
+
+
+class BudgetsNotApplied(RetryAtInterval):
+    """The GPU-hours could not be refreshed: no one is told or stopped on stale ones."""
 
 
 class BudgetRule:
@@ -58,6 +68,20 @@ class BudgetRule:
         if pods is None:
             raise RuntimeError("server pods not listed yet (see the watch server pods task)")
         now = self.gpu_time.clock()
+        snapshot = self.gpu_time.snapshot
+        if snapshot.error is not None:
+            read = (
+                "never read"
+                if snapshot.read_at is None
+                else "last read at "
+                + datetime.fromtimestamp(snapshot.read_at, UTC).strftime("%H:%M:%S UTC")
+            )
+            raise BudgetsNotApplied(
+                f"no server told or stopped: the GPU-hours could not be refreshed ({read}; "
+                f"{snapshot.error})"
+            )
+        if snapshot.read_at is None:
+            return "GPU-hours not read yet"
         due: list[ServerPod] = []
         for key, pod in pods.items():
             exhausted = self.exhausted(pod)

@@ -7,6 +7,15 @@ for every row whose pod is gone. It then reads back the rows that changed into
 its ``UsageBook`` of recent records, from which budgets (for ``api/usage``,
 metrics and the budget rule), history and showback are answered without a
 database query; an older month is read from the database.
+
+While the database cannot be written, every pass still looks at the pods: it
+keeps their starts, their latest sightings and, for a pod seen during the outage
+that is gone now, its end at its last sighting (``accounting.backlog``), and
+writes them when the database is back, with those times. A pass never waits on
+the database for more than half the time between passes, so its sightings keep
+their pace whatever the database does; until a pass has written and read again,
+the numbers shown are the last read, marked as behind (``GPUTimeSnapshot.lag``),
+and the budget rule acts on none of them.
 """
 
 from __future__ import annotations
@@ -16,9 +25,11 @@ import logging
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.model import Budget, Policy
@@ -33,6 +44,7 @@ from ..core.showback import (
 )
 from .idle import ENGINE_ACTIVE, GPU_UTIL, SHARED_KINDS, Prometheus, PrometheusError
 from .state import ServiceState
+from .tasks import RetryAtInterval
 from .time_views import showback_json
 from .views import Viewer
 
@@ -63,14 +75,34 @@ class HoursView:
         }
 
 
+class AccountingBehind(RetryAtInterval):
+    """The usage database could not be written or read in this pass: what the pods
+    showed is kept to be written later, and the pass runs again at its interval."""
+
+
 @dataclass
 class GPUTimeSnapshot:
     """What the views read, computed once per pass (not per request)."""
 
     groups: dict[str, HoursView] = field(default_factory=dict)
     users: dict[tuple[str, str], HoursView] = field(default_factory=dict)  # (user, group)
+    #: why the last pass could not write or read the usage database (None: it did)
     error: str | None = None
     fail_open: bool = False
+    #: when the numbers above were read from the database (epoch seconds; None: never)
+    read_at: float | None = None
+    #: how far the database is behind the pods (unwritten events, last write and read)
+    lag: AccountingLag = field(default_factory=AccountingLag)
+
+    @property
+    def current(self) -> bool:
+        """The numbers were read in the last pass, after writing what it saw."""
+        return self.error is None and self.read_at is not None
+
+
+def clock_time(epoch: float) -> str:
+    """A moment as the log and task statuses show it (``14:03:27 UTC``)."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
 
 
 def hours_view(
@@ -94,6 +126,7 @@ class GPUTime:
         clock: Callable[[], float] = time.time,
         prometheus: Prometheus | None = None,
         billing_timezone: str = "UTC",
+        backlog_limit: int = DEFAULT_LIMIT,
     ) -> None:
         self.policy = policy
         #: the time zone a showback month is taken in (its name, and the zone)
@@ -107,6 +140,15 @@ class GPUTime:
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
         self.snapshot = GPUTimeSnapshot(fail_open=fail_open)
         self._read_at: float | None = None
+        #: what the pods showed that is not written yet (all of it, between passes,
+        #: only while the database cannot be written)
+        self.backlog = Backlog(backlog_limit, log, clock)
+        #: since when the database has failed (None: the last pass wrote and read)
+        self._failing_since: float | None = None
+        #: the write (and read) under way, begun by a pass that did not wait it out
+        self._writing: asyncio.Task | None = None
+        #: when the last pass began (monotonic): a pass waits at most half the gap
+        self._pass_began: float | None = None
         #: the usage database's revision the book is read up to
         self._revision: int | None = None
         #: showbacks computed since the book last changed, by (month, groups)
@@ -123,24 +165,37 @@ class GPUTime:
     # ---- recording -------------------------------------------------------------------
 
     async def record(self) -> str:
-        """One pass: write down what the pods show, then read back what changed."""
+        """One pass: keep what the pods show, write it (and all kept before) down, then
+        read back what changed. Raises ``AccountingBehind`` when the database could
+        not be written or read, with everything kept for the next pass."""
         pods = self.state.server_pods
         if pods is None:
             raise RuntimeError("server pods not listed yet (see the watch server pods task)")
         now = self.clock()
+        began = time.monotonic()
+        # the first pass reads every row the book holds: it may take a while
+        wait = None if self._pass_began is None else max((began - self._pass_began) / 2, 1.0)
+        self._pass_began = began
         live: dict[str, UsageRecord] = {}
         for pod in pods.values():
             if pod.usage is not None:
                 live[pod.usage.uid] = pod.usage
-        try:
-            new = await asyncio.to_thread(self.store.open, live.values(), now)
-            await asyncio.to_thread(self.store.seen, live.keys(), now)
-            # a pod younger than this pass may be missing from the list it was made from
-            ended = await asyncio.to_thread(self.store.end_missing, live.keys(), now - 10.0)
-            await self.read()
-        except AccountingUnavailable as e:
-            self.snapshot.error = str(e)
-            raise
+        carried = len(self.backlog)
+        self.keep(live, now)
+        writing = self._writing
+        if writing is not None and not writing.done():
+            raise self._behind(now, "it has not answered the write begun by an earlier pass")
+        if writing is not None and not writing.cancelled() and writing.exception() is not None:
+            # an earlier pass's write that ended after that pass stopped waiting for it
+            log.warning("GPU usage: an earlier write failed: %r", writing.exception())
+        self._writing = writing = asyncio.ensure_future(self._write_and_read(set(live), now))
+        done, _ = await asyncio.wait({writing}, timeout=wait)
+        if not done:
+            raise self._behind(now, f"it has not answered within {wait:.0f} s")
+        self._writing = None
+        new, ended, error = writing.result()
+        if error is not None:
+            raise self._behind(now, error)
         # this month for every group, ready before an admin asks (the largest answer)
         await self.showback(self.month_of(now), None)
         for record in ended:
@@ -149,7 +204,83 @@ class GPUTime:
                 record.user,
                 record.key,
             )
-        return f"{len(live)} GPU servers running, {new} recorded new, {len(ended)} ended unseen"
+        report = f"{len(live)} GPU servers running, {new} recorded new, {len(ended)} ended unseen"
+        if carried:
+            report += f"; {carried} servers' events kept while the database was unavailable written"
+        return report
+
+    def keep(self, live: Mapping[str, UsageRecord], now: float) -> None:
+        """Keep what the pods show at ``now`` until it is written: each live pod's
+        start and sighting, and for each pod kept as running that is gone now, its end
+        at its last sighting (an inferred end, undone should it be seen again)."""
+        for pending in self.backlog.unended():
+            if pending.uid not in live and pending.seen is not None:
+                self.backlog.add(pending.uid, now, end=pending.seen, inferred=True)
+        for uid, record in live.items():
+            self.backlog.add(uid, now, record=record, seen=now)
+
+    async def _write_and_read(
+        self, live: set[str], now: float
+    ) -> tuple[int, list[UsageRecord], str | None]:
+        """Write everything kept, end the rows of pods gone since, read what changed:
+        (rows new, rows ended unseen, why the database failed or None)."""
+        new, ended = 0, []
+        try:
+            carried = len(self.backlog)
+            oldest = self.backlog.oldest()
+            new = await self.backlog.write(self.store)
+            if self._failing_since is not None and carried:
+                log.info(
+                    "GPU usage database writable again: the events of %d servers kept since "
+                    "%s written",
+                    carried,
+                    clock_time(oldest or now),
+                )
+            # a pod younger than this pass may be missing from the list it was made from
+            ended = await asyncio.to_thread(self.store.end_missing, live, now - 10.0)
+            await self.read()
+        except AccountingUnavailable as e:
+            if self._failing_since is None:
+                self._failing_since = now
+                log.error(
+                    "GPU usage database unavailable: what the server pods show is kept in "
+                    "memory (at most %d servers) and written when it is back: %s",
+                    self.backlog.limit,
+                    e,
+                )
+            self.snapshot.error = str(e)
+            self.snapshot.lag = self.lag()
+            return new, ended, str(e)
+        self._failing_since = None
+        return new, ended, None
+
+    def lag(self) -> AccountingLag:
+        """How far the database is behind what this service has seen."""
+        error = self.snapshot.error if self._failing_since is not None else None
+        return AccountingLag(
+            ok=self._failing_since is None and self._read_at is not None,
+            error=error,
+            failing_since=self._failing_since,
+            unwritten=len(self.backlog),
+            oldest_unwritten=self.backlog.oldest(),
+            last_write=self.backlog.last_write,
+            last_read=self._read_at,
+            dropped=self.backlog.dropped,
+        )
+
+    def _behind(self, now: float, why: str) -> AccountingBehind:
+        """The pass's failure: the snapshot says so (numbers kept, marked behind)."""
+        if self._failing_since is None:
+            self._failing_since = now
+        if self.snapshot.error is None:
+            self.snapshot.error = f"the GPU usage database is behind: {why}"
+        self.snapshot.lag = self.lag()
+        oldest = self.snapshot.lag.oldest_unwritten
+        since = f", the oldest from {clock_time(oldest)}" if oldest is not None else ""
+        return AccountingBehind(
+            f"{len(self.backlog)} servers' GPU usage kept in memory until the usage database "
+            f"can be written{since}: {why}"
+        )
 
     async def read(self) -> None:
         """Bring the book up to date and recompute what the views show."""
@@ -165,6 +296,7 @@ class GPUTime:
         self.book.prune(self.policy, now)
         self._revision = revision
         self._read_at = now
+        self._failing_since = None
         self.snapshot = self.compute(now)
         self._showbacks.clear()
         self._histories.clear()
@@ -186,7 +318,9 @@ class GPUTime:
             group = self.policy.find_group(group_name)
             budget = group.user_budget if group else None
             users[(user, group_name)] = hours_view(records.values(), budget, now, running)
-        return GPUTimeSnapshot(groups, users, None, self.snapshot.fail_open)
+        return GPUTimeSnapshot(
+            groups, users, None, self.snapshot.fail_open, read_at=now, lag=self.lag()
+        )
 
     # ---- looking back ----------------------------------------------------------------
 

@@ -5,8 +5,10 @@ plugs in) and every long-running watch is a ``BackgroundTask``: an exception
 is logged, counted and shown on the page (admins) with the time of the last
 success, and the next attempt waits ``interval * 2**failures`` (capped at
 ``max_backoff``, with jitter so replicas do not retry in step). A success
-resets the backoff. Nothing a task raises stops the other tasks or the web
-server.
+resets the backoff. A job that must keep its pace through failures (it records
+what it sees meanwhile) raises ``RetryAtInterval``: counted and shown like any
+failure, and run again at its interval. Nothing a task raises stops the other
+tasks or the web server.
 
 Plugging in another periodic job::
 
@@ -30,6 +32,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger("jupyterhub_gpu.service")
+
+
+class RetryAtInterval(Exception):
+    """A failure after which the job still runs at its interval, without backing off:
+    it keeps doing what it can (e.g. recording what it sees until a database is back)."""
 
 
 def describe_error(error: BaseException) -> str:
@@ -134,6 +141,7 @@ class BackgroundTask:
         while True:
             started = time.monotonic()
             self.status.runs += 1
+            at_interval = False
             try:
                 result = await self.run_once()
             except asyncio.CancelledError:
@@ -149,9 +157,11 @@ class BackgroundTask:
                     self.status.last_error,
                 )
                 log.debug("%s traceback", self.name, exc_info=True)
+                at_interval = isinstance(e, RetryAtInterval)
             else:
                 self.succeeded(result)
-            delay = backoff_delay(self.interval, self.status.failures, self.max_backoff)
+            failures = 0 if at_interval else self.status.failures
+            delay = backoff_delay(self.interval, failures, self.max_backoff)
             if self.forever and self.status.failures == 0:
                 # a watch that ended cleanly (server timeout): resume at once
                 delay = 0
