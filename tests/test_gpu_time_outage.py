@@ -17,7 +17,7 @@ import pytest
 from hub_helpers import api, stop_hub
 from jupyterhub_gpu.accounting.store import UsageStore
 from kube_helpers import eventually
-from test_service_hub import start_server, usage, user_token, wait_for_service
+from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -132,6 +132,16 @@ async def outage_loses_no_gpu_time(
         await evict(core, hub, "eve", lifetimes)
         # the hub and the service notice the evictions while the database is down
         await asyncio.sleep(3 * INTERVAL)
+        # the dashboard and the metrics say how far behind the accounting is
+        view, _ = await usage(hub, root)
+        accounting = view["gpu_hours"]["accounting"]
+        assert accounting["behind"] is True
+        assert accounting["unwritten"] >= 1
+        assert accounting["oldest_unwritten_age_seconds"] > 0
+        status, _, page = await aget(hub.service_url, root)
+        assert "GPU-hour accounting is behind" in page
+        status, _, metrics = await aget(hub.service_url + "metrics", hub.api_token)
+        assert "jupyterhub_gpu_accounting_up 0.0" in metrics.splitlines()
     finally:
         await asyncio.to_thread(up)
 
@@ -158,9 +168,13 @@ async def outage_loses_no_gpu_time(
 
     async def caught_up():
         view, _ = await usage(hub, root)
-        return view["gpu_hours"]["accounting"]["ok"]
+        accounting = view["gpu_hours"]["accounting"]
+        return accounting["ok"] and not accounting["behind"]
 
     await eventually(caught_up, "the service to have caught up", within=20)
+    status, _, metrics = await aget(hub.service_url + "metrics", hub.api_token)
+    assert "jupyterhub_gpu_accounting_up 1.0" in metrics.splitlines()
+    assert "jupyterhub_gpu_accounting_unwritten_servers 0.0" in metrics.splitlines()
 
 
 async def test_a_postgresql_outage_loses_no_gpu_time_and_refuses_budgeted_gpu_spawns(

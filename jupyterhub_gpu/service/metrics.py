@@ -19,11 +19,16 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   for (neither warned nor stopped). Absent while Prometheus does not answer
   or none is configured.
 - ``servers_stopped_total`` {reason}: stops made by the runtime rules
+- ``accounting_up``, ``accounting_unwritten_servers``,
+  ``accounting_oldest_unwritten_age_seconds``, ``accounting_last_write_timestamp_seconds``,
+  ``accounting_dropped_events``: whether the usage database is written and read, and
+  how far behind its accounting is
 - ``task_consecutive_failures`` {task}, ``task_last_success_timestamp_seconds`` {task}
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
@@ -77,6 +82,27 @@ class ServiceCollector(Collector):
                     "server pods charged to the group that no hub server owns",
                     ["group"],
                 ),
+                ("accounting_up", "1 while the usage database is written and read", []),
+                (
+                    "accounting_unwritten_servers",
+                    "servers whose usage is kept to be written to the database",
+                    [],
+                ),
+                (
+                    "accounting_oldest_unwritten_age_seconds",
+                    "how long the oldest usage kept to be written has waited",
+                    [],
+                ),
+                (
+                    "accounting_last_write_timestamp_seconds",
+                    "when the usage database was last written",
+                    [],
+                ),
+                (
+                    "accounting_dropped_events",
+                    "usage events dropped because too many were kept",
+                    [],
+                ),
                 ("task_consecutive_failures", "failures in a row of a service task", ["task"]),
                 (
                     "task_last_success_timestamp_seconds",
@@ -113,6 +139,16 @@ class ServiceCollector(Collector):
                 value = getattr(capacity, key)
                 if value is not None:
                     gauges[f"flavor_capacity_{key}"].add_metric([flavor], value)
+        if snapshot.gpu_time is not None:
+            lag = snapshot.gpu_time.lag.to_json(time.time())
+            gauges["accounting_up"].add_metric([], 1.0 if snapshot.gpu_time.lag.ok else 0.0)
+            gauges["accounting_unwritten_servers"].add_metric([], lag["unwritten"])
+            gauges["accounting_oldest_unwritten_age_seconds"].add_metric(
+                [], lag["oldest_unwritten_age_seconds"] or 0.0
+            )
+            if lag["last_write"] is not None:
+                gauges["accounting_last_write_timestamp_seconds"].add_metric([], lag["last_write"])
+            gauges["accounting_dropped_events"].add_metric([], lag["dropped"])
         if snapshot.idle is not None:
             gauges["idle_servers_judged_by_dcgm"].add_metric([], snapshot.idle.judged)
             gauges["idle_servers_without_dcgm_series"].add_metric(

@@ -215,6 +215,10 @@ def orphans_section(orphans: list[dict[str, Any]]) -> str:
     )
 
 
+def _epoch(epoch: float | None) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC") if epoch else "never"
+
+
 def _short_time(epoch: float, span: float) -> str:
     moment = datetime.fromtimestamp(epoch, UTC)
     return moment.strftime("%H:%M" if span <= 86400 else "%b %d")
@@ -314,6 +318,20 @@ def gpu_time_section(view: dict[str, Any]) -> str:
             f'<p class="err">GPU-hour accounting unavailable ({escape(accounting["error"] or "")})'
             f": {then}.</p>"
         )
+    if accounting.get("behind"):
+        age = accounting.get("oldest_unwritten_age_seconds") or 0
+        behind = (
+            f"GPU-hour accounting is behind: {accounting['unwritten']} server(s)' usage not "
+            f"written yet (the oldest {format_duration(int(age))} ago); last written "
+            f"{_epoch(accounting.get('last_write'))}; GPU-hours shown as of "
+            f"{_epoch(accounting.get('numbers_from'))}"
+        )
+        if accounting.get("dropped"):
+            behind += (
+                f"; {accounting['dropped']} event(s) were dropped because too many were kept "
+                "(see the service's log)"
+            )
+        parts.append(f'<p class="err">{escape(behind)}.</p>')
     current = view.get("range", "day")
     links = [
         f"<b>{name}</b>" if name == current else f'<a href="?range={name}">{name}</a>'

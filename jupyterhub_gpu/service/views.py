@@ -18,6 +18,7 @@ groups or users.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -352,6 +353,10 @@ def gpu_hours_view(gpu_time: Any, groups: Sequence[Group], viewer: Viewer) -> di
             else DATABASE_UNAVAILABLE,
             # what a GPU spawn of a group with a budget does while the database is down
             "when_unavailable": "admit" if gpu_time.fail_open else "refuse",
+            # how far behind the accounting is: what is kept to be written, and since
+            # when the numbers shown are
+            **gpu_time.lag.to_json(time.time()),
+            "numbers_from": gpu_time.read_at,
         },
     }
 
