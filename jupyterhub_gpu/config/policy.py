@@ -169,10 +169,12 @@ class GPUPolicy(Configurable):
     accounting_fail_open = Bool(
         False,
         help="""
-        What a GPU spawn does when the usage database cannot be read and a budget
-        applies to it: refuse (``False``, the default: no budget can be exceeded
-        unseen) or admit without the budget check (``True``: availability first).
-        The dashboard shows which is in force while the database is unavailable.
+        What a GPU spawn does when the usage database cannot be read or written and
+        a budget applies to it: refuse (``False``, the default: no budget can be
+        exceeded unseen) or admit without the budget check (``True``: availability
+        first). It holds from any failed read or write until what was kept is
+        written and the rows are read again. The dashboard shows which is in force
+        while the database is unavailable.
         """,
     ).tag(config=True)
 
