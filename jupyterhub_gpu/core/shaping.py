@@ -16,7 +16,9 @@ from typing import Any
 
 from .admission import IN_QUOTA, Charge
 from .budgets import UsageRecord
-from .model import Flavor, Policy, dns_label
+from .model import Flavor, Policy
+from .objects import namespace_for
+from .schedulers import SCHEDULERS, scheduler_for
 from .selection import Request, Selection
 
 LABEL_PREFIX = "gpu.jupyterhub.org"
@@ -28,11 +30,8 @@ TIER_LABEL = f"{LABEL_PREFIX}/tier"
 #: (production and staging) never count, bill or stop each other's servers
 HUB_LABEL = f"{LABEL_PREFIX}/hub"
 CHARGE_ANNOTATION = f"{LABEL_PREFIX}/charge"
-QUEUE_LABELS = {"kai": "kai.scheduler/queue", "kueue": "kueue.x-k8s.io/queue-name"}
-VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
-#: whether Volcano's preempt and reclaim actions may evict the pod (Volcano's default: yes)
-VOLCANO_PREEMPTABLE_ANNOTATION = "volcano.sh/preemptable"
-SCHEDULER_NAMES = {"kai": "kai-scheduler", "volcano": "volcano"}
+#: the label naming a pod's queue, per scheduler that has one (each scheduler's own)
+QUEUE_LABELS = {name: s.queue_label for name, s in SCHEDULERS.items() if s.queue_label}
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -59,12 +58,6 @@ class PodShape:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     resource_claims: list[dict[str, str]] = field(default_factory=list)
-
-
-def namespace_for(policy: Policy, group: str) -> str | None:
-    if not policy.namespace_per_group:
-        return None
-    return dns_label(f"{policy.namespace_prefix}{group}")
 
 
 def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
@@ -124,15 +117,8 @@ def shape(
         result.priority_class_name = group.priority_class or scheduler.in_quota_priority_class
     else:
         result.priority_class_name = scheduler.over_quota_priority_class
-    if scheduler.name in SCHEDULER_NAMES:
-        result.scheduler_name = SCHEDULER_NAMES[scheduler.name]
-    if scheduler.name in QUEUE_LABELS:
-        result.labels[QUEUE_LABELS[scheduler.name]] = dns_label(group.queue)
-    if scheduler.name == "volcano":
-        result.annotations[VOLCANO_QUEUE_ANNOTATION] = dns_label(group.queue)
-        # Volcano's reclaim takes any preemptable pod of a queue above its deserved
-        # share, whatever its priority: only servers above their quota may be taken
-        result.annotations[VOLCANO_PREEMPTABLE_ANNOTATION] = str(tier != IN_QUOTA).lower()
+    # the scheduler's name, and the group's queue as the scheduler reads it
+    scheduler_for(policy).shape_pod(result, group, tier)
     if flavor is None:
         return result
 
@@ -175,6 +161,17 @@ def _merge_tolerations(base: Any, extra: list[dict[str, Any]]) -> list[Any]:
         if toleration not in merged:
             merged.append(toleration)
     return merged
+
+
+#: the KubeSpawner settings ``merge_settings`` is given as the chart configured them
+MERGED_SETTINGS = (
+    "cpu_limit",
+    "mem_limit",
+    "extra_resource_guarantees",
+    "extra_resource_limits",
+    "node_selector",
+    "tolerations",
+)
 
 
 def merge_settings(current: Mapping[str, Any], pod_shape: PodShape) -> dict[str, Any]:

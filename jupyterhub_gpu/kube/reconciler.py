@@ -53,6 +53,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from ..core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
 from ..core.model import Policy
 from ..core.quantities import QuantityError, parse_quantity
+from ..core.schedulers import object_kinds
 from .client import exception_message
 
 FIELD_MANAGER = "jupyterhub-gpu"
@@ -86,32 +87,27 @@ class Kind:
         return path
 
 
-_KAI_FIX = (
-    "install the KAI scheduler (its CRD queues.scheduling.run.ai comes with its Helm chart, "
-    "deployments/kai-scheduler/crds), or set GPUPolicy.scheduler.name to what the cluster runs"
-)
-_VOLCANO_FIX = (
-    "install Volcano (CRD queues.scheduling.volcano.sh, config/crd/volcano/bases), "
-    "or set GPUPolicy.scheduler.name to what the cluster runs"
-)
-_KUEUE_FIX = (
-    "install Kueue (CRDs *.kueue.x-k8s.io, config/components/crd/bases), "
-    "or set GPUPolicy.scheduler.name to what the cluster runs"
-)
-#: every kind the reconciler may own, in creation order (pruned in reverse)
+def _kinds(namespaced: bool) -> list[Kind]:
+    """The schedulers' kinds (``core.schedulers``), cluster-wide or namespaced."""
+    return [
+        Kind(k.api_version, k.kind, k.plural, k.namespaced, k.fix)
+        for k in object_kinds()
+        if k.namespaced == namespaced
+    ]
+
+
+#: every kind the reconciler may own, in creation order (pruned in reverse): the
+#: schedulers' cluster-wide ones (queues) after PriorityClasses, their namespaced ones
+#: (Kueue's LocalQueues) after what a group namespace holds
 KINDS = (
     Kind("v1", "Namespace", "namespaces", False),
     Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
-    Kind("scheduling.run.ai/v2", "Queue", "queues", False, _KAI_FIX),
-    Kind("scheduling.volcano.sh/v1beta1", "Queue", "queues", False, _VOLCANO_FIX),
-    Kind("kueue.x-k8s.io/v1beta2", "ResourceFlavor", "resourceflavors", False, _KUEUE_FIX),
-    Kind("kueue.x-k8s.io/v1beta2", "Cohort", "cohorts", False, _KUEUE_FIX),
-    Kind("kueue.x-k8s.io/v1beta2", "ClusterQueue", "clusterqueues", False, _KUEUE_FIX),
+    *_kinds(namespaced=False),
     Kind("v1", "ResourceQuota", "resourcequotas", True),
     Kind("v1", "LimitRange", "limitranges", True),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
-    Kind("kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues", True, _KUEUE_FIX),
+    *_kinds(namespaced=True),
     Kind(
         "resource.k8s.io/v1",
         "ResourceClaimTemplate",

@@ -1,0 +1,151 @@
+"""What every Kubernetes object the policy implies shares, for ``manifests`` and for
+each scheduler's own objects (``schedulers``).
+
+Pure: the owner and hub labels every object carries, which groups get objects and in
+which namespace, the whole device units a group's amounts allow, and telling objects
+apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from .model import Amounts, Flavor, Group, Policy, dns_label
+from .quantities import format_bytes, format_cpu
+
+OWNER_LABEL = "app.kubernetes.io/managed-by"
+OWNER = "jupyterhub-gpu"
+HUB_LABEL = "gpu.jupyterhub.org/hub-namespace"
+#: in-quota servers are never preempted by bursting ones; over-quota servers yield
+IN_QUOTA_PRIORITY = 1000
+OVER_QUOTA_PRIORITY = 100
+#: a scheduler's "unlimited" where it has none (Kueue's nominal quota, Volcano's
+#: deserved share): an uncapped resource gets this many units
+UNBOUNDED = 1_000_000
+
+
+def metadata(
+    name: str, hub_namespace: str, namespace: str | None = None, **labels: str
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta["labels"] = {OWNER_LABEL: OWNER, HUB_LABEL: hub_namespace, **labels}
+    return meta
+
+
+def namespace_for(policy: Policy, group: str) -> str | None:
+    """The namespace a group's servers run in; None: the hub's (no namespace per group)."""
+    if not policy.namespace_per_group:
+        return None
+    return dns_label(f"{policy.namespace_prefix}{group}")
+
+
+def all_groups(policy: Policy) -> list[Group]:
+    """Every group servers can be charged to: the configured groups, and ``everyone``
+    when it offers a profile (a group of the policy gets its objects even without
+    profiles: it may be a parent, and its namespace and queue show where it stands)."""
+    everyone = [policy.everyone] if policy.everyone.profiles else []
+    return [*policy.groups.values(), *everyone]
+
+
+def queue_name(group: Group) -> str:
+    """The queue object a group's pods are labelled with (see shaping.shape)."""
+    return dns_label(group.queue)
+
+
+def number(value: Fraction) -> int | float:
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def reachable(policy: Policy, group: Group) -> dict[str, set[int]]:
+    """Flavor name -> the device counts the group's profiles can ask for."""
+    reach: dict[str, set[int]] = {}
+    for name in group.profiles:
+        profile = policy.profiles[name]
+        if profile.gpu is None:
+            continue
+        flavors = {profile.gpu.flavor}
+        counts = {profile.gpu.count}
+        if "flavor" in profile.options:
+            flavors |= {v for _, v in profile.options["flavor"].choices}
+        if "gpus" in profile.options:
+            counts |= {v for _, v in profile.options["gpus"].choices}
+        for flavor in flavors:
+            reach.setdefault(flavor, set()).update(counts)
+    return reach
+
+
+def _units(flavor: Flavor, amounts: Amounts) -> int | None:
+    """Whole units of the flavor's resource that ``amounts`` allows; None: uncapped."""
+    caps = []
+    if amounts.gpus is not None:
+        caps.append(math.floor(Fraction(amounts.gpus) / flavor.unit_equivalents))
+    if flavor.name in amounts.flavors:
+        caps.append(amounts.flavors[flavor.name])
+    return min(caps) if caps else None
+
+
+def device_caps(policy: Policy, group: Group, amounts: Amounts) -> dict[str, int | None]:
+    """Resource name -> whole units ``amounts`` allows the group (None: uncapped).
+
+    Every device resource of the policy is listed: one the group's profiles never
+    reach gets 0. Where several flavors share a resource the loosest cap counts
+    (this is a backstop; the hub's admission charges each flavor exactly).
+    """
+    reach = reachable(policy, group)
+    caps: dict[str, int | None] = {}
+    for flavor in policy.flavors.values():
+        resource = device_resource(flavor)
+        if resource is None:
+            continue
+        units = _units(flavor, amounts) if flavor.name in reach else 0
+        if resource not in caps:
+            caps[resource] = units
+        elif caps[resource] is not None:
+            caps[resource] = None if units is None else max(caps[resource] or 0, units)
+    return caps
+
+
+def device_resource(flavor: Flavor) -> str | None:
+    """The quota resource a unit of this flavor is counted in, or None (KAI fractions)."""
+    if flavor.kind == "fraction":
+        return None
+    if flavor.kind == "dra":
+        return f"{flavor.device_class}.deviceclass.resource.k8s.io/devices"
+    return flavor.resource
+
+
+def resource_list(policy: Policy, group: Group, amounts: Amounts) -> dict[str, str]:
+    """``amounts`` as a Kubernetes resource list: CPU, memory and the devices counted
+    by resource name (DRA devices are not)."""
+    resources: dict[str, str] = {}
+    if amounts.cpu is not None:
+        resources["cpu"] = format_cpu(amounts.cpu)
+    if amounts.memory is not None:
+        resources["memory"] = format_bytes(amounts.memory)
+    for resource, units in sorted(device_caps(policy, group, amounts).items()):
+        if units is not None and not resource.endswith("resource.k8s.io/devices"):
+            resources[resource] = str(units)
+    return resources
+
+
+def unique(objects: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first object of each identity (groups sharing a queue share its object)."""
+    seen: set[tuple[str, str, str | None, str]] = set()
+    result = []
+    for obj in objects:
+        key = identity(obj)
+        if key not in seen:
+            seen.add(key)
+            result.append(obj)
+    return result
+
+
+def identity(obj: Mapping[str, Any]) -> tuple[str, str, str | None, str]:
+    """(apiVersion, kind, namespace, name): what tells two objects apart."""
+    meta = obj["metadata"]
+    return (obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])

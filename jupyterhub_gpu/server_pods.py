@@ -1,0 +1,212 @@
+"""The server pods the spawner reads and deletes beyond KubeSpawner's own.
+
+- The charges the hub's ledger is rebuilt from: every server pod the policy labelled,
+  in every namespace servers run in, and the servers started before the policy
+  (KubeSpawner's pods without its labels, see ``core.adoption``), each told once in
+  the hub log.
+- KubeSpawner's watch of server pods, started again when it failed (an API server
+  unreachable at its first list, or for longer than its watch retries).
+- A stop that failed, finished in the background: the pod is deleted until it is
+  gone, then its charge released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import aiohttp
+from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Preconditions
+
+from .core.admission import Charge
+from .core.adoption import adopt, servers_selector, username_of
+from .core.model import Policy
+from .core.quantities import format_gpus
+from .core.shaping import GROUP_LABEL, charge_from_pod, namespace_for, of_another_hub
+from .kube.client import exception_message
+
+if TYPE_CHECKING:
+    from .spawner import GPUKubeSpawner
+
+#: servers from before the policy whose charge the hub log has told (once each)
+_adoptions_logged: set[str] = set()
+
+
+async def charges_from_pods(
+    spawner: GPUKubeSpawner, policy: Policy, hub_namespace: str
+) -> list[Charge]:
+    """The charges of every server of this hub, from its pods (``hub_namespace``: the
+    hub's, where servers from before the policy run)."""
+    charges = await _adopted_charges(spawner, policy, hub_namespace)
+    namespaces = (
+        [namespace_for(policy, g.name) for g in policy.all_groups]
+        if policy.namespace_per_group
+        else [spawner.namespace]
+    )
+    for namespace in namespaces:
+        try:
+            pods = await spawner.api.list_namespaced_pod(
+                namespace,
+                label_selector=GROUP_LABEL,
+                _request_timeout=spawner.k8s_api_request_timeout,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                continue
+            raise
+        for pod in pods.items:
+            listed = spawner.api.api_client.sanitize_for_serialization(pod)
+            if of_another_hub(listed, hub_namespace):
+                continue  # e.g. a staging hub's, in group namespaces of the same names
+            try:
+                charge = charge_from_pod(listed)
+            except ValueError as e:
+                spawner.log.warning("%s; it is not counted", e)
+                continue
+            if charge is not None:
+                charges.append(charge)
+    return charges
+
+
+async def _adopted_charges(
+    spawner: GPUKubeSpawner, policy: Policy, hub_namespace: str
+) -> list[Charge]:
+    """The charges of servers started before the policy (see ``core.adoption``):
+    KubeSpawner's server pods in the hub's namespace without the policy's labels."""
+    try:
+        pods = await spawner.api.list_namespaced_pod(
+            hub_namespace,
+            label_selector=servers_selector(spawner.component_label, unlabelled=True),
+            _request_timeout=spawner.k8s_api_request_timeout,
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return []
+        raise
+    listed = [spawner.api.api_client.sanitize_for_serialization(p) for p in pods.items]
+    groups = _hub_groups(spawner, {username_of(p) for p in listed} - {""})
+    charges = []
+    for pod in listed:
+        adopted = adopt(policy, pod, groups.get(username_of(pod), ()), spawner.component_label)
+        if adopted is None:
+            continue
+        if adopted.key not in _adoptions_logged:
+            _adoptions_logged.add(adopted.key)
+            held = f"{format_gpus(adopted.request.gpus)} GPUs" + (
+                f" of flavor {adopted.flavor}" if adopted.flavor else ""
+            )
+            if adopted.group is not None:
+                spawner.log.info(
+                    "Server pod %s of %s, started before the GPU policy (%s), is charged to %s: %s",
+                    adopted.key,
+                    adopted.user,
+                    held,
+                    adopted.group,
+                    adopted.why,
+                )
+            else:
+                spawner.log.warning(
+                    "Server pod %s of %s, started before the GPU policy (%s), is charged "
+                    "to no group: %s. Set GPUPolicy.adopted_servers_group to charge such "
+                    "servers, or ask the user to restart it through a policy profile.",
+                    adopted.key,
+                    adopted.user,
+                    held,
+                    adopted.why,
+                )
+        if adopted.charge is not None:
+            charges.append(adopted.charge)
+    return charges
+
+
+def _hub_groups(spawner: GPUKubeSpawner, users: Iterable[str]) -> dict[str, list[str]]:
+    """Each user's JupyterHub groups, from the hub's database (none offline)."""
+    db = getattr(spawner.user, "db", None)
+    if db is None:
+        return {}
+    from jupyterhub import orm
+
+    found = {}
+    for name in users:
+        user = orm.User.find(db, name)
+        found[name] = [g.name for g in user.groups] if user is not None else []
+    return found
+
+
+async def watch_pods(spawner: GPUKubeSpawner) -> None:
+    """KubeSpawner's pod reflector, started again if it failed.
+
+    Its first list fails while the API server is unreachable, and its watch gives
+    up for good after about 50 s of failed retries; either way it would go on
+    answering from a stale list (a new pod never seen, a spawn waiting out its
+    start_timeout) until something replaced it.
+    """
+    reflector = spawner.reflectors.get(spawner._get_reflector_key("pods"))
+    first_list_failed = (
+        reflector is not None
+        and reflector.first_load_future.done()
+        and not reflector.first_load_future.cancelled()
+        and reflector.first_load_future.exception() is not None
+    )
+    watch = getattr(reflector, "watch_task", None)
+    gave_up = watch is not None and watch.done()
+    await spawner._start_watching_pods(replace=first_list_failed or gave_up)
+
+
+def finish_stop_in_background(spawner: GPUKubeSpawner, error: Exception, now: bool) -> None:
+    """After a failed stop: delete the server's pod until it is gone, then release.
+
+    JupyterHub forgets the server either way, so nothing else would delete the
+    pod; and releasing its charge while it runs would let a group exceed its
+    quota. The deletion names the pod's uid: a new pod of the same name (the user
+    started again) is never touched, and its own charge never released.
+    """
+    key = spawner._server_key
+    charge = spawner.admission.charge(key)
+    reflector = getattr(spawner, "pod_reflector", None)
+    pod = reflector.pods.get(key) if reflector else None
+    uid = ((pod or {}).get("metadata") or {}).get("uid")
+    spawner.log.warning(
+        "Stopping %s failed (%s); its pod %s stays charged and is deleted when the "
+        "Kubernetes API answers",
+        spawner._log_name,
+        error,
+        key,
+    )
+    spawner.admission.finish_in_background(
+        _delete_until_gone(spawner, spawner.namespace, spawner.pod_name, uid, charge, now)
+    )
+
+
+async def _delete_until_gone(
+    spawner: GPUKubeSpawner,
+    namespace: str,
+    name: str,
+    uid: str | None,
+    charge: Charge | None,
+    now: bool,
+) -> None:
+    options = V1DeleteOptions(
+        grace_period_seconds=0 if now else spawner.delete_grace_period,
+        preconditions=V1Preconditions(uid=uid) if uid else None,
+    )
+    delay = 1.0
+    while True:
+        try:
+            await spawner.api.delete_namespaced_pod(
+                name, namespace, body=options, _request_timeout=spawner.k8s_api_request_timeout
+            )
+        except ApiException as e:
+            if e.status in (404, 409):  # gone, or a new server's pod has the name now
+                break
+            spawner.log.warning("Deleting pod %s/%s: %s", namespace, name, exception_message(e))
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            pass  # still unreachable
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10)
+    key = f"{namespace}/{name}"
+    spawner.admission.record_stop(key, uid=uid)
+    if charge is not None:
+        await spawner.admission.release(spawner.gpu_policy, key, only=charge)
+    spawner.log.info("Pod %s is gone: the stop of %s is complete", key, spawner._log_name)

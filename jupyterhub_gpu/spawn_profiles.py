@@ -1,0 +1,57 @@
+"""The profile list the spawner offers: one entry per (group, profile) the user's
+groups allow, each with its group's live remaining quota and budgets and, where the
+site shows it, the free cluster capacity of its flavor.
+
+Capacity comes from one watch of nodes and bound pods shared by every spawner of
+the hub (``kube.clusterview``), started by the first list that needs it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .core.admission import Ledger
+from .core.budgets import BudgetState
+from .core.capacity import FlavorCapacity
+from .core.model import Policy
+from .core.profiles import profile_entry
+from .core.selection import offers
+from .kube.clusterview import ClusterView
+
+if TYPE_CHECKING:
+    from .spawner import GPUKubeSpawner
+
+#: the watch of nodes and bound pods the profile list's capacity is read from
+_cluster_view: ClusterView | None = None
+
+
+async def offered_profiles(
+    spawner: GPUKubeSpawner, policy: Policy, ledger: Ledger, *, wait: bool
+) -> list[dict[str, Any]]:
+    """The spawner's user's profile list; ``wait``: for the first list of nodes and
+    pods, so that capacity shows from the very first page."""
+    capacity = await _capacity(spawner, policy, wait)
+    budgets = spawner.admission.budgets
+    per_group: dict[str, list[BudgetState]] = {}
+    entries = []
+    for offer in offers(policy, spawner._user_groups()):
+        group = offer.group
+        if group.name not in per_group:
+            per_group[group.name] = budgets(policy, spawner.user.name, group)
+        entries.append(profile_entry(policy, ledger, offer, capacity, per_group[group.name]))
+    return entries
+
+
+async def _capacity(
+    spawner: GPUKubeSpawner, policy: Policy, wait: bool
+) -> dict[str, FlavorCapacity] | None:
+    """Free cluster capacity per flavor, or None when it is unknown or turned off."""
+    global _cluster_view
+    if not spawner.show_cluster_capacity:
+        return None
+    if _cluster_view is None:
+        view = _cluster_view = ClusterView(spawner.api.api_client, spawner.log).start()
+        if wait:
+            # the first list of nodes and pods, so the very first page shows capacity
+            await view.wait_ready(spawner.k8s_api_request_timeout)
+    return _cluster_view.capacity(policy)
