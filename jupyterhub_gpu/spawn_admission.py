@@ -519,3 +519,11 @@ class AccountingCollector:
             "starts and ends dropped because what was kept was full",
             value=lag.dropped,
         )
+
+
+def register_hub_metrics(admission: SpawnAdmission) -> None:
+    """Show the hub's side of GPU-hour accounting on the hub's own ``/hub/metrics``."""
+    import prometheus_client
+
+    with contextlib.suppress(ValueError):  # already registered by an earlier hub in-process
+        prometheus_client.REGISTRY.register(AccountingCollector(admission))

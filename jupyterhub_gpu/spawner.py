@@ -46,7 +46,7 @@ from .core.shaping import MERGED_SETTINGS, PodShape, apply_to_pod, merge_setting
 from .kube.client import exception_message
 from .queue_watch import QueueWatch
 from .server_pods import charges_from_pods, finish_stop_in_background, watch_pods
-from .spawn_admission import SpawnAdmission
+from .spawn_admission import SpawnAdmission, register_hub_metrics
 from .spawn_checks import (
     SpawnRefused,
     checked_policy,
@@ -173,6 +173,7 @@ class GPUKubeSpawner(KubeSpawner):
                 UsageStore(settings.accounting_url), fail_open=settings.accounting_fail_open
             )
             GPUKubeSpawner._hub_admission = admission
+            register_hub_metrics(admission)
         return GPUKubeSpawner._hub_admission
 
     def __init__(self, *args: Any, admission: SpawnAdmission | None = None, **kwargs: Any) -> None:

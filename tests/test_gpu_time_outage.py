@@ -174,6 +174,10 @@ async def outage_loses_no_gpu_time(
     await eventually(caught_up, "the service to have caught up", within=20)
     status, _, metrics = await aget(hub.service_url + "metrics", hub.api_token)
     assert "jupyterhub_gpu_accounting_up 1.0" in metrics.splitlines()
+    # and the hub's own side, on the hub's /hub/metrics
+    status, hub_metrics = await asyncio.to_thread(hub.request, "GET", "/hub/metrics")
+    assert status == 200, hub_metrics
+    assert "jupyterhub_gpu_hub_accounting" in str(hub_metrics)
     assert "jupyterhub_gpu_accounting_unwritten_servers 0.0" in metrics.splitlines()
 
 
