@@ -112,8 +112,15 @@ async def test_max_runtime_applies_after_a_hub_restart_to_a_server_started_witho
     _, model = await api(hub, "GET", "/users/ann")
     assert model["servers"][""]["user_options"] == {}  # what the hub kept
     token = await user_token(hub, "root")
-    status, _, body = await aget(hub.service_url + "api/usage", token)
-    (server,) = json.loads(body)["servers"]
+
+    async def charged():
+        # the service joins the hub's server to its pod at its next poll of the hub
+        # after its watch has listed the pod (the two run independently)
+        status, _, body = await aget(hub.service_url + "api/usage", token)
+        servers = json.loads(body)["servers"]
+        return servers if servers and servers[0]["group"] else None
+
+    (server,) = await eventually(charged, "the service to charge ann's server", within=30)
     assert server["group"] == "lab"  # from the pod's labels
 
     async def stopped():
