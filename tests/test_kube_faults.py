@@ -116,7 +116,7 @@ async def test_max_runtime_applies_after_a_hub_restart_to_a_server_started_witho
     async def charged():
         # the service joins the hub's server to its pod at its next poll of the hub
         # after its watch has listed the pod (the two run independently)
-        status, _, body = await aget(hub.service_url + "api/usage", token)
+        _, _, body = await aget(hub.service_url + "api/usage", token)
         servers = json.loads(body)["servers"]
         return servers if servers and servers[0]["group"] else None
 
