@@ -123,15 +123,12 @@ class OrphanPods:
             if error:
                 errors.append(error)
                 continue
-            self.state.notice(
-                Notice(
-                    at=datetime.fromtimestamp(now, UTC),
-                    text=f"Deleted pod {pod.key}: {pod.user} has had no server "
-                    f"{pod.servername or '(default)'} in the hub for "
-                    f"{format_duration(int(self.grace or 0))}",
-                    group=pod.charge.group if pod.charge else None,
-                    user=pod.user,
-                )
+            self._notice(
+                pod,
+                now,
+                f"Deleted pod {pod.key}: {pod.user} has had no server "
+                f"{pod.servername or '(default)'} in the hub for "
+                f"{format_duration(int(self.grace or 0))}",
             )
         if errors:
             raise RuntimeError(f"{len(errors)} orphaned pod(s) not deleted; first: {errors[0]}")
@@ -143,12 +140,19 @@ class OrphanPods:
         else:
             at = datetime.fromtimestamp(now + self.grace, UTC).strftime("%H:%M:%S UTC")
             then = f"it is deleted at {at} unless the hub owns it again"
+        self._notice(
+            pod,
+            now,
+            f"Pod {pod.key} is labelled as {pod.user}'s server "
+            f"{pod.servername or '(default)'}, which the hub does not have: it stays "
+            f"charged to {pod.charge.group if pod.charge else '?'} while it runs, and {then}",
+        )
+
+    def _notice(self, pod: ServerPod, now: float, text: str) -> None:
         self.state.notice(
             Notice(
                 at=datetime.fromtimestamp(now, UTC),
-                text=f"Pod {pod.key} is labelled as {pod.user}'s server "
-                f"{pod.servername or '(default)'}, which the hub does not have: it stays "
-                f"charged to {pod.charge.group if pod.charge else '?'} while it runs, and {then}",
+                text=text,
                 group=pod.charge.group if pod.charge else None,
                 user=pod.user,
             )
