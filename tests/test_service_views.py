@@ -724,3 +724,21 @@ async def test_no_pod_is_taken_for_an_orphan_without_a_complete_answer_from_the_
     assert await dry.run() == "1 orphaned server pod(s), 0 deleted"
     assert dry.orphans[0].deletes_at is None
     assert len(deleted) == 1
+
+
+def test_a_servers_group_comes_from_its_pod_even_when_the_hub_answered_first():
+    """After a service restart the hub's first answer may come before the pods are
+    listed: the servers are joined to their pods again when the list arrives."""
+    from jupyterhub_gpu.service.state import ServiceState, server_pod
+
+    state = ServiceState(POLICY)
+    users = [
+        {
+            "name": "ann",
+            "servers": {"": {"user_options": {}, "started": NOW.isoformat(), "ready": True}},
+        }
+    ]
+    state.set_servers(servers_from_users(users))
+    assert [s.group for s in state.servers] == [None]  # no pod listed yet
+    state.server_pods_listed({"ns/a": server_pod(pod_json("a", "ann", "alpha", 1))})
+    assert [s.group for s in state.servers] == ["alpha"]

@@ -159,6 +159,8 @@ class ServiceState:
         self.hub_namespace = hub_namespace
         #: whether the hub's last answer told every user's servers (see ``set_servers``)
         self.servers_complete = False
+        #: the hub's last answer as it came, joined to the pods again when they are listed
+        self._hub_servers: list[Server] | None = None
         #: each user's JupyterHub groups, as the hub last reported them (None: not yet)
         self.user_groups: dict[str, tuple[str, ...]] | None = None
         #: the policy's group namespaces (with namespace_per_group), where servers run
@@ -309,6 +311,10 @@ class ServiceState:
             self.policy, [p.charge for p in items.values() if p.charge]
         )
         self._with_pods = Counter((p.user, p.servername) for p in items.values())
+        if self._hub_servers is not None:
+            # the hub's last answer, joined to the pods as they are now listed (a
+            # poll may have come before the watch's first list, as after a restart)
+            self.set_servers(self._hub_servers, self.servers_complete)
 
     def server_pod_event(self, key: str, old: ServerPod | None, new: ServerPod | None) -> None:
         """One watch event: the difference is applied to the ledger and the index."""
@@ -366,6 +372,7 @@ class ServiceState:
         labelled pod (one started before the policy, whose slug such as
         ``lab--big`` may look like one of ours) belongs to no group here.
         """
+        self._hub_servers = servers
         pods = {
             (p.user, p.servername): p
             for p in (self.server_pods or {}).values()
