@@ -700,7 +700,11 @@ async def test_no_pod_is_taken_for_an_orphan_without_a_complete_answer_from_the_
     state = ServiceState(POLICY)
     pod = pod_json("lost", "ann", "alpha", 1)
     pod["metadata"]["uid"] = "uid-lost"
-    state.server_pods_listed({"ns/lost": server_pod(pod)})
+    pod["metadata"]["creationTimestamp"] = "1970-01-01T00:10:00Z"  # 600 s
+    young = pod_json("young", "bob", "alpha", 1)
+    young["metadata"]["uid"] = "uid-young"
+    young["metadata"]["creationTimestamp"] = "1970-01-01T00:16:38Z"  # 998 s
+    state.server_pods_listed({"ns/lost": server_pod(pod), "ns/young": server_pod(young)})
     deleted: list[tuple[str, str, str]] = []
 
     async def delete(namespace: str, name: str, uid: str) -> None:
@@ -713,8 +717,10 @@ async def test_no_pod_is_taken_for_an_orphan_without_a_complete_answer_from_the_
     state.set_servers([], complete=False)
     with pytest.raises(RuntimeError, match="nothing is taken for an orphan without one"):
         await orphans.run()
-    # a complete answer in which ann has no server: reported, then deleted after the grace
+    # a complete answer in which ann has no server: reported, then deleted after the grace;
+    # bob's pod is younger than the answer (its server may be one the answer predates)
     state.set_servers([], complete=True)
+    state.servers_asked_at = 1000.0
     assert await orphans.run() == "1 orphaned server pod(s), 0 deleted"
     clock[0] += 61
     assert await orphans.run() == "1 orphaned server pod(s), 1 deleted"

@@ -282,14 +282,16 @@ class UsageStore:
 
     def _prepare(self) -> None:
         """Create the tables, or bring those of an earlier version up to date."""
-        for attempt in (1, 2):
+        for attempt in range(1, 6):
             try:
                 metadata.create_all(self.engine)
                 break
-            except SQLAlchemyError:
-                if attempt == 2:
+            except SQLAlchemyError as e:
+                # the other writer (the hub, or the service) is creating them at this
+                # moment: once its transaction is committed, they are there to find
+                if attempt == 5 or "already exists" not in str(e):
                     raise
-                # the other writer created them at the same moment: look again
+                time.sleep(0.2 * attempt)
         _add_revision(self.engine)
         with self.engine.begin() as connection:
             if connection.execute(select(revisions.c.value)).first() is None:

@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -261,9 +262,11 @@ class GPUService(Application, service_settings.GPUService):
         return job
 
     async def poll_hub(self) -> str:
+        asked = time.time()
         answer = await self.hub.servers()
         self.state.set_user_groups(answer.groups)
         self.state.set_servers(answer.servers, answer.complete)
+        self.state.servers_asked_at = asked
         if not answer.complete:
             raise RuntimeError(
                 "the hub answered without users' servers: the service's role needs "

@@ -25,6 +25,8 @@ from ..core.quantities import format_duration
 from .state import ServerPod, ServiceState
 from .views import Notice
 
+#: seconds a pod must predate the hub's answer by to be weighed (clocks differ a little)
+CLOCK_MARGIN = 5.0
 #: deletes a pod by namespace, name and uid; the error in words, or None when gone
 DeletePod = Callable[[str, str, str], Awaitable[str | None]]
 
@@ -83,6 +85,10 @@ class OrphanPods:
                 "nothing is taken for an orphan without one"
             )
         owned = {(s.user, s.name) for s in state.servers}
+        # a pod younger than the hub's answer may be a server the answer predates: the
+        # hub has a server before its pod exists, so only older pods are weighed
+        # (with a margin for the API server's clock against this one)
+        asked = state.servers_asked_at - CLOCK_MARGIN
         return [
             pod
             for pod in state.server_pods.values()
@@ -92,6 +98,8 @@ class OrphanPods:
             and pod.before_policy is None
             and pod.uid
             and pod.user
+            and pod.created is not None
+            and pod.created.timestamp() < asked
             and (pod.user, pod.servername) not in owned
         ]
 

@@ -159,6 +159,8 @@ class ServiceState:
         self.hub_namespace = hub_namespace
         #: whether the hub's last answer told every user's servers (see ``set_servers``)
         self.servers_complete = False
+        #: when the hub was asked for that answer (epoch seconds; 0: never)
+        self.servers_asked_at = 0.0
         #: the hub's last answer as it came, joined to the pods again when they are listed
         self._hub_servers: list[Server] | None = None
         #: each user's JupyterHub groups, as the hub last reported them (None: not yet)
