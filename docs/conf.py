@@ -79,9 +79,7 @@ def _policy_keys() -> str:
         "(each: `choices`, `display_name`) |"
     )
     rows.append(f"| `groups.<name>` | {keys(model._GROUP_KEYS)} |")
-    rows.append(
-        "| `everyone` | " + keys(model._GROUP_KEYS - {"parent", "unlimited", "admin"}) + " |"
-    )
+    rows.append("| `everyone` | " + keys(model._GROUP_KEYS - model._EVERYONE_EXCLUDES) + " |")
     rows.append("| `quota`, `limit`, `per_user` | `cpu`, `flavors`, `gpus`, `memory`, `servers` |")
     rows.append(
         "| `scheduler` | `in_quota_priority_class`, `name` "

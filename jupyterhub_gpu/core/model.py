@@ -301,6 +301,9 @@ class Group:
     #: each member's own budget within the group (``per_user.budget``)
     user_budget: Budget | None = None
     idle: Idle | None = None
+    #: the directory groups (names, DNs, IDs or paths) whose members are this group's
+    #: members; empty: the directory group of the same name (see core.directory)
+    directory_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -779,7 +782,43 @@ _GROUP_KEYS = {
     "admin",
     "budget",
     "idle",
+    "directory_groups",
 }
+
+
+#: what ``everyone`` may not have: every user is in it, whatever the directory says
+_EVERYONE_EXCLUDES = frozenset({"parent", "unlimited", "admin", "directory_groups"})
+# a DN's attribute=value parts are separated by commas that are not escaped (RFC 4514)
+_DN_SEPARATOR = re.compile(r"(?<!\\),")
+_DN_ATTRIBUTE = re.compile(r"^\s*[A-Za-z][A-Za-z0-9-]*\s*=|^\s*\d+(\.\d+)+\s*=")
+
+
+def _parse_directory_groups(e: _Errors, path: str, raw: Any) -> tuple[str, ...]:
+    """Directory group names, DNs, IDs or paths; a number (a gidNumber) is read as text."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        e.add(path, f"expected a list of directory group names, DNs, IDs or paths, got {raw!r}")
+        return ()
+    found: list[str] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, int) and not isinstance(item, bool):
+            item = str(item)
+        if not isinstance(item, str) or not item.strip():
+            e.add(f"{path}[{i}]", f"expected a group name, DN, ID or path, got {item!r}")
+            continue
+        if "=" in item and not all(_DN_ATTRIBUTE.match(p) for p in _DN_SEPARATOR.split(item)):
+            e.add(
+                f"{path}[{i}]",
+                f"{item!r} is not a DN: every comma-separated part is attribute=value, "
+                "as in cn=research,ou=groups,dc=example,dc=edu",
+            )
+            continue
+        if item in found:
+            e.add(f"{path}[{i}]", f"{item!r} is listed twice")
+            continue
+        found.append(item)
+    return tuple(found)
 
 
 def _check_limit(e: _Errors, path: str, quota: Amounts, limit: Amounts) -> Amounts:
@@ -805,7 +844,7 @@ def _parse_group(
     e: _Errors, path: str, name: str, raw: Any, profiles: Mapping[str, Profile], flavors
 ) -> Group | None:
     spec = e.mapping(path, raw)
-    allowed = _GROUP_KEYS - ({"parent", "unlimited", "admin"} if name == "everyone" else set())
+    allowed = _GROUP_KEYS - (_EVERYONE_EXCLUDES if name == "everyone" else set())
     e.keys(path, spec, allowed)
     if name != "everyone" and (not _NAME.match(name) or "--" in name):
         e.add(
@@ -873,6 +912,9 @@ def _parse_group(
         budget=budget,
         user_budget=user_budget,
         idle=idle,
+        directory_groups=_parse_directory_groups(
+            e, f"{path}.directory_groups", spec.get("directory_groups")
+        ),
     )
 
 
