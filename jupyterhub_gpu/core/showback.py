@@ -14,7 +14,8 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 
-from .budgets import HOUR, UsageRecord, used_seconds
+from .budgets import HOUR, UsageRecord
+from .utilisation import Coverage
 
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the most points one history answer has (a year at one-hour steps is 8,760)
@@ -121,6 +122,8 @@ class Showback:
     #: many of those GPU-hours the GPUs were busy (allocated x mean utilisation)
     measured: dict[tuple[str, str, str], float] = field(default_factory=dict)
     utilised: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: which part of the range the utilisation covers (None: none was read)
+    coverage: Coverage | None = None
 
 
 def showback(
@@ -136,17 +139,34 @@ def showback(
     ``utilisation``: each measured server's mean GPU utilisation (percent) in the
     range, by its key; those servers' hours are also counted as measured, and
     as utilised in proportion."""
-    utilisation = utilisation or {}
     measured: dict[tuple[str, str, str], float] = {}
     utilised: dict[tuple[str, str, str], float] = {}
     detail: dict[tuple[str, str, str], float] = {}
+    # ``budgets.used_seconds`` inlined, and each record's key made once: this loop runs
+    # over every record of the month (~155,000 at 5,000 servers), where a call and
+    # repeated lookups per record were most of the time. The arithmetic is the same,
+    # in the same order, so the sums are the same to the last bit.
+    get = detail.get
+    busy_of = utilisation.get if utilisation else None
     for r in records:
-        seconds = used_seconds(r, since, until, now, running)
-        if seconds > 0:
-            key = (r.group, r.user, r.flavor or NO_FLAVOR)
-            hours = seconds / HOUR
-            detail[key] = detail.get(key, 0.0) + hours
-            busy = utilisation.get(r.key)
+        end = r.ended
+        if end is None:
+            end = now if r.key in running else max(r.last_seen, r.started)
+        if end > until:
+            end = until
+        start = r.started
+        if start < since:
+            start = since
+        if end <= start:
+            continue
+        seconds = r.gpus * (end - start)
+        if seconds <= 0:
+            continue
+        key = (r.group, r.user, r.flavor or NO_FLAVOR)
+        hours = seconds / HOUR
+        detail[key] = get(key, 0.0) + hours
+        if busy_of is not None:
+            busy = busy_of(r.key)
             if busy is not None:
                 measured[key] = measured.get(key, 0.0) + hours
                 utilised[key] = utilised.get(key, 0.0) + hours * min(max(busy, 0.0), 100.0) / 100

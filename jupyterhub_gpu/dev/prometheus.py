@@ -84,10 +84,28 @@ class LocalPrometheus:
     def log_path(self) -> Path | None:
         return self.directory / "prometheus.log" if self.directory else None
 
+    @property
+    def query_log_path(self) -> Path | None:
+        """Prometheus' query log: a JSON line per query, with its expression."""
+        return self.directory / "queries.log" if self.directory else None
+
+    def queries(self) -> list[str]:
+        """The expressions of every query answered so far, from the query log."""
+        path = self.query_log_path
+        if path is None or not path.exists():
+            return []
+        lines = path.read_text(errors="replace").splitlines()
+        return [json.loads(line)["params"]["query"] for line in lines if line.strip()]
+
     def config(self) -> dict[str, Any]:
         interval = f"{max(int(self.scrape_interval * 1000), 100)}ms"
         return {
-            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "global": {
+                "scrape_interval": interval,
+                "evaluation_interval": interval,
+                # every query it answers, for tests that count what a component asks
+                **({"query_log_file": str(self.query_log_path)} if self.query_log_path else {}),
+            },
             "scrape_configs": [
                 {
                     "job_name": self.job,

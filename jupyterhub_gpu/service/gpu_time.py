@@ -21,6 +21,7 @@ and the budget rule acts on none of them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
@@ -42,10 +43,12 @@ from ..core.showback import (
     month_of,
     showback,
 )
-from .idle import ENGINE_ACTIVE, GPU_UTIL, SHARED_KINDS, Prometheus, PrometheusError
+from ..core.utilisation import Chunks, Coverage
+from .idle import SHARED_KINDS, Prometheus
 from .state import ServiceState
 from .tasks import RetryAtInterval
 from .time_views import showback_json
+from .utilisation import UtilisationReader
 from .views import Viewer
 
 log = logging.getLogger("jupyterhub_gpu.service")
@@ -127,13 +130,20 @@ class GPUTime:
         prometheus: Prometheus | None = None,
         billing_timezone: str = "UTC",
         backlog_limit: int = DEFAULT_LIMIT,
+        utilisation_chunks: Chunks | None = None,
     ) -> None:
         self.policy = policy
         #: the time zone a showback month is taken in (its name, and the zone)
         self.billing_timezone = billing_timezone
         self.zone = ZoneInfo(billing_timezone)
-        #: where GPUs' utilisation is read for showback (allocated versus utilised)
+        #: where GPUs' utilisation is read for showback (allocated versus utilised), a
+        #: day at a time: a finished day is read once
         self.prometheus = prometheus
+        self.utilisation_reader = (
+            UtilisationReader(prometheus, utilisation_chunks or Chunks(zone=self.zone), clock)
+            if prometheus is not None
+            else None
+        )
         self.state = state
         self.store = store
         self.clock = clock
@@ -298,9 +308,28 @@ class GPUTime:
         self._read_at = now
         self._failing_since = None
         self.snapshot = self.compute(now)
-        self._showbacks.clear()
+        self._forget_showbacks(records)
         self._histories.clear()
-        self.rendered.clear()
+
+    def _forget_showbacks(self, changed: list[UsageRecord]) -> None:
+        """Drop the showbacks the rows just read change, and what was rendered from them.
+        A finished month that none of them overlaps, with all its utilisation read, is
+        kept: its answer is the same until one of its rows changes (the usage database's
+        revision moves with every pass's sightings, so it alone cannot tell)."""
+        months = set()
+        for (month, _), result in self._showbacks.items():
+            end = month_bounds(month, self.zone)[1]
+            coverage = result.coverage
+            if (
+                result.until < end
+                or (coverage is not None and coverage.unread > 0)
+                or any(
+                    r.started < end and (r.ended is None or r.ended > result.since) for r in changed
+                )
+            ):
+                months.add(month)
+        self._showbacks = {k: v for k, v in self._showbacks.items() if k[0] not in months}
+        self.rendered = {k: v for k, v in self.rendered.items() if not months.intersection(k)}
 
     def compute(self, now: float) -> GPUTimeSnapshot:
         running = self.running
@@ -388,44 +417,45 @@ class GPUTime:
         now = self.clock()
         until = min(until, now)
         records = await self._records(since, until, groups) if until > since else []
-        utilisation = await self.utilisation(since, until) if records else None
-        result = showback(records, since, until, now, self.running, utilisation)
+        utilisation, coverage = await self.utilisation(since, until) if records else (None, None)
+        # a month's records are a few hundred thousand at a large site: summed off the
+        # event loop, which keeps answering meanwhile
+        result = await asyncio.to_thread(
+            self._showback, records, since, until, now, self.running, utilisation
+        )
+        if coverage is not None:
+            result = dataclasses.replace(result, coverage=coverage)
         if len(self._showbacks) >= 256:
             self._showbacks.pop(next(iter(self._showbacks)))
         self._showbacks[key] = result
         return result
 
-    async def utilisation(self, since: float, until: float) -> dict[str, float] | None:
+    async def utilisation(
+        self, since: float, until: float
+    ) -> tuple[dict[str, float] | None, Coverage | None]:
         """Each measured server pod's mean GPU utilisation (percent) from ``since`` to
-        ``until``, by ``<namespace>/<pod>``, from the DCGM metrics in Prometheus; None
-        without Prometheus or when it does not answer (showback then has no
-        utilisation, and says so by leaving it empty)."""
-        if self.prometheus is None:
-            return None
-        window, at = max(int(until - since), 1), until
-        found: dict[str, float] = {}
-        try:
-            # MIG first, so a whole GPU's own utilisation wins where a pod has both
-            for metric, scale in ((ENGINE_ACTIVE, 100.0), (GPU_UTIL, 1.0)):
-                series = await self.prometheus.query(
-                    f"avg by (namespace, pod) "
-                    f"(avg_over_time({metric}{{pod!=''}}[{window}s] @ {at:.0f}))"
-                )
-                for item in series:
-                    labels = item.get("metric") or {}
-                    key = f"{labels.get('namespace')}/{labels.get('pod')}"
-                    found[key] = float(item["value"][1]) * scale
-        except PrometheusError as e:
-            log.warning("showback without GPU utilisation: %s", e)
-            return None
-        # a shared GPU's utilisation is every sharer's: it tells nothing of one pod
-        shared = {
-            r.key
-            for r in self.book.records.values()
-            if r.flavor in self.policy.flavors
-            and self.policy.flavors[r.flavor].kind in SHARED_KINDS
-        }
-        return {key: value for key, value in found.items() if key not in shared}
+        ``until``, by ``<namespace>/<pod>``, from the DCGM metrics in Prometheus, and
+        which part of the range it covers; (None, None) without Prometheus."""
+        if self.utilisation_reader is None:
+            return None, None
+        return await self.utilisation_reader.read(since, until)
+
+    def _showback(
+        self,
+        records: list[UsageRecord],
+        since: float,
+        until: float,
+        now: float,
+        running: Container[str],
+        utilisation: dict[str, float] | None,
+    ) -> Showback:
+        if utilisation:
+            # a shared GPU's utilisation is every sharer's: it tells nothing of one pod
+            flavors = self.policy.flavors
+            shared = {n for n, f in flavors.items() if f.kind in SHARED_KINDS}
+            for key in {r.key for r in records if r.flavor in shared}:
+                utilisation.pop(key, None)
+        return showback(records, since, until, now, running, utilisation)
 
     async def showback_view(
         self, month: str, viewer: Viewer, admin: bool, groups: set[str] | None

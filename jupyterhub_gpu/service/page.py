@@ -397,9 +397,14 @@ def showback_section(showback: dict[str, Any] | None) -> str:
         for u in sorted(showback["users"], key=lambda u: -u["gpu_hours"])[:50]
     ]
     link = f"api/showback?month={month}&amp;format=csv"
+    coverage = showback.get("utilised_coverage") or {}
+    note = (
+        f'<p class="muted coverage">{escape(coverage["note"])}</p>' if coverage.get("note") else ""
+    )
     return (
         f"<h2>Showback for {escape(month)}</h2>"
         f'<p><a href="{link}" download>Download CSV</a> (GPU-hours by group, user and flavor)</p>'
+        + note
         + (
             '<table class="showback"><tr><th>Group</th><th class="num">GPU-hours</th>'
             '<th>By flavor</th><th class="num" title="GPU-hours the GPUs were busy, of those '

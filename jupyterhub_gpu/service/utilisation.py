@@ -1,0 +1,111 @@
+"""Reading GPU utilisation for showback from Prometheus, a chunk at a time.
+
+What to read and how the month's mean and coverage follow from the chunks is
+``core.utilisation`` (pure); this adapter sends one instant query per chunk to
+read and hands the answer back. A chunk's query returns, per server pod and DCGM
+metric, the sum and the count of its samples over the chunk (``@`` its end), and
+in how many one-minute steps any DCGM series had samples at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from ..core.utilisation import Chunks, Coverage, Reading, step_for
+from .idle import ENGINE_ACTIVE, GPU_UTIL, Prometheus, PrometheusError
+
+log = logging.getLogger("jupyterhub_gpu.service")
+
+#: the metrics read, the first with samples for a pod winning (a whole GPU's own
+#: utilisation over a MIG slice's), and the factor that makes each a percentage
+METRICS = ((GPU_UTIL, 1.0), (ENGINE_ACTIVE, 100.0))
+
+
+def _duration(seconds: float) -> str:
+    # a range ends on the chunk's end and, being a millisecond short, leaves the sample
+    # on the start to the chunk before (Prometheus 2 includes both ends of a range)
+    return f"{max(round(seconds * 1000) - 1, 1)}ms"
+
+
+def chunk_query(start: float, end: float) -> str:
+    """The one query reading a chunk (``start``, ``end``]: each pod's sum and count of
+    samples per metric, labelled ``part``, and the steps with any DCGM sample."""
+    window, at = _duration(end - start), f"{end:.3f}"
+    parts = []
+    for metric, _ in METRICS:
+        for fn in ("sum", "count"):
+            parts.append(
+                f'label_replace(sum by (namespace, pod) ({fn}_over_time({metric}{{pod!=""}}'
+                f'[{window}] @ {at})), "part", "{metric}:{fn}", "", "")'
+            )
+    step = step_for(end - start)
+    # a step has data when any series had a sample within two steps before it
+    present = " or ".join(f"count(count_over_time({m}[{2 * step}s]))" for m, _ in METRICS)
+    parts.append(
+        f"label_replace(count_over_time(({present})[{window}:{step}s] @ {at}), "
+        f'"part", "covered", "", "")'
+    )
+    return " or ".join(parts)
+
+
+def parse_reading(series: list[dict], start: float, end: float, read_at: float) -> Reading:
+    scale = dict(METRICS)
+    sums: dict[str, dict[str, float]] = {m: {} for m in scale}
+    counts: dict[str, dict[str, float]] = {m: {} for m in scale}
+    covered = 0.0
+    for item in series:
+        labels = item.get("metric") or {}
+        value = float(item["value"][1])
+        part = labels.get("part", "")
+        if part == "covered":
+            covered = min(value * step_for(end - start), end - start)
+            continue
+        metric, _, fn = part.partition(":")
+        if metric not in scale:
+            continue
+        key = f"{labels.get('namespace')}/{labels.get('pod')}"
+        if fn == "sum":
+            sums[metric][key] = value * scale[metric]
+        else:
+            counts[metric][key] = value
+    return Reading(start, end, sums, counts, covered, read_at)
+
+
+class UtilisationReader:
+    """The chunks read so far, and the reading of those still to read."""
+
+    def __init__(
+        self, prometheus: Prometheus, chunks: Chunks, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.prometheus = prometheus
+        self.chunks = chunks
+        self.clock = clock
+        #: queries sent (shown in the logs; a test counts them in Prometheus' own log)
+        self.queries = 0
+        # two showbacks at once read each chunk once
+        self._lock = asyncio.Lock()
+
+    async def read(self, since: float, until: float) -> tuple[dict[str, float], Coverage]:
+        """Each pod's mean utilisation (percent) over [since, until) and what part of it
+        the chunks read cover. Reads what ``Chunks.wanted`` asks for; when Prometheus
+        fails, what was read is kept and the rest is reported as not read."""
+        error = None
+        async with self._lock:
+            now = self.clock()
+            for start, end in self.chunks.wanted(since, until, now):
+                self.queries += 1
+                try:
+                    series = await self.prometheus.query(chunk_query(start, end))
+                except PrometheusError as e:
+                    log.warning("showback: GPU utilisation not read for now: %s", e)
+                    error = str(e)
+                    break
+                self.chunks.put(parse_reading(series, start, end, now))
+        found, coverage = self.chunks.mean(since, until, [m for m, _ in METRICS])
+        if error is not None:
+            coverage = dataclasses.replace(coverage, error=error)
+        return found, coverage
