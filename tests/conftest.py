@@ -113,6 +113,17 @@ def gpu_metrics(local_cluster):
         exporter.stop()
 
 
+@pytest.fixture(scope="session")
+def ldap_directory():
+    """A real OpenLDAP directory (Debian's slapd) on 127.0.0.1, laid out as
+    helm-values/university.yaml says: ``.add_person``, ``.add_group``, ``.set_members``,
+    ``.stop()`` / ``.start()`` for an outage (see jupyterhub_gpu.dev.ldap)."""
+    from jupyterhub_gpu.dev.ldap import LocalDirectory
+
+    with LocalDirectory() as directory:
+        yield directory
+
+
 # headless Chromium fixtures (`browser`, `page`) for page tests
 pytest_plugins = ["browser"]
 

@@ -77,10 +77,11 @@ def config_classes() -> dict[str, type]:
     from ldapauthenticator import LDAPAuthenticator
     from oauthenticator.generic import GenericOAuthenticator
 
+    from jupyterhub_gpu.auth.ldap import LDAPGroupsAuthenticator
     from jupyterhub_gpu.config.policy import GPUPolicy
 
     classes = [JupyterHub, KubeSpawner, GPUKubeSpawner, GPUPolicy]
-    classes += [GenericOAuthenticator, LDAPAuthenticator]
+    classes += [GenericOAuthenticator, LDAPAuthenticator, LDAPGroupsAuthenticator]
     return {c.__name__: c for c in classes}
 
 
@@ -98,7 +99,7 @@ def test_hub_config_sets_only_traits_the_classes_have(name):
 @pytest.mark.parametrize(
     ("name", "authenticator"),
     [
-        ("university", "LDAPAuthenticator"),
+        ("university", "LDAPGroupsAuthenticator"),  # through the ldap-groups entry point
         ("department", "GenericOAuthenticator"),
         ("enterprise", None),  # the site brings its own; the chart's default otherwise
     ],
