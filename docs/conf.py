@@ -5,8 +5,9 @@ Built by scripts/test with warnings as errors:
     python3 -m sphinx -W --keep-going -b html docs docs/_build/html
 
 The configuration reference is generated from the code: the traits of
-``GPUPolicy``, ``GPUKubeSpawner`` and ``GPUService`` (autodoc-traits) and the keys the policy
-accepts (the allow-lists in ``jupyterhub_gpu.core.model``), written to
+``GPUPolicy``, ``GPUKubeSpawner``, ``GPUService`` and ``LDAPGroupsAuthenticator``
+(autodoc-traits) and the keys the policy accepts (the allow-lists in
+``jupyterhub_gpu.core.model``), written to
 ``docs/_generated/`` at build time.
 """
 
@@ -61,6 +62,14 @@ def _service_traits() -> str:
     return _own_traits(GPUService, Configurable)
 
 
+def _ldap_traits() -> str:
+    from ldapauthenticator import LDAPAuthenticator
+
+    from jupyterhub_gpu.auth.ldap import LDAPGroupsAuthenticator
+
+    return _own_traits(LDAPGroupsAuthenticator, LDAPAuthenticator)
+
+
 def _policy_keys() -> str:
     """Tables of the keys the policy accepts, from the parser's own allow-lists."""
     from jupyterhub_gpu.core import model
@@ -106,6 +115,7 @@ generated.mkdir(exist_ok=True)
 for name, text in {
     "spawner-traits.md": _spawner_traits(),
     "service-traits.md": _service_traits(),
+    "ldap-traits.md": _ldap_traits(),
     "policy-keys.md": _policy_keys(),
     **{
         f"node-pools-{example}.yaml": _node_pools(example)

@@ -300,6 +300,9 @@ class GPUKubeSpawner(KubeSpawner):
             username=self.user.name,
             servername=self.name or "",
             hub=self._hub_namespace,
+            # servers from before the policy have priority 0: a new one that could
+            # preempt would take them first, unless an admin allows it
+            preempt=policy.adopted_servers_preemptible or not self.admission.servers_before_policy,
         )
         current = {key: getattr(self, key) for key in MERGED_SETTINGS}
         for key, value in merge_settings(current, self.gpu_shape).items():

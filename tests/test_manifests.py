@@ -190,8 +190,17 @@ def test_without_namespace_per_group_there_is_no_resource_quota_and_queues_are_i
 
 def test_default_scheduler_renders_priority_classes_and_no_queues():
     objects = desired_objects(policy(), HUB)
-    classes = {o["metadata"]["name"]: o["value"] for o in find(objects, "PriorityClass")}
-    assert classes == {"jupyterhub-gpu-in-quota": 1000, "jupyterhub-gpu-over-quota": 100}
+    classes = {
+        o["metadata"]["name"]: (o["value"], o.get("preemptionPolicy"))
+        for o in find(objects, "PriorityClass")
+    }
+    # each with its twin that never preempts, for while servers from before the policy run
+    assert classes == {
+        "jupyterhub-gpu-in-quota": (1000, None),
+        "jupyterhub-gpu-over-quota": (100, None),
+        "jupyterhub-gpu-in-quota-no-preemption": (1000, "Never"),
+        "jupyterhub-gpu-over-quota-no-preemption": (100, "Never"),
+    }
     assert not find(objects, "Queue")
     assert not find(objects, "ClusterQueue")
 

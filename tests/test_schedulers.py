@@ -204,7 +204,8 @@ def test_each_scheduler_brings_its_own_objects_and_kai_its_own_priority_classes(
     assert all(set(found) <= declared for found in kinds.values())
     assert [n for n, s in SCHEDULERS.items() if s.own_priority_classes] == ["kai"]
     assert priority_classes(policy("kai")) == []
-    assert len(priority_classes(policy("volcano"))) == 2
+    # ours, each with its twin that never preempts
+    assert len(priority_classes(policy("volcano"))) == 4
 
 
 def test_the_reconciler_keeps_every_schedulers_kinds_in_creation_order():

@@ -147,7 +147,26 @@ class GPUPolicy(Configurable):
         to the only one of its user's groups that offers its GPU flavor (for a
         server without GPUs, the only one that offers a profile without GPUs);
         otherwise to this group; with neither, to no group (the hub log names
-        it). They are never stopped or preempted because of the switch.
+        it). They are never stopped or preempted because of the switch (see
+        ``adopted_servers_preemptible``).
+        """,
+    ).tag(config=True)
+
+    adopted_servers_preemptible = Bool(
+        False,
+        help="""
+        Whether new servers may preempt servers started before the policy.
+
+        Those servers' pods have no PriorityClass (priority 0), and the policy's
+        servers get ``jupyterhub-gpu-in-quota`` (1000) or
+        ``jupyterhub-gpu-over-quota`` (100), so on a full node kube-scheduler
+        would evict an old server, and its user's running kernels, to place a
+        new one. By default (``False``), while any server from before the policy
+        runs, a new server gets the same class's twin that never preempts
+        (``jupyterhub-gpu-in-quota-no-preemption``, ``preemptionPolicy:
+        Never``, same value): it waits for room instead. A group's own
+        ``priority_class`` and a scheduler's own classes (KAI's) are used as
+        they are. ``True``: new servers preempt as they would without old ones.
         """,
     ).tag(config=True)
 
@@ -200,6 +219,7 @@ class GPUPolicy(Configurable):
         "namespace_prefix",
         "extra_labels",
         "adopted_servers_group",
+        "adopted_servers_preemptible",
     )
     def _settings_changed(self, change) -> None:
         self._model = None  # the next read of ``model`` checks the new settings
@@ -222,6 +242,7 @@ class GPUPolicy(Configurable):
                     namespace_prefix=self.namespace_prefix,
                     extra_labels=self.extra_labels,
                     adopted_servers_group=self.adopted_servers_group,
+                    adopted_servers_preemptible=self.adopted_servers_preemptible,
                 )
             except PolicyError as e:
                 raise PolicyError(unknown + e.errors) from None

@@ -43,10 +43,18 @@ from typing import Any
 from .model import Flavor, Group, Policy
 from .objects import HUB_LABEL as HUB_LABEL
 from .objects import IN_QUOTA_PRIORITY as IN_QUOTA_PRIORITY
+from .objects import (
+    NO_PREEMPTION_SUFFIX,
+    all_groups,
+    device_caps,
+    metadata,
+    priority_values,
+    reachable,
+    unique,
+)
 from .objects import OVER_QUOTA_PRIORITY as OVER_QUOTA_PRIORITY
 from .objects import OWNER as OWNER
 from .objects import OWNER_LABEL as OWNER_LABEL
-from .objects import all_groups, device_caps, metadata, reachable, unique
 from .objects import identity as identity
 from .quantities import format_bytes, format_cpu
 from .schedulers import SCHEDULERS, scheduler_for
@@ -182,31 +190,39 @@ def network_policy(namespace: str, hub: str) -> dict[str, Any]:
 
 
 def priority_classes(policy: Policy, hub: str = "") -> list[dict[str, Any]]:
-    """Our PriorityClasses; a scheduler that brings its own (KAI: build,
+    """Our PriorityClasses, each with its twin that never preempts (see
+    ``shaping.without_preemption``); a scheduler that brings its own (KAI: build,
     build-preemptible) gets none."""
     if scheduler_for(policy).own_priority_classes:
         return []
-    values = {
+    descriptions = {
         policy.scheduler.in_quota_priority_class: (
-            IN_QUOTA_PRIORITY,
-            "Notebook servers within their group's guaranteed quota.",
+            "Notebook servers within their group's guaranteed quota."
         ),
         policy.scheduler.over_quota_priority_class: (
-            OVER_QUOTA_PRIORITY,
-            "Notebook servers bursting above their group's quota; preempted first.",
+            "Notebook servers bursting above their group's quota; preempted first."
         ),
     }
-    return [
-        {
+    objects = []
+    for name, value in priority_values(policy).items():
+        twin_of = name.removesuffix(NO_PREEMPTION_SUFFIX)
+        body: dict[str, Any] = {
             "apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass",
             "metadata": metadata(name, hub),
             "value": value,
             "globalDefault": False,
-            "description": description,
         }
-        for name, (value, description) in values.items()
-    ]
+        if twin_of != name:
+            body["preemptionPolicy"] = "Never"
+            body["description"] = (
+                f"{descriptions[twin_of]} Never preempts: used while servers started "
+                "before the GPU policy run."
+            )
+        else:
+            body["description"] = descriptions[name]
+        objects.append(body)
+    return objects
 
 
 # ---- scheduler queues -------------------------------------------------------------

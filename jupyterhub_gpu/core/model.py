@@ -327,6 +327,9 @@ class Policy:
     #: the group charged for a server started before the policy when the user's groups
     #: do not single one out (None: such a server is not charged to any group)
     adopted_servers_group: str | None = None
+    #: new servers may preempt servers started before the policy (False: while any
+    #: runs, new servers get PriorityClasses that never preempt)
+    adopted_servers_preemptible: bool = False
     #: what selection.offers computes per (group, profile): a pure function of the
     #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -1015,6 +1018,7 @@ def parse_policy(
     namespace_prefix: Any = "jupyterhub-gpu-",
     extra_labels: Any = None,
     adopted_servers_group: Any = None,
+    adopted_servers_preemptible: Any = False,
     prefix: str = PREFIX,
 ) -> Policy:
     """Check every part of a policy; return the model or raise PolicyError with all problems."""
@@ -1067,6 +1071,11 @@ def parse_policy(
             "adopted_servers_group",
             f"expected one of the policy's groups ({known}), got {adopted_servers_group!r}",
         )
+    if not isinstance(adopted_servers_preemptible, bool):
+        e.add(
+            "adopted_servers_preemptible",
+            f"expected true or false, got {adopted_servers_preemptible!r}",
+        )
     if e.items:
         raise PolicyError(e.items)
     assert every is not None
@@ -1081,6 +1090,7 @@ def parse_policy(
         namespace_prefix=str(namespace_prefix),
         extra_labels=labels,
         adopted_servers_group=adopted_servers_group,
+        adopted_servers_preemptible=adopted_servers_preemptible,
     )
 
 

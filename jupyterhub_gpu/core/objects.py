@@ -22,6 +22,10 @@ HUB_LABEL = "gpu.jupyterhub.org/hub-namespace"
 #: in-quota servers are never preempted by bursting ones; over-quota servers yield
 IN_QUOTA_PRIORITY = 1000
 OVER_QUOTA_PRIORITY = 100
+#: the name suffix of each of our PriorityClasses' twin that never preempts (same value,
+#: ``preemptionPolicy: Never``): what new servers get while servers started before the
+#: policy run, whose pods have priority 0 and would be the scheduler's first victims
+NO_PREEMPTION_SUFFIX = "-no-preemption"
 #: a scheduler's "unlimited" where it has none (Kueue's nominal quota, Volcano's
 #: deserved share): an uncapped resource gets this many units
 UNBOUNDED = 1_000_000
@@ -35,6 +39,16 @@ def metadata(
         meta["namespace"] = namespace
     meta["labels"] = {OWNER_LABEL: OWNER, HUB_LABEL: hub_namespace, **labels}
     return meta
+
+
+def priority_values(policy: Policy) -> dict[str, int]:
+    """The value of each PriorityClass the bundle makes, the non-preempting twins
+    included (whether the scheduler brings its own classes is ``manifests``' concern)."""
+    values = {
+        policy.scheduler.in_quota_priority_class: IN_QUOTA_PRIORITY,
+        policy.scheduler.over_quota_priority_class: OVER_QUOTA_PRIORITY,
+    }
+    return values | {name + NO_PREEMPTION_SUFFIX: value for name, value in values.items()}
 
 
 def namespace_for(policy: Policy, group: str) -> str | None:

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from jupyterhub_gpu.core.admission import IN_QUOTA
 from jupyterhub_gpu.core.model import Group, dns_label
 from jupyterhub_gpu.core.objects import (
-    IN_QUOTA_PRIORITY,
-    OVER_QUOTA_PRIORITY,
     UNBOUNDED,
     all_groups,
     metadata,
+    priority_values,
     queue_name,
     resource_list,
     unique,
@@ -105,11 +104,7 @@ class Volcano(Scheduler):
         podgroup = podgroup_of(pod, listed)
         if podgroup is None or not volcano_queued(podgroup):
             return None  # not yet grouped by Volcano's controller, or let into its queue
-        priorities = {
-            self.policy.scheduler.in_quota_priority_class: IN_QUOTA_PRIORITY,
-            self.policy.scheduler.over_quota_priority_class: OVER_QUOTA_PRIORITY,
-        }
-        position = volcano_position(podgroup, listed, priorities)
+        position = volcano_position(podgroup, listed, priority_values(self.policy))
         return QueuePlace(self.queue_of(pod), podgroup, position)
 
     def queue_line(self, place: QueuePlace, queue_state: str | None = None) -> str:
