@@ -85,6 +85,20 @@ async def _adopted_charges(
             return []
         raise
     listed = [spawner.api.api_client.sanitize_for_serialization(p) for p in pods.items]
+    running = [p for p in listed if not _finished(p)]
+    if bool(running) != bool(spawner.admission.servers_before_policy):
+        spawner.log.info(
+            "%d server pods started before the GPU policy are running: new servers %s",
+            len(running),
+            (
+                "may preempt them (GPUPolicy.adopted_servers_preemptible)"
+                if policy.adopted_servers_preemptible
+                else "never preempt while any runs (GPUPolicy.adopted_servers_preemptible)"
+            )
+            if running
+            else "preempt as their PriorityClasses say",
+        )
+    spawner.admission.servers_before_policy = len(running)
     groups = _hub_groups(spawner, {username_of(p) for p in listed} - {""})
     charges = []
     for pod in listed:
@@ -118,6 +132,11 @@ async def _adopted_charges(
         if adopted.charge is not None:
             charges.append(adopted.charge)
     return charges
+
+
+def _finished(pod: dict) -> bool:
+    # a pod that ran to its end holds nothing a new server could take from it
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def _hub_groups(spawner: GPUKubeSpawner, users: Iterable[str]) -> dict[str, list[str]]:

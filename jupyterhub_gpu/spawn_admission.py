@@ -66,12 +66,15 @@ class SpawnAdmission:
         self.waiting: dict[str, deque[str]] = {}
         self._changed: asyncio.Condition | None = None
         #: servers admitted whose start has not finished, and when each server was last
-        #: admitted or started (monotonic): the resync keeps these, as their pods may
-        #: not exist yet or be too new for its listing
+        #: admitted, started or released (monotonic): the resync leaves these as they
+        #: are, as their pods may not exist yet, or be too new or too old for its listing
         self.starting: set[str] = set()
         self.touched: dict[str, float] = {}
         #: deletions of pods whose stop failed, retried until the pod is gone
         self.finishing: set[asyncio.Future] = set()
+        #: server pods started before the policy that were running at the last listing
+        #: (rebuild or resync): while there are any, new servers do not preempt
+        self.servers_before_policy = 0
         #: GPU time: the usage records budgets are checked against, read from the
         #: usage database (``store``) and kept current by this hub's own starts and stops
         self.usage = UsageBook()

@@ -112,12 +112,42 @@ def test_a_cpu_server_and_a_gpu_no_flavor_names():
     assert (fpga.group, fpga.request.gpus) == ("everyone", 0)
 
 
-def test_pods_of_the_policy_and_pods_on_their_way_out_are_not_adopted():
+def test_pods_of_the_policy_and_finished_pods_are_not_adopted_terminating_ones_are():
     policy = parse_policy(**POLICY)
     ours = server_pod({"nvidia.com/gpu": "1"}, labels={"gpu.jupyterhub.org/group": "lab"})
     assert adopt(policy, ours, ["lab"]) is None
+    finished = {**server_pod({"nvidia.com/gpu": "1"}), "status": {"phase": "Succeeded"}}
+    assert adopt(policy, finished, ["lab"]) is None
+    # a terminating pod holds its GPU until it is gone: it stays charged until then
     leaving = server_pod({"nvidia.com/gpu": "1"}, deletionTimestamp="2026-11-25T00:00:00Z")
-    assert adopt(policy, leaving, ["lab"]) is None
+    assert adopt(policy, leaving, ["lab"]).group == "lab"
     not_a_server = server_pod({})
     not_a_server["metadata"]["labels"] = {"component": "hub"}
     assert adopt(policy, not_a_server, ["lab"]) is None
+
+
+def test_while_servers_from_before_run_new_servers_get_classes_that_never_preempt():
+    from jupyterhub_gpu.core.manifests import priority_classes
+    from jupyterhub_gpu.core.selection import select
+    from jupyterhub_gpu.core.shaping import shape
+
+    def class_of(policy, tier, preempt, group="lab", profile="big"):
+        selection = select(policy, [group], {"profile": f"{group}--{profile}"})
+        return shape(policy, selection, tier, username="ann", preempt=preempt).priority_class_name
+
+    policy = parse_policy(**POLICY)
+    assert class_of(policy, "in-quota", True) == "jupyterhub-gpu-in-quota"
+    assert class_of(policy, "in-quota", False) == "jupyterhub-gpu-in-quota-no-preemption"
+    assert class_of(policy, "over-quota", False) == "jupyterhub-gpu-over-quota-no-preemption"
+    # every class a server can be given exists, the twins with the same value
+    rendered = {c["metadata"]["name"]: c for c in priority_classes(policy)}
+    for tier in ("in-quota", "over-quota"):
+        ours = class_of(policy, tier, True)
+        twin = rendered[class_of(policy, tier, False)]
+        assert (twin["value"], twin["preemptionPolicy"]) == (rendered[ours]["value"], "Never")
+        assert "preemptionPolicy" not in rendered[ours]
+    # a group's own class is the site's, and KAI's classes are KAI's: kept as they are
+    own = {**POLICY["groups"], "lab": {**POLICY["groups"]["lab"], "priority_class": "site-high"}}
+    assert class_of(parse_policy(**{**POLICY, "groups": own}), "in-quota", False) == "site-high"
+    kai = parse_policy(**{**POLICY, "scheduler": {"name": "kai"}})
+    assert class_of(kai, "in-quota", False) == "build"

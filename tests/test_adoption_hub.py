@@ -14,14 +14,16 @@ import contextlib
 import json
 import sqlite3
 import time
+import uuid
 from fractions import Fraction
 
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from hub_helpers import api, ready, wait_no_pods
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL, HUB_LABEL
-from kube_helpers import GPU_TOLERATION, eventually, pod_manifest
+from kube_helpers import GPU_TOLERATION, eventually, failed_scheduling, pod_manifest
 from test_service_hub import aget, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -184,3 +186,120 @@ async def test_another_hubs_server_in_the_same_namespace_is_not_counted(hub_fact
     mine = next(p for p in pods if p.metadata.name != "jupyter-staging-ann")
     assert mine.metadata.labels[HUB_LABEL] == hub.namespace
     await core.delete_namespaced_pod("jupyter-staging-ann", hub.namespace, grace_period_seconds=0)
+
+
+async def one_gpu_node(core, pool: str) -> str:
+    """A kwok node of its own with one GPU, for a test that fills it (its address in
+    127.0.0.0/8, away from the cluster's own nodes)."""
+    from ipaddress import IPv4Network
+
+    from jupyterhub_gpu.dev.localcluster.nodepools import NodeAddressing, render_nodes
+
+    (node,) = render_nodes(
+        {
+            "node_pools": {
+                pool: {
+                    "count": 1,
+                    "cpu": 8,
+                    "memory": "32Gi",
+                    "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "memory": 40960, "count": 1},
+                }
+            }
+        },
+        NodeAddressing(IPv4Network("127.0.40.0/24")),
+    )
+    await core.create_node(node)
+
+    async def node_ready():
+        read = await core.read_node(node["metadata"]["name"])
+        conditions = {c.type: c.status for c in read.status.conditions or []}
+        return conditions.get("Ready") == "True"
+
+    await eventually(node_ready, f"node {node['metadata']['name']} to be Ready")
+    return node["metadata"]["name"]
+
+
+async def test_new_servers_never_preempt_a_server_from_before_the_policy_unless_asked(
+    hub_factory, core
+):
+    """On a full node, kube-scheduler would evict the old server (priority 0) for a
+    policy server: while one runs, policy servers wait instead; with
+    ``adopted_servers_preemptible`` they take its place."""
+    pool = f"adopt-{uuid.uuid4().hex[:6]}"
+    node = await one_gpu_node(core, pool)
+    on_the_node = {"jupyterhub-gpu.local/pool": pool}
+    stock = STOCK_PROFILES.replace(
+        '"tolerations"', f'"node_selector": {on_the_node!r}, "tolerations"'
+    )
+    policy = {
+        "flavors": {"gpu": {"kind": "gpu", "node_selector": on_the_node}},
+        "profiles": POLICY["profiles"],
+        "groups": {"lab": {"quota": {"gpus": 2}, "profiles": ["gpu"]}},
+    }
+    try:
+        hub = await hub_factory(
+            users={"ann": ["lab"], "bob": ["lab"]}, extra_config=stock, cleanup_servers=False
+        )
+        status, body = await api(hub, "POST", "/users/ann/server", {"profile": "gpu-old"})
+        assert status in (201, 202), body
+        await eventually(lambda: ready(hub, "ann"), "ann's stock server to be ready", within=120)
+        (old,) = (await core.list_namespaced_pod(hub.namespace)).items
+        assert old.spec.node_name == node
+
+        await switch(hub, policy=policy, extra_config="")
+        # lab has room in its quota (1 of 2), the node has none: bob's server waits
+        status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
+        assert status in (201, 202), body
+        bobs = await eventually(
+            lambda: pod_of(core, hub.namespace, "bob"), "bob's server pod to be created"
+        )
+        assert bobs.spec.priority_class_name == "jupyterhub-gpu-in-quota-no-preemption"
+        assert (bobs.spec.priority, bobs.spec.preemption_policy) == (1000, "Never")
+        await failed_scheduling(core, hub.namespace, bobs.metadata.name)
+        await asyncio.sleep(3)  # a preemption follows the failed attempt at once
+        kept = await core.read_namespaced_pod(old.metadata.name, hub.namespace)
+        assert (kept.metadata.uid, kept.metadata.deletion_timestamp) == (old.metadata.uid, None)
+        assert await ready(hub, "ann")
+        waiting = await core.read_namespaced_pod(bobs.metadata.name, hub.namespace)
+        assert (waiting.spec.node_name, waiting.status.nominated_node_name) == (None, None)
+        log = hub.log_path.read_text(errors="replace")
+        assert "1 server pods started before the GPU policy are running" in log
+
+        # the admin allows it: bob's next server takes the old server's place
+        status, _ = await api(hub, "DELETE", "/users/bob/server")
+        assert status in (202, 204)
+        await eventually(
+            lambda: no_pod(core, hub.namespace, "bob"), "bob's waiting pod to be deleted"
+        )
+        await switch(hub, policy={**policy, "adopted_servers_preemptible": True}, extra_config="")
+        status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
+        assert status in (201, 202), body
+        bobs = await eventually(
+            lambda: pod_of(core, hub.namespace, "bob"), "bob's server pod to be created"
+        )
+        assert bobs.spec.priority_class_name == "jupyterhub-gpu-in-quota"
+
+        async def preempted():
+            try:
+                pod = await core.read_namespaced_pod(old.metadata.name, hub.namespace)
+            except ApiException as e:
+                return e.status == 404
+            return pod.metadata.uid != old.metadata.uid or pod.metadata.deletion_timestamp
+
+        await eventually(preempted, "kube-scheduler to preempt ann's old server", within=60)
+        for user in ("ann", "bob"):
+            await api(hub, "DELETE", f"/users/{user}/server")
+        await wait_no_pods(core, hub.namespace)
+    finally:
+        await core.delete_node(node)
+
+
+async def pod_of(core, namespace: str, user: str):
+    listed = await core.list_namespaced_pod(
+        namespace, label_selector=f"hub.jupyter.org/username={user}"
+    )
+    return listed.items[0] if listed.items else None
+
+
+async def no_pod(core, namespace: str, user: str) -> bool:
+    return await pod_of(core, namespace, user) is None

@@ -17,7 +17,7 @@ from typing import Any
 from .admission import IN_QUOTA, Charge
 from .budgets import UsageRecord
 from .model import Flavor, Policy
-from .objects import namespace_for
+from .objects import NO_PREEMPTION_SUFFIX, namespace_for
 from .schedulers import SCHEDULERS, scheduler_for
 from .selection import Request, Selection
 
@@ -73,6 +73,15 @@ def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
     return resources
 
 
+def without_preemption(policy: Policy, priority_class: str) -> str:
+    """The twin of one of the bundle's PriorityClasses that never preempts (a group's
+    own class, or one a scheduler brings, is the site's: kept as it is)."""
+    ours = {policy.scheduler.in_quota_priority_class, policy.scheduler.over_quota_priority_class}
+    if priority_class not in ours or scheduler_for(policy).own_priority_classes:
+        return priority_class
+    return priority_class + NO_PREEMPTION_SUFFIX
+
+
 def shape(
     policy: Policy,
     selection: Selection,
@@ -81,7 +90,10 @@ def shape(
     username: str,
     servername: str = "",
     hub: str | None = None,
+    preempt: bool = True,
 ) -> PodShape:
+    """The policy's part of a server's pod; ``preempt``: False while servers started
+    before the policy run (see ``without_preemption``)."""
     group, profile, flavor = selection.group, selection.profile, selection.flavor
     scheduler = policy.scheduler
     result = PodShape(
@@ -117,6 +129,8 @@ def shape(
         result.priority_class_name = group.priority_class or scheduler.in_quota_priority_class
     else:
         result.priority_class_name = scheduler.over_quota_priority_class
+    if not preempt:
+        result.priority_class_name = without_preemption(policy, result.priority_class_name)
     # the scheduler's name, and the group's queue as the scheduler reads it
     scheduler_for(policy).shape_pod(result, group, tier)
     if flavor is None:
