@@ -272,6 +272,7 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub, 
         "gpu_hours",
         "measured_gpu_hours",
         "utilised_gpu_hours",
+        "utilised_coverage",
     ]
     assert sum(float(r["gpu_hours"]) for r in table) == pytest.approx(
         mine["groups"][0]["gpu_hours"], abs=1e-3
