@@ -44,7 +44,7 @@ c.KubeSpawner.profile_list = [{{
 """
 TOKEN_ISSUER = (
     'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-    '"services": ["test-admin"]})\n'
+    '"services": ["demo-admin"]})\n'
 )
 POLICY = {
     "flavors": {"gpu": {"kind": "gpu"}},

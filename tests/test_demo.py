@@ -67,6 +67,36 @@ def test_progress_then_the_url_and_the_logins(demo):
     assert f"usage dashboard: {demo.url}/services/gpu/" in after
 
 
+@pytest.mark.k8s
+@pytest.mark.hub
+def test_the_printed_admin_token_reads_every_groups_usage_and_showback(demo):
+    token = printed(demo, r"^\s+export JUPYTERHUB_API_TOKEN=(\w+)$")
+    command = printed(demo, r"^\s+(curl -H .*api/showback\?format=csv')$")
+    url = command.rsplit(" ", 1)[1].strip("'")
+    assert url == f"{demo.url}/services/gpu/api/showback?format=csv", command
+
+    def get(url: str) -> tuple[int, str]:
+        request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    status, text = get(url)
+    assert status == 200, text
+    assert text.startswith("month,group,user,flavor,gpu_hours"), text
+    status, body = get(f"{demo.url}/services/gpu/api/usage")
+    assert status == 200, body
+    view = json.loads(body)
+    assert {g["name"] for g in view["groups"]} == {g.name for g in plan_demo().policy.all_groups}, (
+        view["groups"]
+    )
+    # the same token is the hub REST API's admin token it is printed as
+    status, body = get(f"{demo.url}/hub/api/users")
+    assert status == 200, body
+
+
 # ---- GPU time: budgets, the usage database, Prometheus and the DCGM exporter -------
 
 

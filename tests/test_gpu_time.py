@@ -171,7 +171,7 @@ async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_f
         extra_config=unreadable
         + "c.GPUService.usage_interval = 1\n"
         + 'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-        '"services": ["test-admin"]})\n',
+        '"services": ["demo-admin"]})\n',
     )
     status, body = await api(hub, "POST", "/users/ann/server", GPU)
     assert (status, body["message"]) == (

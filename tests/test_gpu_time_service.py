@@ -88,7 +88,7 @@ async def time_hub(local_cluster, core, priority_class_objects, gpu_metrics):
             "c.GPUKubeSpawner.ledger_resync_interval = 3\n"
             "c.Spawner.poll_interval = 5\n"
             'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-            '"services": ["test-admin"]})\n'
+            '"services": ["demo-admin"]})\n'
         ),
     ) as hub:
         await wait_for_service(hub)

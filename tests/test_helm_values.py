@@ -30,6 +30,7 @@ from jupyterhub_gpu.core.selection import offers
 from jupyterhub_gpu.core.shaping import namespace_for
 from jupyterhub_gpu.offline import offline_spawner
 from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
+from jupyterhub_gpu.service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
 from jupyterhub_gpu.spawner import GPUKubeSpawner
 
 ROOT = Path(__file__).parents[1]
@@ -279,3 +280,38 @@ def test_enterprise_network_policies_cover_every_team_namespace():
 
     assert namespaces(values["hub"]["networkPolicy"]["egress"]) == serving
     assert namespaces(values["proxy"]["chp"]["networkPolicy"]["egress"]) == serving
+
+
+def billing_example() -> dict[str, Any]:
+    """The billing job's values in docs/service.md (Billing and automation tokens)."""
+    docs = (ROOT / "docs" / "service.md").read_text()
+    (snippet,) = [s for s in re.findall(r"```yaml\n(hub:\n.*?)```", docs, re.S) if "billing:" in s]
+    return yaml.safe_load(snippet)
+
+
+def test_the_usage_scope_is_one_truth_in_the_values_the_docs_and_the_service():
+    base = load_values([BASE])["hub"]["config"]["JupyterHub"]["custom_scopes"]
+    assert base == CUSTOM_SCOPES
+    docs = (ROOT / "docs" / "service.md").read_text()
+    first = yaml.safe_load(re.findall(r"```yaml\n(hub:\n.*?)```", docs, re.S)[0])
+    assert first["hub"]["config"]["JupyterHub"]["custom_scopes"] == base
+    role = billing_example()["hub"]["loadRoles"]["billing"]
+    # the service's real name in the values: HubAuth asks for access to it
+    assert sorted(role["scopes"]) == sorted(
+        [
+            USAGE_READ_SCOPE,
+            f"access:services!service={next(iter(load_values([BASE])['hub']['services']))}",
+        ]
+    )
+
+
+async def test_jupyterhub_initializes_with_the_documented_billing_service(tmp_path):
+    """base.yaml declares the custom scope, so the docs' billing role loads (JupyterHub
+    refuses a role with an undeclared custom scope at start)."""
+    values = merge(load_values(layered("university")), billing_example())
+    hub = JupyterHub(config=with_services_and_roles(hub_config(values), values, tmp_path))
+    await hub.initialize([])
+    billing = orm.Service.find(hub.db, "billing")
+    assert [(r.name, sorted(r.scopes)) for r in billing.roles] == [
+        ("billing", sorted([USAGE_READ_SCOPE, "access:services!service=gpu"]))
+    ]

@@ -53,7 +53,7 @@ CONFIG = (
     "c.GPUService.hub_poll_interval = 1\n"
     "c.KubeSpawner.http_timeout = 120\n"
     'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-    '"services": ["test-admin"]})\n'
+    '"services": ["demo-admin"]})\n'
 )
 SERVERS = {"ann": "whole", "bob": "whole", "carl": "slice", "dave": "whole", "erin": "mig"}
 #: utilisation each server's pod reports from the start
@@ -216,7 +216,7 @@ async def idle_task(hub: LocalHub, token: str) -> dict | None:
 
 
 async def service_metrics(hub: LocalHub) -> set[str]:
-    # the hub's test-admin service token has read:metrics, as a Prometheus would
+    # the hub's demo-admin service token has read:metrics, as a Prometheus would
     status, _, body = await aget(hub.service_url + "metrics", hub.api_token)
     assert status == 200, body
     return set(body.splitlines())

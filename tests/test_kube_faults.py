@@ -101,7 +101,7 @@ async def test_max_runtime_applies_after_a_hub_restart_to_a_server_started_witho
         extra_config="c.GPUService.rules_interval = 1\n"
         "c.GPUService.hub_poll_interval = 1\n"
         'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-        '"services": ["test-admin"]})\n',
+        '"services": ["demo-admin"]})\n',
     )
     # no options: the default profile, the group's GPU
     status, body = await api(hub, "POST", "/users/ann/server", {})

@@ -31,7 +31,7 @@ POLICY = {
 }
 TOKEN_ISSUER = (
     'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-    '"services": ["test-admin"]})\n'
+    '"services": ["demo-admin"]})\n'
 )
 
 

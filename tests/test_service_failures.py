@@ -96,7 +96,7 @@ async def restricted_hub(local_cluster, kube, core, priority_class_objects, tmp_
             "c.GPUService.max_backoff = 4\n"
             "c.KubeSpawner.http_timeout = 120\n"
             'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-            '"services": ["test-admin"]})\n'
+            '"services": ["demo-admin"]})\n'
             # the service's role as an admin might first write it: it may list, not stop
             "for role in c.JupyterHub.load_roles:\n"
             '    if role["name"] == "jupyterhub-gpu-service":\n'

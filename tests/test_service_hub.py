@@ -78,7 +78,7 @@ async def service_hub(local_cluster, core, priority_class_objects):
             "c.KubeSpawner.http_timeout = 120\n"
             # the test's admin token also issues users' own tokens
             'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-            '"services": ["test-admin"]})\n'
+            '"services": ["demo-admin"]})\n'
         ),
     ) as hub:
         await wait_for_service(hub)
@@ -223,7 +223,7 @@ async def test_metrics_need_read_metrics_and_expose_the_numbers(service_hub):
         service_hub.service_url + "metrics", await user_token(service_hub, "ann")
     )
     assert status == 403
-    # the hub's test-admin service token has read:metrics (as a Prometheus service would)
+    # the hub's demo-admin service token has read:metrics (as a Prometheus service would)
     status, _, body = await aget(service_hub.service_url + "metrics", service_hub.api_token)
     assert status == 200, body
     lines = set(body.splitlines())

@@ -29,7 +29,7 @@ CONFIG = (
     "c.GPUService.hub_poll_interval = 1\n"
     "c.KubeSpawner.http_timeout = 120\n"
     'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
-    '"services": ["test-admin"]})\n'
+    '"services": ["demo-admin"]})\n'
 )
 
 

@@ -52,7 +52,7 @@ async def test_in_a_z2jh_pod_the_service_has_the_hubs_groups_and_keeps_their_obj
         z2jh_layout=True,
         service_settings={"reconcile_interval": 1, "hub_poll_interval": 1},
         extra_config='c.JupyterHub.load_roles.append({"name": "token-issuer", '
-        '"scopes": ["tokens"], "services": ["test-admin"]})\n',
+        '"scopes": ["tokens"], "services": ["demo-admin"]})\n',
     )
     # the hub itself really needs the Service variables it was given
     config = (hub.directory / "jupyterhub_config.py").read_text()

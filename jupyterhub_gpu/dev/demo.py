@@ -655,9 +655,12 @@ def banner(
         f"    {'user':<{width}}  {'groups':<{group_width}}  offered\n{table}\n\n"
         f"  usage dashboard: {hub.service_url}\n"
         + walkthrough(plan, hub, metrics)
-        + f"  REST API as an admin:\n"
+        + f"  REST API as an admin (the demo-admin service's token):\n"
         f"    export JUPYTERHUB_API_URL={hub.url}/hub/api\n"
-        f"    export JUPYTERHUB_API_TOKEN={hub.api_token}\n\n"
+        f"    export JUPYTERHUB_API_TOKEN={hub.api_token}\n"
+        # it has the usage scope a billing job's token has: every group's numbers
+        f'    curl -H "Authorization: token $JUPYTERHUB_API_TOKEN" '
+        f"'{hub.service_url}api/showback?format=csv'\n\n"
         + policy_line
         + f"           (`jupyterhub-gpu profiles {values} --groups GROUP`)\n"
         + scheduler_line(plan, cluster)

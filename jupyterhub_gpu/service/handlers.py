@@ -8,8 +8,13 @@
 - ``api/history?group=&from=&to=&step=``: a group's GPU-equivalents in use over
   time, by flavor; ``api/showback?month=YYYY-MM[&format=csv]``: GPU-hours of a
   month by group, user and flavor. Same authentication as ``api/usage``.
+- A token with the custom scope ``custom:gpu-usage:read`` (and access to the
+  service) reads ``api/usage``, ``api/history`` and ``api/showback`` as an admin
+  does: every group. It counts for these JSON/CSV answers only, not for the
+  dashboard page.
 - ``metrics``: Prometheus text; needs a token with ``read:metrics`` unless
-  ``GPUService.metrics_require_auth`` is false.
+  ``GPUService.metrics_require_auth`` is false (the usage scope does not open it:
+  the hub's own scope for metrics does, as for ``/hub/metrics``).
 
 What a viewer sees is decided by ``views.usage_view`` alone.
 """
@@ -90,6 +95,10 @@ class APIHandler(BaseHandler):
                 "log in through the hub, or send a hub token with "
                 "access:services!service=<this service> in the Authorization header",
             )
+
+    def viewer(self) -> Viewer:
+        # the API's answers are what a billing job reads: its token's usage scope counts
+        return Viewer.from_hub_model(self.current_user, api=True)
 
     def write_json(self, data: Any) -> None:
         self.set_header("Content-Type", "application/json")

@@ -3,7 +3,9 @@
 Tenant isolation lives here, in one place, tested without I/O:
 
 - a hub admin, or a member of a policy group with ``admin: true``, sees every
-  group and every server;
+  group and every server; so does a token with the custom scope
+  ``custom:gpu-usage:read`` asking the JSON/CSV API (a billing job's), which
+  makes it no admin of anything else;
 - anyone else sees only the policy groups they belong to plus ``everyone``
   (every user is in it; its numbers are totals, with no names), and only
   their own servers and the notices about them.
@@ -31,6 +33,17 @@ from ..core.model import Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_gpus
 from ..core.selection import member_groups
 
+#: the hub custom scope that reads every group's usage, history and showback through
+#: the service's API, and nothing else: what a billing job's service token is given
+USAGE_READ_SCOPE = "custom:gpu-usage:read"
+#: its definition, as ``JupyterHub.custom_scopes`` takes it (z2jh:
+#: ``hub.config.JupyterHub.custom_scopes``)
+CUSTOM_SCOPES = {
+    USAGE_READ_SCOPE: {
+        "description": "Read every group's GPU usage, history and showback from the GPU service"
+    }
+}
+
 
 @dataclass(frozen=True)
 class Viewer:
@@ -39,13 +52,19 @@ class Viewer:
     name: str
     admin: bool = False
     groups: frozenset[str] = frozenset()
+    #: the request's token has ``custom:gpu-usage:read``: sees what an admin sees
+    reads_all: bool = False
 
     @classmethod
-    def from_hub_model(cls, model: Mapping[str, Any]) -> Viewer:
+    def from_hub_model(cls, model: Mapping[str, Any], *, api: bool = False) -> Viewer:
+        """The viewer a hub model names; ``api``: a request of the JSON/CSV API, where
+        the token's ``custom:gpu-usage:read`` counts (only unfiltered: a filtered
+        form such as ``custom:gpu-usage:read!group=x`` reads nothing more)."""
         return cls(
             name=str(model.get("name", "")),
             admin=bool(model.get("admin")),
             groups=frozenset(model.get("groups") or ()),
+            reads_all=api and USAGE_READ_SCOPE in (model.get("scopes") or ()),
         )
 
 
@@ -120,7 +139,13 @@ SERVERS_PAGE = 200
 
 
 def is_policy_admin(policy: Policy, viewer: Viewer) -> bool:
-    return viewer.admin or any(policy.groups[g].admin for g in viewer.groups if g in policy.groups)
+    """Sees every group and server (a reader with the usage scope too; it may do nothing
+    more: anything the service ever lets admins do must ask ``viewer.admin``)."""
+    return (
+        viewer.admin
+        or viewer.reads_all
+        or any(policy.groups[g].admin for g in viewer.groups if g in policy.groups)
+    )
 
 
 def visible_groups(policy: Policy, viewer: Viewer) -> list[Group]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ...config.hubconfig import CONFIG_D_FILE
 from ...service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
+from ...service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
 from . import build
 from .cluster import LocalCluster, free_port
 
@@ -43,6 +44,21 @@ def get_config(key, default=None):
         value = value[part]
     return value
 """
+
+#: The service whose token is ``LocalHub.api_token``: the demo's printed admin token and
+#: the tests' own. It administers users, servers and groups, reads metrics, and reads
+#: every group's usage and showback from the GPU service (the usage scope and access to
+#: the service, as a billing job's token has them).
+ADMIN_SERVICE = "demo-admin"
+ADMIN_SCOPES = [
+    "admin:users",
+    "admin:servers",
+    "access:servers",
+    "admin:groups",
+    "read:metrics",
+    USAGE_READ_SCOPE,
+    "access:services!service=gpu",
+]
 
 #: The proxy the hub runs: package.json names it, package-lock.json pins its whole
 #: tree (every package in it declares support for Node.js 20), installed with `npm ci`.
@@ -90,7 +106,8 @@ def ensure_chp(progress=None) -> Path:
 
 @dataclass
 class LocalHub:
-    """A hub subprocess; ``url`` is the proxy's public URL, ``api_token`` an admin token."""
+    """A hub subprocess; ``url`` is the proxy's public URL, ``api_token`` the token of
+    the ``demo-admin`` service (``ADMIN_SCOPES``)."""
 
     cluster: LocalCluster
     namespace: str = "default"
@@ -157,12 +174,11 @@ class LocalHub:
             c.Authenticator.allowed_users = {set(self.users) | set(self.admin_users)!r}
             c.Authenticator.admin_users = {set(self.admin_users)!r}
             c.JupyterHub.load_groups = {self._groups()!r}
-            c.JupyterHub.services = [{{"name": "test-admin", "api_token": {self.api_token!r}}}]
+            c.JupyterHub.services = [{{"name": {ADMIN_SERVICE!r}, "api_token": {self.api_token!r}}}]
             c.JupyterHub.load_roles = [{{
-                "name": "test-admin",
-                "scopes": ["admin:users", "admin:servers", "access:servers", "admin:groups",
-                           "read:metrics"],
-                "services": ["test-admin"],
+                "name": {ADMIN_SERVICE!r},
+                "scopes": {ADMIN_SCOPES!r},
+                "services": [{ADMIN_SERVICE!r}],
             }}]
             c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
             c.KubeSpawner.namespace = {self.namespace!r}
@@ -175,6 +191,9 @@ class LocalHub:
             )
             + self._policy_config()
             + self._service_config()
+            # the admin token's usage scope, declared as base.yaml declares it; merged,
+            # so values that declare custom scopes of their own keep them
+            + f"c.JupyterHub.custom_scopes.update({CUSTOM_SCOPES!r})\n"
             + textwrap.dedent(self.extra_config)
         )
 
