@@ -342,6 +342,22 @@ class SpawnAdmission:
             policy, self.usage, user, group, self.clock(), running=self.ledger.charges
         )
 
+    def usable_again(self, states: list[BudgetState]) -> float | None:
+        """When every used-up budget of ``states`` has room again, as a refusal says
+        (None: none is used up, or when is not known)."""
+        now = self.clock()
+        times = []
+        for state in states:
+            if not state.exhausted:
+                continue
+            room = self.usage.room_returns(
+                state.group, state.user, state.budget, now, self.ledger.charges
+            )
+            if room is None:
+                return None
+            times.append(room[0])
+        return max(times, default=None)
+
     def record_start(self, policy: Policy, pod: dict[str, Any]) -> None:
         """A GPU server's pod started: count it from its start, and write it down."""
         try:

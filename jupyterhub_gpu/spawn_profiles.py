@@ -14,7 +14,7 @@ from .core.admission import Ledger
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
 from .core.model import Policy
-from .core.profiles import profile_entry
+from .core.profiles import profile_entry, with_usable_default
 from .core.selection import offers
 from .kube.clusterview import ClusterView
 
@@ -33,13 +33,19 @@ async def offered_profiles(
     capacity = await _capacity(spawner, policy, wait)
     budgets = spawner.admission.budgets
     per_group: dict[str, list[BudgetState]] = {}
+    usable_again: dict[str, float | None] = {}
     entries = []
     for offer in offers(policy, spawner._user_groups()):
         group = offer.group
         if group.name not in per_group:
-            per_group[group.name] = budgets(policy, spawner.user.name, group)
-        entries.append(profile_entry(policy, ledger, offer, capacity, per_group[group.name]))
-    return entries
+            states = per_group[group.name] = budgets(policy, spawner.user.name, group)
+            usable_again[group.name] = spawner.admission.usable_again(states)
+        entries.append(
+            profile_entry(
+                policy, ledger, offer, capacity, per_group[group.name], usable_again[group.name]
+            )
+        )
+    return with_usable_default(entries)
 
 
 async def _capacity(

@@ -40,7 +40,7 @@ from .config.policy import GPUPolicy
 from .core.admission import Charge, Decision, Ledger
 from .core.model import Policy, PolicyError
 from .core.objects import namespace_for
-from .core.profiles import without_overrides
+from .core.profiles import disabled_slugs, disabling_script, without_overrides
 from .core.selection import Selection
 from .core.shaping import MERGED_SETTINGS, PodShape, apply_to_pod, merge_settings, shape
 from .kube.client import exception_message
@@ -240,7 +240,17 @@ class GPUKubeSpawner(KubeSpawner):
         # the browser as JSON; load_user_options still applies the full entries.
         if not isinstance(self.user_options, Mapping):
             self.user_options = {}  # saved options that were never valid: no preselection
-        return super()._render_options_form(without_overrides(profile_list))
+        disabled = disabled_slugs(profile_list)
+        saved = self.user_options
+        if saved.get("profile") in disabled:
+            # the last server's profile is used up: the form preselects the default
+            # (the saved options themselves are JupyterHub's, and kept)
+            self.user_options = {}
+        try:
+            form = super()._render_options_form(without_overrides(profile_list))
+        finally:
+            self.user_options = saved
+        return form + disabling_script(disabled)
 
     # ---- the spawn path ------------------------------------------------------------
 

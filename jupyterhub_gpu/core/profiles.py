@@ -4,11 +4,12 @@ jupyterhub-fancy-profiles both read)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .admission import Ledger
-from .budgets import BudgetState, format_cap, format_hours, format_period
+from .budgets import BudgetState, format_cap, format_hours, format_period, format_time
 from .capacity import FlavorCapacity
 from .model import Option, Policy
 from .quantities import format_gpus
@@ -21,12 +22,20 @@ def profile_entry(
     offer: Offer,
     capacity: Mapping[str, FlavorCapacity] | None = None,
     budgets: Sequence[BudgetState] = (),
+    usable_again: float | None = None,
 ) -> dict[str, Any]:
     """One KubeSpawner profile_list entry: resources, the group's live remaining quota
     and GPU-hour budgets (``budgets``, for GPU profiles), and the free cluster
-    capacity of its flavor (``capacity`` None: unknown)."""
+    capacity of its flavor (``capacity`` None: unknown).
+
+    A GPU profile with a used-up budget is ``disabled`` (a key of ours, which the
+    spawner's form script reads) and never the default; ``usable_again``: when each
+    used-up budget has room again (None: not known)."""
     group, profile = offer.group, offer.profile
+    used_up = bool(profile.gpu) and any(state.exhausted for state in budgets)
     lines = [profile.description] if profile.description else []
+    if used_up:
+        lines.insert(0, used_up_line(usable_again))
     resources = f"{_cores(profile.cpu)} CPU, {profile.memory / 2**30:g} GiB RAM"
     if profile.gpu:
         flavor = policy.flavors[profile.gpu.flavor]
@@ -46,14 +55,82 @@ def profile_entry(
         "display_name": f"{group.display_name}: {profile.display_name}",
         "slug": offer.slug,
         "description": " · ".join(lines),
-        "default": profile.default,
+        "default": profile.default and not used_up,
         "kubespawner_override": dict(profile.kubespawner_override),
     }
+    if used_up:
+        entry["display_name"] += " (GPU-hours used up)"
+        entry["disabled"] = True
     if offer.options:
         entry["profile_options"] = {
             name: profile_option(option) for name, option in offer.options.items()
         }
     return entry
+
+
+def used_up_line(usable_again: float | None) -> str:
+    """What a used-up GPU profile says first: when it can be started again."""
+    if usable_again is None:
+        return "Not available: its GPU-hours are used up"
+    return f"Not available until {format_time(usable_again)}: its GPU-hours are used up"
+
+
+def with_usable_default(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``entries`` with a default that can be started: the policy's default while
+    it is usable, otherwise the first usable entry (KubeSpawner would otherwise
+    make the first entry the default, used up or not)."""
+    usable = [e for e in entries if not e.get("disabled")]
+    if usable and not any(e.get("default") for e in usable):
+        usable[0]["default"] = True
+    return entries
+
+
+def disabled_slugs(profile_list: Any) -> list[str]:
+    """The slugs of the entries ``profile_entry`` marked disabled."""
+    if not isinstance(profile_list, list):
+        return []
+    return [str(e["slug"]) for e in profile_list if isinstance(e, Mapping) and e.get("disabled")]
+
+
+#: disables the used-up entries in either form a site uses: KubeSpawner's own (a radio
+#: ``profile-item-<slug>`` in a label) and jupyterhub-fancy-profiles' (a radio
+#: ``profile-option-<slug>`` in a clickable ``profile-<slug>`` card, drawn by React
+#: after the page loads, and drawn again as the user clicks: hence the observer)
+_DISABLE_SCRIPT = """<script>
+(function () {
+  var slugs = %s;
+  function disable() {
+    slugs.forEach(function (slug) {
+      ["profile-item-", "profile-option-"].forEach(function (prefix) {
+        var input = document.getElementById(prefix + slug);
+        if (input && !input.disabled) { input.disabled = true; input.checked = false; }
+      });
+      var cards = [document.getElementById("profile-" + slug)];
+      document.querySelectorAll("label[for]").forEach(function (label) {
+        if (label.htmlFor === "profile-item-" + slug) cards.push(label);
+      });
+      cards.forEach(function (card) {
+        if (card && card.getAttribute("aria-disabled") !== "true") {
+          card.setAttribute("aria-disabled", "true");
+          card.style.opacity = "0.55";
+          card.style.pointerEvents = "none";
+        }
+      });
+    });
+  }
+  disable();
+  document.addEventListener("DOMContentLoaded", disable);
+  new MutationObserver(disable).observe(document.documentElement, {childList: true, subtree: true});
+})();
+</script>"""
+
+
+def disabling_script(slugs: Sequence[str]) -> str:
+    """The script a rendered form ends with that disables the ``slugs`` entries."""
+    if not slugs:
+        return ""
+    # JSON inside <script>: "<" escaped so that no slug can close the element
+    return _DISABLE_SCRIPT % json.dumps(list(slugs)).replace("<", "\\u003c")
 
 
 def without_overrides(value: Any) -> Any:
