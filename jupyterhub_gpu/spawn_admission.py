@@ -477,6 +477,9 @@ class SpawnAdmission:
         charge = self.charge(key)
         if charge is not None and (only is None or charge is only):
             self.ledger.release(policy, key)
+            # a resync listing taken before may still show the pod (terminating then):
+            # it must not count it again
+            self.touched[key] = time.monotonic()
             await self._notify()
 
     def charge(self, key: str) -> Charge | None:

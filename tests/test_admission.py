@@ -206,6 +206,18 @@ def test_resync_releases_vanished_pods_counts_unknown_ones_and_keeps_starting_sp
     assert rebuilt.groups == ledger.groups
 
 
+def test_resync_does_not_count_again_a_server_released_after_its_listing():
+    # the listing was taken while the pod terminated; its stop released it since
+    ledger = Ledger()
+    lab = POLICY.group("lab-a")
+    ledger.admit(POLICY, "ns/leaving", "ann", lab, request("h200", 1))
+    listed = ledger.charges["ns/leaving"]
+    ledger.release(POLICY, "ns/leaving")
+    added, released = ledger.resync(POLICY, [listed], keep={"ns/leaving"})
+    assert (added, released) == ([], [])
+    assert ledger.usage("lab-a").is_zero()
+
+
 caps = st.fixed_dictionaries(
     {},
     optional={

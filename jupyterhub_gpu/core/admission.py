@@ -177,9 +177,11 @@ class Ledger:
     ) -> tuple[list[str], list[str]]:
         """Bring the ledger in step with the charges on live pods.
 
-        Charges whose pod is gone are released, unless in ``keep`` (spawns whose
-        pod may not exist yet); pods the ledger does not know (another hub
-        replica, a pod restored from backup) are counted. Returns (added,
+        Charges whose pod is gone are released, and pods the ledger does not know
+        (another hub replica, a pod restored from backup) are counted, except the
+        keys in ``keep``: servers the hub changed since the listing was taken (a
+        spawn whose pod may not exist yet, a stop that released a pod listed while
+        it was terminating), which the listing is older than. Returns (added,
         released) keys.
         """
         live_charges = {c.key: c for c in live}
@@ -187,7 +189,7 @@ class Ledger:
         released = [k for k in self.charges if k not in live_charges and k not in protected]
         for key in released:
             self.release(policy, key)
-        added = [k for k in live_charges if k not in self.charges]
+        added = [k for k in live_charges if k not in self.charges and k not in protected]
         for key in added:
             self._record(policy, live_charges[key])
         return added, released

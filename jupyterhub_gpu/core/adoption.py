@@ -114,7 +114,8 @@ def adopt(
     component: str = DEFAULT_COMPONENT,
 ) -> Adoption | None:
     """How the policy charges ``pod`` (the API's JSON form), or None when there is
-    nothing to adopt: a pod of the policy's own, not a server, terminating or done."""
+    nothing to adopt: a pod of the policy's own, not a server, or done (a terminating
+    pod still holds its GPUs until it is gone)."""
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
     if GROUP_LABEL in labels or labels.get(COMPONENT_LABEL) != component or holds_nothing(pod):

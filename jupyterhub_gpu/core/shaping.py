@@ -286,18 +286,28 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 
 
 def holds_nothing(pod: Mapping[str, Any]) -> bool:
-    """A pod on its way out (terminating) or done (succeeded, failed) holds nothing."""
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or (
-        pod.get("status") or {}
-    ).get("phase") in ("Succeeded", "Failed")
+    """A pod that is done (succeeded, failed) holds nothing.
+
+    A terminating pod still holds what it requested until it is gone: its node keeps
+    its devices for it (the scheduler counts it), and a pod held by a finalizer or on
+    a node that stopped answering may stay for hours. Charging it until then keeps a
+    group from starting servers on GPUs that are not free yet.
+    """
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def terminating(pod: Mapping[str, Any]) -> bool:
+    """The pod is being deleted (``deletionTimestamp``) but still exists."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def charge_from_pod(pod: Mapping[str, Any]) -> Charge | None:
     """The charge a live server pod carries, or None for a pod that holds nothing.
 
-    ``pod`` is the API's JSON form (camelCase keys). Terminating and finished pods
-    hold nothing. Raises ``ValueError`` for a pod labelled as ours whose charge
-    annotation is missing or unreadable, so the caller can say which pod it is.
+    ``pod`` is the API's JSON form (camelCase keys). Finished pods hold nothing;
+    terminating ones hold their charge until they are gone. Raises ``ValueError``
+    for a pod labelled as ours whose charge annotation is missing or unreadable, so
+    the caller can say which pod it is.
     """
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
@@ -332,7 +342,7 @@ def usage_record_from_pod(pod: Mapping[str, Any]) -> UsageRecord | None:
     started_at = status.get("startTime")
     if not started_at or not metadata.get("uid"):
         return None
-    charge = charge_from_pod({**pod, "metadata": {**metadata, "deletionTimestamp": None}})
+    charge = charge_from_pod(pod)
     if charge is None or not charge.request.gpus:
         return None
     started = (

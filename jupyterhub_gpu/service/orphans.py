@@ -96,6 +96,10 @@ class OrphanPods:
             # business), whose user has no server of that name
             if pod.charge is not None
             and pod.before_policy is None
+            # one being deleted is on its way already (a finalizer, a node that stopped
+            # answering): it stays charged until it is gone, and deleting it again
+            # would change nothing
+            and not pod.terminating
             and pod.uid
             and pod.user
             and pod.created is not None

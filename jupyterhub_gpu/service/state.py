@@ -43,6 +43,7 @@ from ..core.shaping import (
     namespace_for,
     of_another_hub,
     pod_key,
+    terminating,
     usage_record_from_pod,
 )
 from ..kube.clusterview import capacity_watches
@@ -60,7 +61,7 @@ class ServerPod:
     """A server pod of this hub: what it is charged, and whose server it is."""
 
     key: str
-    charge: Charge | None  # None: terminating, finished, or unreadable
+    charge: Charge | None  # None: finished, or unreadable
     user: str | None
     servername: str
     created: datetime | None
@@ -75,6 +76,8 @@ class ServerPod:
     #: rule reads it (``core.adoption``); its charge and GPU time follow from its user's
     #: groups, which ``ServiceState`` knows
     before_policy: Mapping[str, Any] | None = None
+    #: being deleted (still charged until it is gone; never taken for an orphan)
+    terminating: bool = False
 
 
 def _as_adoption_reads_it(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,6 +105,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
             started=_timestamp((pod.get("status") or {}).get("startTime")),
             before_policy=_as_adoption_reads_it(pod),
             uid=metadata.get("uid"),
+            terminating=terminating(pod),
         )
     annotations = metadata.get("annotations") or {}
     key = pod_key(pod)
@@ -126,6 +130,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         usage=usage,
         started=_timestamp(started),
         uid=metadata.get("uid"),
+        terminating=terminating(pod),
     )
 
 
@@ -246,7 +251,7 @@ class ServiceState:
         pod = found.before_policy
         groups = (self.user_groups or {}).get(found.user or "", ())
         adoption = adopt(self.policy, pod, groups, self.component)
-        if adoption is None:  # terminating or finished
+        if adoption is None:  # finished
             return replace(found, charge=None, usage=None)
         uid = (pod.get("metadata") or {}).get("uid")
         usage = None
