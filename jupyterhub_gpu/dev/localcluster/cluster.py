@@ -46,6 +46,10 @@ POD_RANGE = ipaddress.ip_network("127.64.0.0/10")
 POD_PREFIX = 18
 SERVICE_CIDR = "127.128.0.0/16"
 DEFAULT_NODE_POOLS = Path(__file__).with_name("nodepools.yaml")
+#: kwok's pod stages: its defaults, but a pod annotated KEEP_FINALIZERS keeps its
+#: finalizers when deleted (stays Terminating until they are removed), as with a kubelet
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+KEEP_FINALIZERS = "kwok.jupyterhub-gpu.dev/keep-finalizers"
 #: The controllers quota replenishment, namespace deletion, garbage collection,
 #: service accounts and node readiness need. Endpoint(-slice) controllers are left
 #: out: they reject loopback pod IPs.
@@ -210,6 +214,8 @@ class LocalCluster:
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
+        #: how each component this object started was run, to start it again
+        self._commands: dict[str, tuple[list[str], dict[str, str] | None]] = {}
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -291,7 +297,27 @@ class LocalCluster:
                 env=env,
             )
         self.state.pids[role] = proc.pid
+        self._commands[role] = (argv, env)
         self.state.save()
+
+    def stop_component(self, role: str) -> None:
+        """Stop one component (``kube-apiserver``, say) and leave the others running:
+        what a control-plane restart looks like to every client. ``start_component``
+        starts it again on the same ports."""
+        _stop_group(self.state.pids[role], grace=10)
+
+    def start_component(self, role: str, timeout: float = 60) -> None:
+        """Start again a component ``stop_component`` stopped, as it was started; for
+        the API server, return once it is ready."""
+        if role not in self._commands:
+            raise ClusterError(
+                f"{role} was not started by this LocalCluster object, so how to start it "
+                "again is not known; use the object LocalCluster.create returned"
+            )
+        argv, env = self._commands[role]
+        self._spawn(role, argv, env)
+        if role == "kube-apiserver":
+            self._wait(self._apiserver_ready, role, timeout)
 
     def _scheduler_config(self, kubeconfig: Path | str) -> list[str]:
         """kube-scheduler's --config when it also answers to stand-in scheduler names."""
@@ -411,6 +437,7 @@ class LocalCluster:
                 f"--cidr={self.state.pod_cidr}",
                 "--node-ip=127.0.0.1",
                 "--node-lease-duration-seconds=40",
+                f"--config={KWOK_STAGES}",
                 # without an explicit address kwok serves on 0.0.0.0
                 f"--server-address=127.0.0.1:{p['kwok']}",
             ],
