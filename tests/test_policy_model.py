@@ -307,3 +307,69 @@ def test_budgets_and_idle_rules_are_read_with_their_defaults():
     )
     assert students.user_budget is None
     assert students.idle is None
+
+
+def test_fair_share_and_group_shares_are_read_for_the_waiting_line_and_the_schedulers():
+    policy = parse_policy(
+        fair_share={"half_life": "7d", "max_wait": "30m"},
+        groups={"research": {"share": 3}, "nlp": {"parent": "research", "share": 0.5}, "bio": {}},
+    )
+    assert (policy.fair_share.half_life, policy.fair_share.max_wait) == (7 * 86400, 1800)
+    assert [g.share for g in policy.groups.values()] == [3.0, 0.5, 1.0]
+    assert policy.everyone.share == 1.0
+    # max_wait defaults to an hour: nobody waits for ever
+    assert parse_policy(fair_share={"half_life": "2d"}).fair_share.max_wait == 3600
+    # without fair_share the line is first come, first served
+    assert parse_policy().fair_share is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (
+            {"fair_share": {"half_life": "soon"}},
+            "fair_share.half_life: expected a duration like 7d, got 'soon'",
+        ),
+        (
+            {"fair_share": {"half_life": "7d", "max_wait": -5}},
+            "fair_share.max_wait: expected a duration like 30m, got -5",
+        ),
+        ({"fair_share": {"max_wait": "30m"}}, "fair_share.half_life: required"),
+        (
+            {"fair_share": {"half_life": "7d", "halflife": "7d"}},
+            "fair_share.halflife: unknown key (allowed here: half_life, max_wait)",
+        ),
+        ({"fair_share": "7d"}, "fair_share: expected a mapping like {half_life: 7d"),
+        ({"fair_share": {}}, "fair_share: expected a mapping like {half_life: 7d"),
+        (
+            {"groups": {"a": {"share": 0}}},
+            "groups.a.share: expected a number above 0 such as 1 or 2.5, got 0",
+        ),
+        ({"groups": {"a": {"share": -1}}}, "groups.a.share: expected a number above 0"),
+        ({"groups": {"a": {"share": "lots"}}}, "groups.a.share: expected a number above 0"),
+        ({"groups": {"a": {"share": True}}}, "groups.a.share: expected a number above 0"),
+        ({"everyone": {"share": 0}}, "everyone.share: expected a number above 0"),
+    ],
+)
+def test_fair_share_mistakes_are_named_with_their_key_path(policy, message):
+    found = errors(**policy)
+    assert any(e.startswith(f"{P}.{message}") for e in found), found
+
+
+def test_fair_share_is_read_from_the_hubs_config_with_its_key_path():
+    from traitlets.config import Config
+
+    from jupyterhub_gpu.config.policy import GPUPolicy
+
+    config = Config()
+    config.GPUPolicy.fair_share = {"half_life": "1d", "max_wait": "10m"}
+    config.GPUPolicy.groups = {"a": {"share": 2}}
+    policy = GPUPolicy(config=config).model
+    assert policy.fair_share.max_wait == 600
+    assert policy.groups["a"].share == 2
+    config.GPUPolicy.fair_share = {"half_life": "soon"}
+    with pytest.raises(PolicyError) as info:
+        _ = GPUPolicy(config=config).model
+    assert info.value.errors == [
+        f"{P}.fair_share.half_life: expected a duration like 7d, got 'soon'"
+    ]

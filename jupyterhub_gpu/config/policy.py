@@ -99,6 +99,10 @@ class GPUPolicy(Configurable):
         ``when_exhausted: stop``, stopped after ``grace`` (default 15m).
         ``idle: {after: 2h, gpu_utilization_below: 5}`` stops servers whose GPUs
         were idle (utilisation below that percentage) for that long, after a notice.
+
+        Fair share (with ``fair_share``): ``share`` (a number above 0, default
+        1) is the group's weight among its siblings, the groups of the same
+        parent (or the top-level groups); its members have equal shares of it.
         """,
     ).tag(config=True)
 
@@ -107,8 +111,27 @@ class GPUPolicy(Configurable):
         default_value="refuse",
         help="""
         What a spawn that does not fit its group's limit does: ``refuse`` at once
-        with the numbers, or ``wait`` in the group's first-come-first-served
-        queue until capacity frees (the spawn page shows its position).
+        with the numbers, or ``wait`` in line until capacity frees (the spawn
+        page shows its position): first come, first served, or with
+        ``fair_share`` whoever used less GPU time recently first.
+        """,
+    ).tag(config=True)
+
+    fair_share = Dict(
+        None,
+        allow_none=True,
+        help="""
+        Order who waits for the same capacity by GPU time used recently, against
+        their share: ``{half_life: 7d, max_wait: 30m}``.
+
+        Each group's and member's GPU-hours are decayed with ``half_life`` (use a
+        half-life ago counts half, two half-lives ago a quarter) and divided by
+        their share (a group's ``share`` among its siblings; members equal
+        within their group). With ``when_full: wait``, whoever has used less of
+        their share goes first, arrival order breaks ties, and a server that has
+        waited longer than ``max_wait`` (default 1h) goes first whatever its
+        standing, so nobody waits for ever. Unset (the default): the line is
+        first come, first served.
         """,
     ).tag(config=True)
 
@@ -220,6 +243,7 @@ class GPUPolicy(Configurable):
         "extra_labels",
         "adopted_servers_group",
         "adopted_servers_preemptible",
+        "fair_share",
     )
     def _settings_changed(self, change) -> None:
         self._model = None  # the next read of ``model`` checks the new settings
@@ -243,6 +267,7 @@ class GPUPolicy(Configurable):
                     extra_labels=self.extra_labels,
                     adopted_servers_group=self.adopted_servers_group,
                     adopted_servers_preemptible=self.adopted_servers_preemptible,
+                    fair_share=self.fair_share,
                 )
             except PolicyError as e:
                 raise PolicyError(unknown + e.errors) from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -304,6 +305,19 @@ class Group:
     #: the directory groups (names, DNs, IDs or paths) whose members are this group's
     #: members; empty: the directory group of the same name (see core.directory)
     directory_groups: tuple[str, ...] = ()
+    #: fair-share weight among its siblings (the groups of the same parent, or the
+    #: top-level groups); its members have equal shares of it
+    share: float = 1.0
+
+
+@dataclass(frozen=True)
+class FairShare:
+    """``GPUPolicy.fair_share``: whoever waits for the same capacity is ordered by GPU
+    time used recently (decayed with ``half_life``) against their share; a server
+    waiting longer than ``max_wait`` goes first whatever its standing."""
+
+    half_life: int  # seconds
+    max_wait: int = 3600  # seconds
 
 
 @dataclass(frozen=True)
@@ -330,6 +344,8 @@ class Policy:
     #: new servers may preempt servers started before the policy (False: while any
     #: runs, new servers get PriorityClasses that never preempt)
     adopted_servers_preemptible: bool = False
+    #: fair share by recent GPU time (None: waiting lines are first come, first served)
+    fair_share: FairShare | None = None
     #: what selection.offers computes per (group, profile): a pure function of the
     #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -786,6 +802,7 @@ _GROUP_KEYS = {
     "budget",
     "idle",
     "directory_groups",
+    "share",
 }
 
 
@@ -918,7 +935,60 @@ def _parse_group(
         directory_groups=_parse_directory_groups(
             e, f"{path}.directory_groups", spec.get("directory_groups")
         ),
+        share=_parse_share(e, f"{path}.share", spec.get("share", 1)),
     )
+
+
+def _parse_share(e: _Errors, path: str, raw: Any) -> float:
+    """A fair-share weight: a number above 0 (a share of 0 would never go first)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        e.add(path, f"expected a number above 0 such as 1 or 2.5, got {raw!r}")
+        return 1.0
+    try:
+        share = float(raw)
+    except ValueError:
+        share = float("nan")
+    if not math.isfinite(share) or share <= 0:
+        e.add(path, f"expected a number above 0 such as 1 or 2.5, got {raw!r}")
+        return 1.0
+    return share
+
+
+def _parse_fair_share(e: _Errors, raw: Any) -> FairShare | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not raw:
+        e.add(
+            "fair_share",
+            f"expected a mapping like {{half_life: 7d, max_wait: 30m}}, got {raw!r}",
+        )
+        return None
+    spec = raw
+    e.keys("fair_share", spec, {"half_life", "max_wait"})
+    if "half_life" not in spec:
+        e.add(
+            "fair_share.half_life",
+            "required: how fast past GPU time is forgotten (e.g. 7d: a week ago counts half)",
+        )
+    half_life = max_wait = None
+    for key in ("half_life", "max_wait"):
+        if key in spec:
+            try:
+                value = parse_duration(spec[key])
+            except QuantityError:
+                e.add(
+                    f"fair_share.{key}",
+                    f"expected a duration like {'7d' if key == 'half_life' else '30m'}, "
+                    f"got {spec[key]!r}",
+                )
+                continue
+            if key == "half_life":
+                half_life = value
+            else:
+                max_wait = value
+    if half_life is None:
+        return None
+    return FairShare(half_life=half_life, max_wait=max_wait or FairShare.max_wait)
 
 
 def _parse_budget(e: _Errors, path: str, raw: Any) -> Budget | None:
@@ -1019,6 +1089,7 @@ def parse_policy(
     extra_labels: Any = None,
     adopted_servers_group: Any = None,
     adopted_servers_preemptible: Any = False,
+    fair_share: Any = None,
     prefix: str = PREFIX,
 ) -> Policy:
     """Check every part of a policy; return the model or raise PolicyError with all problems."""
@@ -1076,6 +1147,7 @@ def parse_policy(
             "adopted_servers_preemptible",
             f"expected true or false, got {adopted_servers_preemptible!r}",
         )
+    parsed_fair_share = _parse_fair_share(e, fair_share)
     if e.items:
         raise PolicyError(e.items)
     assert every is not None
@@ -1091,6 +1163,7 @@ def parse_policy(
         extra_labels=labels,
         adopted_servers_group=adopted_servers_group,
         adopted_servers_preemptible=adopted_servers_preemptible,
+        fair_share=parsed_fair_share,
     )
 
 
