@@ -26,6 +26,7 @@ wait in a scheduler's queue (``queue_watch``) and the spawn page's events
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from traitlets import Bool, Float, default, validate
 from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
 from .core.admission import Charge, Decision, Ledger
+from .core.exits import NOTEBOOK_CONTAINER
 from .core.model import Policy, PolicyError
 from .core.objects import namespace_for
 from .core.profiles import disabled_slugs, disabling_script, without_overrides
@@ -45,6 +47,7 @@ from .core.selection import Selection
 from .core.shaping import MERGED_SETTINGS, PodShape, apply_to_pod, merge_settings, shape
 from .kube.client import exception_message
 from .queue_watch import QueueWatch
+from .server_exit import ServerExited, exited_refusal, raise_if_exited, wait_until_serving
 from .server_pods import charges_from_pods, finish_stop_in_background, watch_pods
 from .spawn_admission import SpawnAdmission, register_hub_metrics
 from .spawn_checks import (
@@ -132,6 +135,11 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
+    #: when JupyterHub stops waiting for the current start (time.monotonic())
+    _gpu_start_deadline: float = 0.0
+    #: http_timeout as configured: a start that waited for the server's port leaves
+    #: JupyterHub's own wait for it only the rest (see _start_charged)
+    _gpu_http_timeout: float | None = None
     #: the charge this server's current start made (released if the start fails)
     _gpu_reservation: Charge | None = None
     #: the last start was refused before anything was written to Kubernetes
@@ -356,7 +364,18 @@ class GPUKubeSpawner(KubeSpawner):
     def start(self):
         # a server its scheduler may hold in a queue must outlast JupyterHub's bound
         self._queue_watch.lengthen_start_timeout()
+        self._gpu_start_deadline = time.monotonic() + self.start_timeout
+        if self._gpu_http_timeout is None:
+            self._gpu_http_timeout = self.http_timeout
+        self.http_timeout = self._gpu_http_timeout
         return super().start()
+
+    def is_pod_running(self, pod):
+        # a container that exits before it is ever ready ends the start now, not after
+        # start_timeout (KubeSpawner's poll reads the exit of a server that ran)
+        if self._gpu_starting:
+            raise_if_exited(pod)
+        return super().is_pod_running(pod)
 
     async def _start(self):
         try:
@@ -374,6 +393,16 @@ class GPUKubeSpawner(KubeSpawner):
             with kubernetes_reachable():
                 await watch_pods(self)
             result = await super()._start()
+            # a process that exits once its pod runs fails the start too, saying why;
+            # the wait ends before JupyterHub's own bounds would end it, and JupyterHub's
+            # wait for the server (read as start returns) gets only what is left of it
+            began = time.monotonic()
+            until = min(self._gpu_start_deadline, began + self.http_timeout) - 1
+            await wait_until_serving(self, result, self._server_key, until)
+            self.http_timeout = max(self.http_timeout - (time.monotonic() - began), 5)
+        except ServerExited as e:
+            await self._release_reservation()
+            raise await exited_refusal(self, e) from None
         except ApiException as e:
             await self._release_reservation()
             if e.status == 403:
@@ -445,6 +474,11 @@ class GPUKubeSpawner(KubeSpawner):
         pod = await super().get_pod_manifest()
         if self.gpu_shape is not None:
             apply_to_pod(pod, self.gpu_shape)
+        # a server that fails leaves the end of its log in its pod's status, where the
+        # spawn's failure reads it without pods/log (server_exit); a site's own wins
+        for container in pod.spec.containers:
+            if container.name == NOTEBOOK_CONTAINER and not container.termination_message_policy:
+                container.termination_message_policy = "FallbackToLogsOnError"
         return pod
 
     def progress(self):

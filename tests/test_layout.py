@@ -118,7 +118,14 @@ def test_the_lint_rule_keeps_io_out_of_the_core():
 
 #: what each layer must not import: everything above it
 #: the spawner's parts beside it
-SPAWNER_PARTS = ("spawn_checks", "spawn_profiles", "spawn_progress", "server_pods", "queue_watch")
+SPAWNER_PARTS = (
+    "spawn_checks",
+    "spawn_profiles",
+    "spawn_progress",
+    "server_pods",
+    "queue_watch",
+    "server_exit",
+)
 ABOVE = {
     "config": ("kube", "service", "spawner", "spawn_admission", *SPAWNER_PARTS, "dev"),
     "kube": ("service", "spawner", "spawn_admission", *SPAWNER_PARTS, "dev"),

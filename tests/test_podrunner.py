@@ -10,6 +10,7 @@ from jupyterhub_gpu.dev.localcluster.podrunner import (
     NotRunnable,
     bind_to_pod_ip,
     container_argv,
+    termination_message,
 )
 from kube_helpers import eventually
 
@@ -91,3 +92,51 @@ async def test_process_exit_marks_the_pod_failed(core, namespace, local_cluster)
     terminated = finished.status.container_statuses[0].state.terminated
     assert terminated.exit_code != 0
     assert terminated.reason == "Error"
+    # the default policy (File): the runner writes no termination-log file, so no message
+    assert terminated.message is None
+
+
+@pytest.mark.k8s
+async def test_a_failed_container_with_fallback_to_logs_reports_its_logs_end(
+    core, namespace, local_cluster
+):
+    """As a kubelet does: FallbackToLogsOnError puts the end of the log in the status."""
+    pod = {
+        "metadata": {"name": "bad-option"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "notebook",
+                    "image": "quay.io/jupyter/base-notebook",
+                    "command": ["jupyterhub-singleuser", "--ServerApp.port=not-a-port"],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "env": [{"name": "JUPYTERHUB_SERVICE_URL", "value": "http://0.0.0.0:8888/"}],
+                }
+            ],
+            "restartPolicy": "Never",
+        },
+    }
+    await core.create_namespaced_pod(namespace, pod)
+
+    async def failed():
+        p = await core.read_namespaced_pod("bad-option", namespace)
+        return p if p.status.phase == "Failed" else None
+
+    finished = await eventually(failed, "the pod to be marked Failed", within=60)
+    terminated = finished.status.container_statuses[0].state.terminated
+    assert terminated.exit_code == 1
+    assert "expected an int, not the str 'not-a-port'" in terminated.message.splitlines()[-1]
+    assert len(terminated.message.encode()) <= 2048
+
+
+def test_the_termination_message_is_the_logs_last_80_lines_and_2048_bytes():
+    container = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    log = b"".join(b"line %d\n" % i for i in range(200))
+    message = termination_message(container, 1, log)
+    assert message.splitlines()[-1] == "line 199"
+    assert len(message.splitlines()) == 80
+    long = b"x" * 5000 + b"\nend"
+    assert len(termination_message(container, 1, long).encode()) == 2048
+    # a clean exit, or another policy: no message
+    assert termination_message(container, 0, log) is None
+    assert termination_message({}, 1, log) is None

@@ -386,6 +386,10 @@ class LocalCluster:
                 "--endpoint-reconciler-type=none",
                 "--enable-admission-plugins=ResourceQuota,LimitRanger,Priority,RuntimeClass",
                 "--profiling=false",
+                # a pod's logs are asked of its node's kubelet: by the node's IP
+                # (loopback), never its name, which would be looked up in the
+                # machine's DNS
+                "--kubelet-preferred-address-types=InternalIP",
                 "--v=1",
             ],
         )

@@ -7,7 +7,12 @@ command, if that command is one it is allowed to run and exists locally, as a
 process bound to the pod's IP, with the pod's environment (values, secrets,
 config maps and field references resolved the way the kubelet would). When the
 pod is deleted, the process group is stopped; when the process exits on its
-own, the pod is marked Succeeded or Failed, as a kubelet would report it.
+own, the pod is marked Succeeded or Failed, as a kubelet would report it: the
+container ``terminated`` with its exit code, and, for a container with
+``terminationMessagePolicy: FallbackToLogsOnError`` that failed, the end of its
+log as the termination message (the kubelet's last 80 lines, at most 2048 bytes).
+Its log itself is not served through the API (kwok's nodes run no kubelet API):
+it is in the runner's folder, ``logs/``.
 
 The Jupyter Docker Stacks images start ``jupyterhub-singleuser`` when they are
 given no command and a hub token (``start-notebook.py``); the runner does the
@@ -45,6 +50,10 @@ _STACKS_ENTRYPOINTS = {
     "start-singleuser.sh": "jupyterhub-singleuser",
 }
 _LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+#: what a kubelet keeps of a failed container's log as its termination message
+#: (kubelet: MaxContainerTerminationMessageLogLines, ...LogLength)
+TERMINATION_LOG_LINES = 80
+TERMINATION_LOG_BYTES = 2048
 
 
 class NotRunnable(Exception):
@@ -75,6 +84,16 @@ def container_argv(container: dict, env: dict[str, str], allowed: tuple[str, ...
     if not resolved:
         raise NotRunnable(f"command {argv[0]!r} is not installed locally")
     return [resolved, *argv[1:]]
+
+
+def termination_message(container: dict, code: int, log: bytes) -> str | None:
+    """The message a kubelet reports for a container that exited with ``code``: with
+    ``FallbackToLogsOnError`` and an error, the end of its log; else none (the
+    runner's containers write no termination-log file)."""
+    if code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return None
+    tail = b"\n".join(log.splitlines()[-TERMINATION_LOG_LINES:])[-TERMINATION_LOG_BYTES:]
+    return tail.decode(errors="replace") or None
 
 
 def bind_to_pod_ip(argv: list[str], env: dict[str, str], pod_ip: str) -> tuple[list[str], dict]:
@@ -207,7 +226,7 @@ class PodRunner:
             "HOSTNAME": pod["metadata"]["name"],
             **pod_env,
         }
-        log_path = self.workdir / "logs" / f"{key.replace('/', '_')}.log"
+        log_path = self._log_path(key)
         # a local file: opening it does not block the loop in any way that matters
         with open(log_path, "ab") as out:  # noqa: ASYNC230
             process = await asyncio.create_subprocess_exec(
@@ -226,6 +245,9 @@ class PodRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _log_path(self, key: str) -> Path:
+        return self.workdir / "logs" / f"{key.replace('/', '_')}.log"
+
     async def _report_exit(self, key: str, pod: dict) -> None:
         local = self.running[key]
         code = await local.process.wait()
@@ -236,8 +258,15 @@ class PodRunner:
         log.info("%s: process exited with %s; marking the pod finished", key, code)
         shutil.rmtree(local.home, ignore_errors=True)
         meta = pod["metadata"]
-        name = pod["spec"]["containers"][0]["name"]
+        container = pod["spec"]["containers"][0]
+        name = container["name"]
         terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        # a local file the process has finished writing
+        path = self._log_path(key)
+        output = path.read_bytes() if path.exists() else b""
+        message = termination_message(container, code, output)
+        if message:
+            terminated["message"] = message
         body = {
             "status": {
                 "phase": "Succeeded" if code == 0 else "Failed",
