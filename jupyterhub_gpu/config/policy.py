@@ -135,6 +135,11 @@ class GPUPolicy(Configurable):
         """,
     ).tag(config=True)
 
+    @default("fair_share")
+    def _first_come_first_served(self) -> None:
+        # traitlets would make an unset Dict {}: unset is off, not "on with no settings"
+        return None
+
     namespace_per_group = Bool(
         False,
         help="""
