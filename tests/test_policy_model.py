@@ -367,6 +367,10 @@ def test_fair_share_is_read_from_the_hubs_config_with_its_key_path():
     policy = GPUPolicy(config=config).model
     assert policy.fair_share.max_wait == 600
     assert policy.groups["a"].share == 2
+    # unset, it is off (and the policy valid): first come, first served
+    unset = Config()
+    unset.GPUPolicy.groups = {"a": {}}
+    assert GPUPolicy(config=unset).model.fair_share is None
     config.GPUPolicy.fair_share = {"half_life": "soon"}
     with pytest.raises(PolicyError) as info:
         _ = GPUPolicy(config=config).model
