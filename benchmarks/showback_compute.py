@@ -1,56 +1,44 @@
-"""``api/showback``'s computation, this tree's against an earlier commit's, side by side.
+"""``api/showback``'s work per request, before and after the month tally, side by side.
 
-Method: a month of usage at 5,000 servers (each server's seat used a GPU, a whole
-H200 or a quarter of a time-sliced one, 2-10 hours a day for the last 31 days:
-155,000 records, the same seed as ``service_usage.py``) plus 5,000 running
-servers, half of them with a measured utilisation. For each of the two
-versions of ``core/showback.py`` and ``service/time_views.py`` (this tree's, and
-``--against`` a commit's, loaded from git) it times, in alternation so both see the
-same machine load:
+Method: usage at 5,000 servers (each server's seat used a GPU, a whole H200 or a
+quarter of a time-sliced one, 2-10 hours a day; the same seed as
+``service_usage.py``) plus 5,000 running servers, half of them with a measured
+utilisation, for two books: a month (the last 31 days: 160,000 records) and
+``--days`` (365 by default: 1.8 million records, what the service keeps with a
+year-long budget). For each, the current month is answered, alternating run by
+run so both see the same machine load:
 
-1. ``showback``: the month's sums from the records (what a pass, or a request
-   for a month not computed yet, does);
-2. the admin's JSON view, rendered and encoded (``showback_json`` + ``json.dumps``);
-3. the admin's CSV.
+* before: what the service did before the tally for a month not computed yet:
+  every record it keeps, listed and summed (``showback``);
+* after: the tally (``ShowbackTally``), built once from the same records: the
+  ended rows' sums kept, the running servers summed per request.
 
-It checks the two versions' JSON and CSV are the same, byte for byte, and, with
-``--year``, times this tree's ``showback`` over a year of records (1.8 million:
-what the service's book holds with a year-long budget) for the current month.
+Each run times the sums, the admin's JSON view rendered and encoded
+(``showback_json`` + ``json.dumps``) and the admin's CSV; "request" is the sums
+plus the JSON, the service's work for ``api/showback`` less tornado's (a few
+milliseconds: ``service_usage.py``). The two answers' JSON must agree to the
+4 decimals it shows (the sums are added in another order). The tally's one-off
+cost (putting every record, at the service's start) and a pass's (5,000 sightings
+and 100 ends) are timed too.
 
-Run: python benchmarks/showback_compute.py [--against HEAD] [--repeat 30] [--year]
+Run: python benchmarks/showback_compute.py [--repeat 30] [--days 365]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import gc
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 SERVERS, GROUPS = 5000, 500
-
-
-def load(path: str, revision: str | None, name: str):
-    """A module of the package at ``revision`` (None: this tree), as a sibling."""
-    package = path.rpartition("/")[0].replace("/", ".")
-    if revision is None:
-        return importlib.import_module(path[: -len(".py")].replace("/", "."))
-    source = subprocess.run(
-        ["git", "show", f"{revision}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout
-    spec = importlib.util.spec_from_loader(f"{package}.{name}", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = package
-    sys.modules[spec.name] = module
-    exec(compile(source, f"{revision}:{path}", "exec"), module.__dict__)
-    return module
 
 
 def records(now: float, days: int):
@@ -78,78 +66,125 @@ def records(now: float, days: int):
     return found
 
 
-def summary(samples: list[float]) -> str:
+def summary(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return f"{statistics.median(samples):.1f} | {p99:.1f}"
+    return statistics.median(samples), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", default="HEAD", help="the commit to compare with")
-    parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--year", action="store_true", help="also a year of records")
-    args = parser.parse_args()
+def agree(a, b) -> bool:
+    """The same JSON, numbers to the 4 decimals shown (one unit apart at most)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(agree(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(agree, a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1.5e-4
+    return a == b
 
-    from jupyterhub_gpu.core.showback import month_bounds
+
+def scenario(days: int, repeat: int) -> None:
+    from jupyterhub_gpu.core.showback import ShowbackTally, month_bounds, showback
+    from jupyterhub_gpu.service.time_views import showback_csv, showback_json
     from jupyterhub_gpu.service.views import Viewer
 
     now = time.time()
     month = time.strftime("%Y-%m", time.gmtime(now))
     since, until = month_bounds(month)
     until = min(until, now)
-    usage = records(now, 31)
+    usage = records(now, days)
+    book = {r.uid: r for r in usage}  # what the service kept: ``UsageBook.records``
     running = {f"jhub/jupyter-u{i:04d}": True for i in range(SERVERS)}
     busy = {f"jhub/jupyter-u{i:04d}": 50.0 for i in range(0, SERVERS, 2)}
     admin = Viewer(name="root", admin=True)
-    versions = {}
-    for label, revision in (("before", args.against), ("after", None)):
-        versions[label] = (
-            load("jupyterhub_gpu/core/showback.py", revision, f"showback_{label}"),
-            load("jupyterhub_gpu/service/time_views.py", revision, f"time_views_{label}"),
-        )
+
+    gc.collect()
+    t0 = time.perf_counter()
+    tally = ShowbackTally()
+    for r in usage:
+        tally.put(r, now)
+    built = time.perf_counter() - t0
+    # a pass: every running server seen again, 100 servers ended
+    changed = [replace(r, last_seen=now) for r in usage[-SERVERS:]]
+    t0 = time.perf_counter()
+    for r in changed:
+        tally.put(r, now)
+    for r in changed[:100]:
+        tally.put(replace(r, ended=now), now)
+    for r in usage[-SERVERS:]:
+        tally.put(r, now)  # as they were, for the comparison
+    passed = time.perf_counter() - t0
+
+    # a member's: one group's records (the service's index by group), or the tally's
+    mine = {"g001"}
+    member = Viewer(name="u0001", groups=frozenset(mine))
+    own = [r for r in usage if r.group in mine]
+
+    def before():
+        return showback(list(book.values()), since, until, now, running, busy)
+
+    def after():
+        return tally.showback(month, now, running, busy)
+
+    def before_member():
+        return showback(own, since, until, now, running, busy)
+
+    def after_member():
+        return tally.showback(month, now, running, busy, mine)
+
     times: dict[tuple[str, str], list[float]] = {}
-    outputs: dict[str, tuple[str, str]] = {}
-    for _ in range(args.repeat):
-        for label, (core, views) in versions.items():
+    views = {}
+    for _ in range(repeat):
+        for label, compute in (("before", before), ("after", after)):
             t0 = time.perf_counter()
-            result = core.showback(usage, since, until, now, running, busy)
+            result = compute()
             t1 = time.perf_counter()
-            body = json.dumps(views.showback_json(month, result, admin, True, None, {}))
+            body = json.dumps(showback_json(month, result, admin, True, None, {}))
             t2 = time.perf_counter()
-            table = views.showback_csv(month, result, admin, True, None)
+            showback_csv(month, result, admin, True, None)
             t3 = time.perf_counter()
-            for what, ms in (("showback", t1 - t0), ("json", t2 - t1), ("csv", t3 - t2)):
-                times.setdefault((label, what), []).append(ms * 1000)
-            times.setdefault((label, "showback + json"), []).append((t2 - t0) * 1000)
-            # this tree adds the utilisation's coverage (a key, a last column): the rest
-            # must be the same
-            view = json.loads(body)
-            view.pop("utilised_coverage", None)
-            columns = [",".join(line.split(",")[:7]) for line in table.splitlines()]
-            outputs[label] = (json.dumps(view), columns)
-    same = outputs["before"] == outputs["after"]
-    print(
-        f"\n{len(usage):,} records, {args.repeat} runs each, alternating; "
-        f"outputs identical: {same}\n"
-    )
-    print(f"| step | before ({args.against}) p50 ms | p99 ms | after p50 ms | p99 ms | ratio p50 |")
-    print("|---|---|---|---|---|---|")
-    for what in ("showback", "json", "showback + json", "csv"):
-        before, after = times[("before", what)], times[("after", what)]
-        ratio = statistics.median(before) / statistics.median(after)
-        print(f"| {what} | {summary(before)} | {summary(after)} | {ratio:.2f}x |")
-    if args.year:
-        core = versions["after"][0]
-        year = records(now, 365)
-        samples = []
-        for _ in range(max(args.repeat // 5, 3)):
+            for what, seconds in (
+                ("sums", t1 - t0),
+                ("JSON", t2 - t1),
+                ("request: sums + JSON", t2 - t0),
+                ("sums + CSV", (t1 - t0) + (t3 - t2)),
+            ):
+                times.setdefault((label, what), []).append(seconds * 1000)
+            views[(label,)] = body
+        for label, compute in (("before", before_member), ("after", after_member)):
             t0 = time.perf_counter()
-            core.showback(year, since, until, now, running, busy)
-            samples.append((time.perf_counter() - t0) * 1000)
-        print(f"\na year of records ({len(year):,}), this month's showback: {summary(samples)} ms")
+            body = json.dumps(showback_json(month, compute(), member, False, mine, {}))
+            times.setdefault((label, "a member's request"), []).append(
+                (time.perf_counter() - t0) * 1000
+            )
+            views[(label, "member")] = body
+    same = all(
+        agree(json.loads(views[("before", *k)]), json.loads(views[("after", *k)]))
+        for k in ((), ("member",))
+    )
+    print(
+        f"\n{len(usage):,} records ({days} days), this month's showback, {repeat} runs "
+        f"each, alternating; answers agree: {same}; tally built in {built:.1f} s, "
+        f"a pass's puts {passed * 1000:.1f} ms\n"
+    )
+    print("| step | before p50 ms | p99 ms | after p50 ms | p99 ms | ratio p50 |")
+    print("|---|---|---|---|---|---|")
+    for what in ("sums", "JSON", "request: sums + JSON", "sums + CSV", "a member's request"):
+        b50, b99 = summary(times[("before", what)])
+        a50, a99 = summary(times[("after", what)])
+        print(f"| {what} | {b50:.1f} | {b99:.1f} | {a50:.1f} | {a99:.1f} | {b50 / a50:.1f}x |")
     if not same:
-        raise SystemExit("the two versions' answers differ")
+        raise SystemExit("the two answers differ")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--days", type=int, default=365, help="the longer book (0: none)")
+    args = parser.parse_args()
+    scenario(31, args.repeat)
+    if args.days:
+        # before sums every record of the year at each run: fewer runs
+        scenario(args.days, max(args.repeat // 3, 5))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 
@@ -199,7 +199,8 @@ class _MonthTally:
     ``[hours, records]`` (the count says when an entry is empty again, whatever the
     rounding of adding and taking away left)."""
 
-    detail: dict[tuple[str, str, str], list] = field(default_factory=dict)
+    #: by group, then (group, user, flavor): a member's answer reads its groups' only
+    detail: dict[str, dict[tuple[str, str, str], list]] = field(default_factory=dict)
     #: the same by server (``UsageRecord.key``), for its utilisation: a flat list
     #: ``[key, hours, records, key, ...]``, one key in most (a list, not a dict, per
     #: server and month: a year of them at 5,000 servers is a million)
@@ -233,6 +234,7 @@ class ShowbackTally:
         self._closed: dict[str, UsageRecord] = {}
         #: records summed at each request: open, or ending after ``settled``
         self._open: dict[str, UsageRecord] = {}
+        self._open_by_group: dict[str, dict[str, UsageRecord]] = {}
         #: every closed record ending by then is in ``_months`` (the latest ``now`` seen)
         self.settled = -math.inf
         #: months starting before this were pruned: no longer complete
@@ -257,6 +259,7 @@ class ShowbackTally:
             self._add(record, 1)
         else:
             self._open[record.uid] = record
+            self._open_by_group.setdefault(record.group, {})[record.uid] = record
 
     def discard(self, uid: str) -> None:
         """Forget the record with this uid (if any)."""
@@ -284,7 +287,16 @@ class ShowbackTally:
         if old is not None:
             self._add(old, -1)
         else:
-            self._open.pop(uid, None)
+            self._unopen(uid)
+
+    def _unopen(self, uid: str) -> UsageRecord | None:
+        record = self._open.pop(uid, None)
+        if record is not None:
+            owned = self._open_by_group[record.group]
+            del owned[uid]
+            if not owned:
+                del self._open_by_group[record.group]
+        return record
 
     def _settle(self, now: float) -> None:
         """Sum the open records that have ended by ``now`` into their months (ended in
@@ -293,7 +305,7 @@ class ShowbackTally:
             self.settled = now
         done = [r for r in self._open.values() if r.ended is not None and r.ended <= now]
         for record in done:
-            del self._open[record.uid]
+            self._unopen(record.uid)
             self._closed[record.uid] = record
             self._add(record, 1)
 
@@ -330,14 +342,19 @@ class ShowbackTally:
         tally = self._months.get(month)
         if tally is None:
             tally = self._months[month] = _MonthTally()
-        entry = tally.detail.get(key)
+        detail = tally.detail.get(key[0])
+        if detail is None:
+            detail = tally.detail[key[0]] = {}
+        entry = detail.get(key)
         if entry is None:
             self._missing(sign, month, pod, key)
-            tally.detail[key] = [hours, 1]
+            detail[key] = [hours, 1]
         elif entry[1] + sign == 0:
-            del tally.detail[key]
-            if not tally.detail:
-                del self._months[month]
+            del detail[key]
+            if not detail:
+                del tally.detail[key[0]]
+                if not tally.detail:
+                    del self._months[month]
         else:
             entry[0] += hours * sign
             entry[1] += sign
@@ -375,7 +392,7 @@ class ShowbackTally:
         now: float,
         running: Container[str] = (),
         utilisation: Mapping[str, float] | None = None,
-        groups: Container[str] | None = None,
+        groups: Collection[str] | None = None,
         shared: Container[str] = (),
     ) -> Showback:
         """``showback`` of the records put, for ``month`` up to ``now``, of ``groups``
@@ -399,34 +416,35 @@ class ShowbackTally:
         tally = self._months.get(month)
         detail: dict[tuple[str, str, str], float] = {}
         if tally is not None:
-            if groups is None:
-                detail = {key: entry[0] for key, entry in tally.detail.items()}
-            else:
-                detail = {key: e[0] for key, e in tally.detail.items() if key[0] in groups}
+            for entries in (
+                tally.detail.values() if groups is None else _owned(tally.detail, groups)
+            ):
+                for key, entry in entries.items():
+                    detail[key] = entry[0]
         # the open records: showback's loop, over them only
         get = detail.get
         opened: dict[str, list[tuple[tuple[str, str, str], float]]] = {}
-        for r in self._open.values():
-            if groups is not None and r.group not in groups:
-                continue
-            end = r.ended
-            if end is None:
-                end = now if r.key in running else max(r.last_seen, r.started)
-            if end > until:
-                end = until
-            start = r.started
-            if start < since:
-                start = since
-            if end <= start:
-                continue
-            seconds = r.gpus * (end - start)
-            if seconds <= 0:
-                continue
-            key = (r.group, r.user, r.flavor or NO_FLAVOR)
-            hours = seconds / HOUR
-            detail[key] = get(key, 0.0) + hours
-            if utilisation:
-                opened.setdefault(r.key, []).append((key, hours))
+        opens = self._open_by_group
+        for owned in opens.values() if groups is None else _owned(opens, groups):
+            for r in owned.values():
+                end = r.ended
+                if end is None:
+                    end = now if r.key in running else max(r.last_seen, r.started)
+                if end > until:
+                    end = until
+                start = r.started
+                if start < since:
+                    start = since
+                if end <= start:
+                    continue
+                seconds = r.gpus * (end - start)
+                if seconds <= 0:
+                    continue
+                key = (r.group, r.user, r.flavor or NO_FLAVOR)
+                hours = seconds / HOUR
+                detail[key] = get(key, 0.0) + hours
+                if utilisation:
+                    opened.setdefault(r.key, []).append((key, hours))
         measured: dict[tuple[str, str, str], float] = {}
         utilised: dict[tuple[str, str, str], float] = {}
         pods = tally.pods if tally is not None else {}
@@ -471,6 +489,11 @@ class ShowbackTally:
             }
             utilisation = {k: v for k, v in utilisation.items() if k not in sharing}
         return showback(records, since, until, now, running, utilisation)
+
+
+def _owned(index: dict[str, dict], groups: Collection[str]) -> list[dict]:
+    """The entries of ``groups`` in an index by group."""
+    return [index[group] for group in groups if group in index]
 
 
 def _totals(
