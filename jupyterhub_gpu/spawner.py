@@ -26,6 +26,7 @@ wait in a scheduler's queue (``queue_watch``) and the spawn page's events
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -399,7 +400,9 @@ class GPUKubeSpawner(KubeSpawner):
             began = time.monotonic()
             until = min(self._gpu_start_deadline, began + self.http_timeout) - 1
             await wait_until_serving(self, result, self._server_key, until)
-            self.http_timeout = max(self.http_timeout - (time.monotonic() - began), 5)
+            # http_timeout is an Int trait: a float left over would fail every start
+            left = self.http_timeout - (time.monotonic() - began)
+            self.http_timeout = max(math.ceil(left), 5)
         except ServerExited as e:
             await self._release_reservation()
             raise await exited_refusal(self, e) from None
