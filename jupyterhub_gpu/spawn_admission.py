@@ -2,8 +2,9 @@
 
 Every ``GPUKubeSpawner`` of a hub shares one ``SpawnAdmission``: the ``Ledger``
 (``core.admission``, pure arithmetic), its first rebuild from pod labels, its
-periodic resync against the pods, the per-group first-come-first-served lines of
-``when_full: wait``, and the deletions still finishing after failed stops. The
+periodic resync against the pods, the line of ``when_full: wait`` (first come,
+first served, or with ``fair_share`` by standing: ``core.fairshare``), and the
+deletions still finishing after failed stops. The
 spawner supplies what only it can do (list the charged pods, with its Kubernetes
 client and namespaces); everything else about admission lives here, in one
 object a test can replace.
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -38,12 +40,25 @@ from .core.budgets import (
     has_budget,
     longest_period,
 )
+from .core.fairshare import (
+    FairShareBook,
+    Place,
+    Waiter,
+    line_order,
+    place,
+    read_window,
+    why_placed,
+)
 from .core.model import Group, Policy
 from .core.selection import Request
 from .core.shaping import usage_record_from_pod
 
 #: lists the charges on the pods Kubernetes has now (the spawner's own client)
 ListCharges = Callable[[Policy], Awaitable[list[Charge]]]
+
+#: seconds the waiting line's order is kept: standings move slowly (a half-life is
+#: days), and every waiter must read the same order to agree on who goes next
+ORDER_KEPT = 1.0
 
 #: what a GPU spawn of a group with a budget is told while budgets cannot be checked
 BUDGETS_UNCHECKED = (
@@ -62,8 +77,15 @@ class SpawnAdmission:
         self.loaded = loaded
         self._loading: asyncio.Future | None = None
         self._resync: asyncio.Task | None = None
-        #: group -> server keys waiting, first come first served
-        self.waiting: dict[str, deque[str]] = {}
+        #: the servers waiting for capacity, by key, in arrival order (``waiting``: by
+        #: group, in the order they go)
+        self.waiters: dict[str, Waiter] = {}
+        self._arrivals = itertools.count()
+        self._line_version = 0
+        self._order: tuple[int, float, list[Waiter]] | None = None
+        #: with fair_share: each group's and member's decayed GPU time, fed the same
+        #: records as ``usage``
+        self.fair: FairShareBook | None = None
         self._changed: asyncio.Condition | None = None
         #: servers admitted whose start has not finished, and when each server was last
         #: admitted, started or released (monotonic): the resync leaves these as they
@@ -224,7 +246,7 @@ class SpawnAdmission:
             first = self._usage_revision is None
             try:
                 if first:
-                    since = now - longest_period(policy)
+                    since = now - max(longest_period(policy), read_window(policy))
                     records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
                 else:
                     # every row written since, in the order written (whatever its times)
@@ -237,13 +259,16 @@ class SpawnAdmission:
             if first:
                 mine = list(self.usage.records.values())
                 self.usage = UsageBook.for_policy(policy)
+                self.fair = None
                 for record in mine:
                     # this hub's own starts and stops since it started
-                    self.usage.put(policy, record)
+                    self.count_usage(policy, record)
             for record in records:
                 pending = self.backlog.get(record.uid)
-                self.usage.put(policy, pending.applied(record) if pending else record)
+                self.count_usage(policy, pending.applied(record) if pending else record)
             self.usage.prune(policy, now)
+            if self.fair is not None:
+                self.fair.settle(now)
             self._usage_revision = revision
             self.usage_read_at = now
             if self.usage_failing_since is not None:
@@ -372,7 +397,26 @@ class SpawnAdmission:
         if self.store is not None:
             self.backlog.add(record.uid, record=record)
             self._write_soon()
+        self.count_usage(policy, record)
+
+    def count_usage(self, policy: Policy, record: Any) -> None:
+        """Put a usage record in the budgets' book and, with fair share, the standings'."""
+        earlier = self.usage.open_by_key.get(record.key)
         self.usage.put(policy, record)
+        if policy.fair_share is None:
+            return
+        fair = self.fair_book(policy)
+        if earlier is not None and earlier is not record and earlier.ended is not None:
+            fair.ended(earlier)  # the book ended the pod this one replaced, in place
+        fair.put(record)
+
+    def fair_book(self, policy: Policy) -> FairShareBook:
+        """The fair-share standings (``policy`` has ``fair_share``)."""
+        if self.fair is None:
+            # one policy for the hub's life: a new policy comes with a restart (and a
+            # spawner's copy of the config parses an equal policy of its own)
+            self.fair = FairShareBook(policy)
+        return self.fair
 
     def record_stop(
         self, key: str, at: float | None = None, *, uid: str | None = None, inferred: bool = False
@@ -396,6 +440,8 @@ class SpawnAdmission:
             if inferred:
                 at = max(at, record.last_seen)
             self.usage.end(key, at)
+            if self.fair is not None:
+                self.fair.ended(record)
         else:
             # ended already: a newer pod of the server started, which ended it at its
             # last sighting; when this pod went is not known any better
@@ -429,16 +475,29 @@ class SpawnAdmission:
         show_wait: Callable[[str | None], None],
         poll_interval: float,
     ) -> Decision:
-        """Admit or refuse the server ``key``, waiting in its group's line while the
-        decision is "wait". ``show_wait`` is told the line position to show (None
-        when the wait is over); ``poll_interval`` bounds each wait for a release that
-        happened elsewhere (another hub replica, a pod an admin removed)."""
-        line = self.waiting.setdefault(group.name, deque())
+        """Admit or refuse the server ``key``, waiting in line while the decision is
+        "wait". ``show_wait`` is told the line position to show (None when the wait is
+        over); ``poll_interval`` bounds each wait for a release that happened elsewhere
+        (another hub replica, a pod an admin removed).
+
+        Only a server with nobody ahead of it in the line that waits for capacity it
+        needs too (``core.fairshare.place``) is decided; the others wait their turn."""
+        me = Waiter(
+            key,
+            user,
+            group.name,
+            tuple(policy.charged_groups(group.name)),
+            self.clock(),
+            next(self._arrivals),
+        )
+        self.waiters[key] = me
+        self._line_version += 1
         show_wait(None)
         try:
             while True:
                 reason = None
-                if not line or line[0] == key:
+                where = place(me, self._ordered(policy, self.clock()))
+                if not where.ahead:
                     # check and reserve happen in this one synchronous step: atomic
                     over_budget = self.budget_refusal(policy, user, group, request)
                     if over_budget:
@@ -450,22 +509,63 @@ class SpawnAdmission:
                     if decision.outcome != "wait":
                         return decision
                     reason = decision.reason
-                if key not in line:
-                    line.append(key)
-                position = list(line).index(key) + 1
-                reason = reason or f"{position - 1} spawns ahead of you"
-                show_wait(
-                    f"Waiting for {group.display_name}: position {position} of "
-                    f"{len(line)} ({reason})"
-                )
+                    me.blocked_on = decision.level or group.name
+                elif me.blocked_on is None:
+                    # it waits for what the first ahead of it waits for
+                    me.blocked_on = where.ahead[0].blocked_on
+                now = self.clock()
+                where = place(me, self._ordered(policy, now))
+                show_wait(self._wait_message(policy, group, me, where, reason, now))
                 async with self.changed:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.changed.wait(), poll_interval)
         finally:
-            # the line itself stays: a spawn still holding it must keep its place
-            if key in line:
-                line.remove(key)
+            if self.waiters.get(key) is me:
+                del self.waiters[key]
+                self._line_version += 1
             show_wait(None)
+
+    def _ordered(self, policy: Policy, now: float) -> list[Waiter]:
+        """The waiting servers in the order they go, kept ``ORDER_KEPT`` seconds while
+        nobody joins or leaves (every waiter reads the same order)."""
+        kept = self._order
+        if kept is not None and kept[0] == self._line_version and 0 <= now - kept[1] < ORDER_KEPT:
+            return kept[2]
+        fair = policy.fair_share
+        if fair is not None:
+            book = self.fair_book(policy)
+            running = self.ledger.charges
+            for w in self.waiters.values():
+                w.standing = book.order_key(w.user, w.group, now, running)
+        ordered = line_order(self.waiters.values(), now, fair.max_wait if fair else None)
+        self._order = (self._line_version, now, ordered)
+        return ordered
+
+    @staticmethod
+    def _wait_message(
+        policy: Policy, group: Group, me: Waiter, where: Place, reason: str | None, now: float
+    ) -> str:
+        """What the spawn page says of a waiting server's place, and why."""
+        head = f"Waiting for {group.display_name}: position {where.position} of {where.of}"
+        fair = policy.fair_share
+        if fair is None or where.of == 1:
+            return f"{head} ({reason or f'{where.position - 1} spawns ahead of you'})"
+        why = why_placed(me, where, now, fair.max_wait)
+        return f"{head}: {why}" + (f" ({reason})" if reason else "")
+
+    @property
+    def waiting(self) -> dict[str, deque[str]]:
+        """Group -> the keys of its servers waiting, in the order they go."""
+        lines: defaultdict[str, deque[str]] = defaultdict(deque)
+        policy = self._policy
+        ordered = (
+            self._ordered(policy, self.clock())
+            if policy is not None
+            else line_order(self.waiters.values(), self.clock())
+        )
+        for w in ordered:
+            lines[w.group].append(w.key)
+        return lines
 
     def start_ended(self, key: str) -> None:
         """The start of ``key`` finished (its pod exists) or failed."""

@@ -1,6 +1,7 @@
 """The profile list the spawner offers: one entry per (group, profile) the user's
-groups allow, each with its group's live remaining quota and budgets and, where the
-site shows it, the free cluster capacity of its flavor.
+groups allow, each with its group's live remaining quota and budgets, the user's and
+the group's fair-share standing (with ``fair_share``) and, where the site shows it,
+the free cluster capacity of its flavor.
 
 Capacity comes from one watch of nodes and bound pods shared by every spawner of
 the hub (``kube.clusterview``), started by the first list that needs it.
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .core.admission import Ledger
 from .core.budgets import BudgetState
 from .core.capacity import FlavorCapacity
+from .core.fairshare import standing_line
 from .core.model import Policy
 from .core.profiles import profile_entry, with_usable_default
 from .core.selection import offers
@@ -34,18 +36,38 @@ async def offered_profiles(
     budgets = spawner.admission.budgets
     per_group: dict[str, list[BudgetState]] = {}
     usable_again: dict[str, float | None] = {}
+    standings: dict[str, str | None] = {}
     entries = []
     for offer in offers(policy, spawner._user_groups()):
         group = offer.group
         if group.name not in per_group:
             states = per_group[group.name] = budgets(policy, spawner.user.name, group)
             usable_again[group.name] = spawner.admission.usable_again(states)
-        entries.append(
-            profile_entry(
-                policy, ledger, offer, capacity, per_group[group.name], usable_again[group.name]
-            )
+        entry = profile_entry(
+            policy, ledger, offer, capacity, per_group[group.name], usable_again[group.name]
         )
+        if offer.profile.gpu and policy.fair_share is not None:
+            if group.name not in standings:
+                standings[group.name] = _standing(spawner, policy, group.name)
+            if standings[group.name]:
+                entry["description"] += f" · {standings[group.name]}"
+        entries.append(entry)
     return with_usable_default(entries)
+
+
+def _standing(spawner: GPUKubeSpawner, policy: Policy, group: str) -> str | None:
+    """The user's and the group's fair-share standing, in words (None: not known yet)."""
+    admission = spawner.admission
+    if policy.fair_share is None or not admission.usage_loaded:
+        return None
+    book = admission.fair_book(policy)
+    now, running = admission.clock(), admission.ledger.charges
+    return standing_line(
+        policy.group(group).display_name,
+        book.group_standing(group, now, running),
+        book.member_standing(spawner.user.name, group, now, running),
+        policy.fair_share.half_life,
+    )
 
 
 async def _capacity(

@@ -62,6 +62,8 @@ class Decision:
     outcome: str  # "admit", "wait" or "refuse"
     tier: str = IN_QUOTA
     reason: str = ""
+    #: for "wait": the group whose limit it waits for (the group or a parent)
+    level: str | None = None
 
     @property
     def admitted(self) -> bool:
@@ -144,7 +146,7 @@ class Ledger:
             over_limit = _exceeded(level.display_name, self.usage(level.name), request, level.limit)
             if over_limit:
                 outcome = "wait" if policy.when_full == "wait" else "refuse"
-                return Decision(outcome, reason=over_limit)
+                return Decision(outcome, reason=over_limit, level=level.name)
             if _exceeded(level.display_name, self.usage(level.name), request, level.quota):
                 tier = OVER_QUOTA
         return Decision("admit", tier=tier)
