@@ -47,6 +47,8 @@ from .idle import IdleServers, Prometheus
 from .orphans import OrphanPods
 from .page import RANGES
 from .runtime_rules import RuntimeRules
+from .server_status import WHAT_TO_DO as WHAT_TO_DO_AFTER
+from .server_status import LastStop, server_status, stop_text
 from .startup import default_config_file, listen_address, read_hub_config
 from .state import ServiceState
 from .tasks import BackgroundTask
@@ -118,6 +120,11 @@ class GPUService(Application, service_settings.GPUService):
         self._reconcile_passes: ReconcilePasses | None = None
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
+        #: (user, server name) -> why the service last stopped it, for its JupyterLab
+        self.last_stops: dict[tuple[str, str], LastStop] = {}
+        self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu/")
+        # the hub's pages are beside the service's: <base_url>hub/ and <base_url>services/gpu/
+        self.hub_prefix = self.service_prefix.rpartition("services/")[0] + "hub/"
         self.usage = CachedUsage(self.policy)
         settings = GPUPolicy(config=self.config)
         self.gpu_time = GPUTime(
@@ -310,7 +317,17 @@ class GPUService(Application, service_settings.GPUService):
                     return None
                 return str(e)
         self.stopped_counter.labels(reason).inc()
+        self.last_stops[(user, name)] = LastStop(
+            at=time.time(),
+            reason=reason,
+            text=stop_text(reason),
+            what_to_do=WHAT_TO_DO_AFTER.get(reason, "Start the server again from the hub."),
+        )
         return None
+
+    def server_status(self, user: str, name: str) -> dict[str, Any]:
+        """One server's GPU, budgets, quota use, scheduled stops and notices."""
+        return server_status(self, user, name, datetime.now(UTC), self.last_stops.get((user, name)))
 
     async def reconcile(self) -> str:
         """One reconcile pass; a pass with errors raises, so it is retried with backoff."""
@@ -341,6 +358,7 @@ class GPUService(Application, service_settings.GPUService):
             (url_path_join(prefix, "api/capacity"), handlers.CapacityHandler),
             (url_path_join(prefix, "api/history"), handlers.HistoryHandler),
             (url_path_join(prefix, "api/showback"), handlers.ShowbackHandler),
+            (url_path_join(prefix, r"api/servers/([^/]+)/?([^/]*)"), handlers.ServerStatusHandler),
             (url_path_join(prefix, "metrics"), handlers.MetricsHandler),
             (url_path_join(prefix, "oauth_callback"), handlers.OAuthCallbackHandler),
             (prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}),

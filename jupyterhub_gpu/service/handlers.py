@@ -37,6 +37,7 @@ from ..core.quantities import QuantityError, parse_duration
 from ..core.selection import shown
 from ..core.showback import ShowbackError
 from .page import render_page
+from .server_status import may_read
 from .time_views import showback_csv
 from .views import DATABASE_UNAVAILABLE, Viewer
 
@@ -243,6 +244,22 @@ class ShowbackHandler(APIHandler):
             self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(rendered)
+
+
+class ServerStatusHandler(APIHandler):
+    """One server's GPU time, for its own JupyterLab (``server_status``): readable with
+    that server's token, the user's own token, or an admin's ``access:servers``."""
+
+    def get(self, user: str, name: str = "") -> None:
+        self.require_user()
+        scopes = self.current_user.get("scopes") or ()
+        if not may_read(scopes, user, name):
+            raise web.HTTPError(
+                403,
+                f"this token may not read the server {shown(user + '/' + name)}: a server's "
+                "token (JUPYTERHUB_API_TOKEN) reads its own server only",
+            )
+        self.write_json(self.service.server_status(user, name))
 
 
 class MetricsHandler(APIHandler):

@@ -1,0 +1,556 @@
+/**
+ * GPU time where users work: the server's group, GPU, budgets and coming stops in
+ * JupyterLab's status bar; JupyterLab notifications once per event; every unsaved
+ * document saved shortly before a scheduled stop; and, after a stop, why it
+ * stopped and what to do instead of "Server unavailable or unreachable".
+ *
+ * Everything comes from this server's own server extension
+ * (``<base_url>jupyterhub-gpu/status``), which asks the hub's GPU service about
+ * this server alone with the server's own token.
+ */
+import {
+  ConnectionLost,
+  IConnectionLost,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { IDocumentManager } from '@jupyterlab/docmanager';
+import { ServerConnection, ServiceManager } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { Widget } from '@lumino/widgets';
+
+const PLUGIN = 'jupyterhub-gpu-jupyterlab:plugin';
+const CONNECTION_LOST = 'jupyterhub-gpu-jupyterlab:connection-lost';
+
+interface Budget {
+  owner: 'group' | 'user';
+  name: string;
+  limit_gpu_hours: number;
+  used_gpu_hours: number | null;
+  left_gpu_hours: number | null;
+  period: string;
+  exhausted: boolean;
+  when_exhausted: string;
+}
+
+interface Stop {
+  kind: 'idle' | 'budget' | 'max_runtime';
+  at: number;
+  why: string;
+  avoid: string;
+}
+
+interface LastStop {
+  at: number;
+  reason: string;
+  text: string;
+  what_to_do: string;
+}
+
+interface ServiceAnswer {
+  user: string;
+  server: string;
+  now: number;
+  running: boolean;
+  group: { name: string; display_name: string } | null;
+  profile: string | null;
+  flavor: { name: string; display_name: string; units: number } | null;
+  gpus: number;
+  gpus_text: string;
+  budgets: Budget[];
+  budgets_current: boolean;
+  quota: {
+    group: string;
+    gpus_used_text: string;
+    quota_gpus: number | null;
+    limit_gpus: number | null;
+    servers: number;
+  } | null;
+  stops: Stop[];
+  notices: { at: number; text: string }[];
+  last_stop: LastStop | null;
+  dashboard_url: string;
+  hub_url: string;
+  rule_interval: number;
+}
+
+interface Settings {
+  budget_low_fraction: number;
+  runtime_warnings: number[];
+  save_before: number;
+  poll_interval: number;
+}
+
+interface StatusReply {
+  service: ServiceAnswer | null;
+  error: string | null;
+  service_url: string;
+  settings: Settings;
+}
+
+/** What the last answers said, shared by the status bar and the connection-lost handler. */
+class Model {
+  reply: StatusReply | null = null;
+  /** the server itself did not answer (stopped, or the network is down) */
+  serverGone = false;
+  /** when the latest reply came (ms) */
+  at = 0;
+  /** the stop the last good answer said was next, and whether it was due */
+  lastKnownStop: Stop | null = null;
+  shownAfterStop = false;
+  changed: (() => void)[] = [];
+  emit(): void {
+    this.changed.forEach(f => f());
+  }
+}
+
+const model = new Model();
+
+function clock(epoch: number): string {
+  return new Date(epoch * 1000).toLocaleTimeString([], {
+    hour: '2-digit',
+    minute: '2-digit'
+  });
+}
+
+function duration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) {
+    return `${s}s`;
+  }
+  const m = Math.floor(s / 60);
+  if (m < 60) {
+    return `${m}m ${String(s % 60).padStart(2, '0')}s`;
+  }
+  const h = Math.floor(m / 60);
+  return h < 48 ? `${h}h ${String(m % 60).padStart(2, '0')}m` : `${Math.floor(h / 24)}d`;
+}
+
+function hours(value: number | null): string {
+  if (value === null) {
+    return '?';
+  }
+  return value >= 10 ? value.toFixed(0) : value >= 1 ? value.toFixed(1) : value.toFixed(2);
+}
+
+const STOP_WORDS: { [kind: string]: string } = {
+  idle: 'idle stop',
+  budget: 'budget stop',
+  max_runtime: 'max runtime'
+};
+
+function gpuText(a: ServiceAnswer): string {
+  if (!a.flavor) {
+    return 'no GPU';
+  }
+  return `${a.flavor.display_name} ×${a.gpus_text}`;
+}
+
+/** The one line the status bar shows. */
+export function statusLine(reply: StatusReply | null, serverGone: boolean): string {
+  if (serverGone) {
+    return 'GPU: this server is not reachable';
+  }
+  if (!reply) {
+    return 'GPU: …';
+  }
+  const a = reply.service;
+  if (!a) {
+    return 'GPU: service unreachable';
+  }
+  if (!a.group) {
+    return 'GPU: not charged to a group';
+  }
+  const parts = [a.group.display_name, gpuText(a)];
+  for (const b of a.budgets) {
+    const who = b.owner === 'user' ? 'you' : 'group';
+    parts.push(`${hours(b.left_gpu_hours)} GPU-h left (${who}, ${b.period})`);
+  }
+  const next = a.stops[0];
+  if (next) {
+    const now = Date.now() / 1000;
+    parts.push(`${STOP_WORDS[next.kind] ?? next.kind} in ${duration(next.at - now)}`);
+  }
+  return 'GPU: ' + parts.join(' · ');
+}
+
+function el(tag: string, text?: string, cls?: string): HTMLElement {
+  const node = document.createElement(tag);
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  if (cls) {
+    node.className = cls;
+  }
+  return node;
+}
+
+/** The panel a click on the status bar opens. */
+function detailsBody(reply: StatusReply | null): Widget {
+  const body = el('div', undefined, 'jp-GPUStatus-details');
+  const a = reply?.service;
+  if (!reply || !a) {
+    body.appendChild(
+      el(
+        'p',
+        `The GPU service cannot be reached (${reply?.error ?? 'no answer yet'}). ` +
+          'Your notebook works on; the numbers come back when it answers.'
+      )
+    );
+    return new Widget({ node: body });
+  }
+  const table = el('table');
+  const row = (k: string, v: string) => {
+    const tr = el('tr');
+    tr.appendChild(el('th', k));
+    tr.appendChild(el('td', v));
+    table.appendChild(tr);
+  };
+  row('Group', a.group ? a.group.display_name : 'none');
+  row('GPU', gpuText(a));
+  if (a.profile) {
+    row('Profile', a.profile);
+  }
+  for (const b of a.budgets) {
+    const who = b.owner === 'user' ? `your budget (${b.name})` : `budget of ${b.name}`;
+    row(
+      who,
+      `${hours(b.used_gpu_hours)} of ${hours(b.limit_gpu_hours)} GPU-hours used in the last ` +
+        `${b.period}; ${hours(b.left_gpu_hours)} left` +
+        (b.exhausted ? ` — used up (${b.when_exhausted === 'stop' ? 'servers stop' : 'new GPU servers refused'})` : '')
+    );
+  }
+  if (a.quota) {
+    const of = a.quota.quota_gpus !== null ? ` of a ${a.quota.quota_gpus} GPU quota` : '';
+    const lim = a.quota.limit_gpus !== null ? `, limit ${a.quota.limit_gpus}` : '';
+    row('Group use', `${a.quota.gpus_used_text} GPUs in use${of}${lim} (${a.quota.servers} servers)`);
+  }
+  if (!a.budgets_current && a.budgets.length) {
+    row('Note', 'GPU-hours could not be refreshed lately; the numbers may be behind');
+  }
+  body.appendChild(table);
+  body.appendChild(el('h3', 'Scheduled stops'));
+  if (!a.stops.length) {
+    body.appendChild(el('p', 'None.'));
+  } else {
+    const ul = el('ul');
+    for (const s of a.stops) {
+      ul.appendChild(
+        el('li', `${clock(s.at)} (in ${duration(s.at - Date.now() / 1000)}): ${s.why}. To avoid it: ${s.avoid}.`)
+      );
+    }
+    body.appendChild(ul);
+  }
+  if (a.notices.length) {
+    body.appendChild(el('h3', 'Notices'));
+    const ul = el('ul');
+    for (const n of a.notices.slice(-5).reverse()) {
+      ul.appendChild(el('li', `${clock(n.at)}: ${n.text}`));
+    }
+    body.appendChild(ul);
+  }
+  const link = el('a', 'Open the GPU usage dashboard') as HTMLAnchorElement;
+  link.href = a.dashboard_url;
+  link.target = '_blank';
+  link.rel = 'noopener';
+  body.appendChild(link);
+  return new Widget({ node: body });
+}
+
+/** The status bar item: one line, a click opens the details. */
+class GPUStatusWidget extends Widget {
+  constructor() {
+    super({ node: el('div', 'GPU: …', 'jp-GPUStatus') });
+    this.node.title = 'GPU time: click for details';
+    this.node.addEventListener('click', () => {
+      void showDialog({
+        title: 'GPU time',
+        body: detailsBody(model.reply),
+        buttons: [Dialog.okButton({ label: 'Close' })]
+      });
+    });
+    model.changed.push(() => this.update());
+  }
+  protected onUpdateRequest(): void {
+    this.node.textContent = statusLine(model.reply, model.serverGone);
+    const gone = model.serverGone || !model.reply?.service;
+    this.node.classList.toggle('jp-GPUStatus-warn', gone || !!model.reply?.service?.stops.length);
+  }
+}
+
+/** Notifications shown already, kept per server so a reload does not repeat them. */
+class Seen {
+  private key: string;
+  private keys: Set<string>;
+  constructor(server: string) {
+    this.key = `jupyterhub-gpu:seen:${server}`;
+    let stored: string[] = [];
+    try {
+      stored = JSON.parse(window.localStorage.getItem(this.key) ?? '[]');
+    } catch {
+      stored = [];
+    }
+    this.keys = new Set(stored);
+  }
+  /** true the first time a key is seen */
+  first(key: string): boolean {
+    if (this.keys.has(key)) {
+      return false;
+    }
+    this.keys.add(key);
+    this.save();
+    return true;
+  }
+  /** forget keys whose condition no longer holds, so a new occurrence tells again */
+  keepOnly(prefix: string, live: Set<string>): void {
+    for (const k of [...this.keys]) {
+      if (k.startsWith(prefix) && !live.has(k)) {
+        this.keys.delete(k);
+      }
+    }
+    this.save();
+  }
+  private save(): void {
+    window.localStorage.setItem(this.key, JSON.stringify([...this.keys].slice(-200)));
+  }
+}
+
+function notify(seen: Seen, a: ServiceAnswer, settings: Settings): void {
+  const now = Date.now() / 1000;
+  const live = new Set<string>();
+  const once = (key: string, show: () => void) => {
+    live.add(key);
+    if (seen.first(key)) {
+      show();
+    }
+  };
+  const budgetStop = a.stops.find(s => s.kind === 'budget');
+  for (const b of a.budgets) {
+    const label = b.owner === 'user' ? `Your GPU budget (${b.name})` : `The GPU budget of ${b.name}`;
+    if (b.exhausted) {
+      const then = budgetStop
+        ? ` This server stops at ${clock(budgetStop.at)} (in ${duration(budgetStop.at - now)}); save your work.`
+        : b.when_exhausted === 'stop'
+          ? ''
+          : ' This server keeps running; new GPU servers are refused until it frees.';
+      once(`budget-exhausted:${b.owner}:${b.name}`, () =>
+        Notification.error(`${label} is used up: ${hours(b.used_gpu_hours)} of ${hours(b.limit_gpu_hours)} GPU-hours in the last ${b.period}.${then}`, {
+          autoClose: false,
+          actions: [{ label: 'Details', callback: () => window.open(a.dashboard_url, '_blank') }]
+        })
+      );
+    } else if (b.used_gpu_hours !== null && b.used_gpu_hours >= settings.budget_low_fraction * b.limit_gpu_hours) {
+      once(`budget-low:${b.owner}:${b.name}`, () =>
+        Notification.warning(
+          `${label} is running low: ${hours(b.left_gpu_hours)} of ${hours(b.limit_gpu_hours)} GPU-hours left (${b.period} window).`,
+          { autoClose: false }
+        )
+      );
+    }
+  }
+  for (const s of a.stops) {
+    if (s.kind === 'idle') {
+      once(`idle:${Math.round(s.at)}`, () =>
+        Notification.warning(
+          `Your GPU is idle (${s.why.replace(/^the GPU is idle: /, '')}). This server stops at ${clock(s.at)} (in ${duration(s.at - now)}) unless you ${s.avoid.replace(/^use/, 'use')}.`,
+          { autoClose: false }
+        )
+      );
+    } else if (s.kind === 'max_runtime') {
+      for (const before of settings.runtime_warnings) {
+        if (s.at - now <= before && s.at > now) {
+          once(`runtime:${before}:${Math.round(s.at)}`, () =>
+            Notification.warning(
+              `This server reaches its maximum runtime at ${clock(s.at)} (in ${duration(s.at - now)}) and will be stopped. Save your work.`,
+              { autoClose: false }
+            )
+          );
+          break;
+        }
+      }
+    }
+  }
+  // a condition that no longer holds (the budget freed, the GPU in use again) is
+  // forgotten, so it is told again if it comes back
+  seen.keepOnly('budget-', live);
+  seen.keepOnly('idle:', live);
+}
+
+/** Save every open document with unsaved changes; the names of those saved. */
+async function saveAll(app: JupyterFrontEnd, docManager: IDocumentManager): Promise<string[]> {
+  const saved: string[] = [];
+  const done = new Set<string>();
+  for (const widget of app.shell.widgets('main')) {
+    const context = docManager.contextForWidget(widget);
+    if (!context || done.has(context.path) || !context.model.dirty) {
+      continue;
+    }
+    done.add(context.path);
+    try {
+      await context.save();
+      saved.push(context.path);
+    } catch (reason) {
+      Notification.error(`Could not save ${context.path} before the stop: ${reason}`, { autoClose: false });
+    }
+  }
+  return saved;
+}
+
+function afterStopMessage(): { title: string; text: string; what: string } {
+  const last = model.reply?.service?.last_stop;
+  const stop = model.lastKnownStop;
+  const now = Date.now() / 1000;
+  if (last) {
+    return { title: 'Your server was stopped', text: last.text, what: last.what_to_do };
+  }
+  if (stop && stop.at <= now + 90) {
+    const words: { [k: string]: [string, string] } = {
+      idle: [
+        'The GPU service stopped this server: its GPU was idle past the group\'s idle time.',
+        'Start it again from the hub when you need the GPU.'
+      ],
+      budget: [
+        `The GPU service stopped this server: ${stop.why}.`,
+        'Start a GPU server again when the budget frees, or a CPU-only one now.'
+      ],
+      max_runtime: [`This server reached its maximum runtime: ${stop.why}.`, 'Start a new server from the hub to go on.']
+    };
+    const [text, what] = words[stop.kind] ?? [stop.why, 'Start it again from the hub.'];
+    return { title: 'Your server was stopped', text, what };
+  }
+  return {
+    title: 'Your server has stopped',
+    text: 'This server is no longer running (stopped from the hub, by an admin, or by the cluster).',
+    what: "The hub's home page says why, and starts it again."
+  };
+}
+
+async function showAfterStop(): Promise<void> {
+  if (model.shownAfterStop) {
+    return;
+  }
+  model.shownAfterStop = true;
+  const { title, text, what } = afterStopMessage();
+  const hub = model.reply?.service?.hub_url ?? PageConfig.getOption('hubPrefix') + 'home';
+  const body = el('div', undefined, 'jp-GPUStatus-stopped');
+  body.appendChild(el('p', text));
+  body.appendChild(el('p', what));
+  const saved = el('p', 'Documents with unsaved changes were saved before the stop.');
+  if (savedBeforeStop.length) {
+    saved.textContent = `Saved before the stop: ${savedBeforeStop.join(', ')}.`;
+    body.appendChild(saved);
+  }
+  const result = await showDialog({
+    title,
+    body: new Widget({ node: body }),
+    buttons: [Dialog.cancelButton({ label: 'Stay here' }), Dialog.okButton({ label: 'Go to the hub' })]
+  });
+  if (result.button.accept) {
+    window.location.href = hub;
+  }
+  model.shownAfterStop = false;
+}
+
+let savedBeforeStop: string[] = [];
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN,
+  description: 'GPU time in the status bar, notifications, and saving before a stop',
+  autoStart: true,
+  requires: [IStatusBar, IDocumentManager],
+  activate: (app: JupyterFrontEnd, statusBar: IStatusBar, docManager: IDocumentManager) => {
+    const item = new GPUStatusWidget();
+    statusBar.registerStatusItem(PLUGIN, { item, align: 'left', rank: 50 });
+    const settings = ServerConnection.makeSettings();
+    const url = URLExt.join(settings.baseUrl, 'jupyterhub-gpu', 'status');
+    const seen = new Seen(`${PageConfig.getOption('hubUser')}/${PageConfig.getOption('hubServerName')}`);
+    const savedFor = new Set<number>();
+    let interval = 10;
+
+    const poll = async () => {
+      let reply: StatusReply | null = null;
+      try {
+        const response = await ServerConnection.makeRequest(url, {}, settings);
+        if (!response.ok) {
+          throw new Error(`HTTP ${response.status}`);
+        }
+        reply = (await response.json()) as StatusReply;
+      } catch (reason) {
+        // the server itself did not answer: stopped, or unreachable
+        model.serverGone = true;
+        model.emit();
+        if (model.lastKnownStop || model.reply) {
+          void showAfterStop();
+        }
+        return;
+      }
+      model.serverGone = false;
+      model.reply = reply;
+      model.at = Date.now();
+      const a = reply.service;
+      interval = Math.min(Math.max(reply.settings.poll_interval || a?.rule_interval || 10, 1), 30);
+      if (a) {
+        model.lastKnownStop = a.stops[0] ?? null;
+        notify(seen, a, reply.settings);
+      }
+      model.emit();
+    };
+
+    // save before the soonest stop, checked every second against the last answer
+    const watchStops = async () => {
+      const stop = model.reply?.service?.stops[0];
+      if (!stop || model.serverGone) {
+        return;
+      }
+      const left = stop.at - Date.now() / 1000;
+      const before = model.reply?.settings.save_before ?? 60;
+      if (left <= before && !savedFor.has(stop.at)) {
+        savedFor.add(stop.at);
+        const saved = await saveAll(app, docManager);
+        savedBeforeStop = saved;
+        if (saved.length) {
+          Notification.info(
+            `Saved ${saved.join(', ')} before this server stops at ${clock(stop.at)} (${stop.why}).`,
+            { autoClose: false }
+          );
+        }
+      }
+    };
+
+    const loop = async () => {
+      await poll();
+      window.setTimeout(loop, interval * 1000);
+    };
+    void loop();
+    window.setInterval(() => {
+      void watchStops();
+      item.update(); // the countdown
+    }, 1000);
+  }
+};
+
+/**
+ * Instead of JupyterLab's "Server unavailable or unreachable": why this server
+ * stopped, if the GPU service said so, and what to do (the hub's own handler is
+ * disabled by this package's metadata).
+ */
+const connectionLost: JupyterFrontEndPlugin<IConnectionLost> = {
+  id: CONNECTION_LOST,
+  description: 'Says why the server stopped instead of "Server unavailable or unreachable"',
+  autoStart: true,
+  provides: IConnectionLost,
+  activate: (app: JupyterFrontEnd): IConnectionLost => {
+    return async (manager: ServiceManager.IManager, err: ServerConnection.NetworkError): Promise<void> => {
+      if (model.reply || model.lastKnownStop) {
+        model.serverGone = true;
+        model.emit();
+        return showAfterStop();
+      }
+      return ConnectionLost(manager, err);
+    };
+  }
+};
+
+export default [plugin, connectionLost];
