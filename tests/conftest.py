@@ -124,6 +124,17 @@ def ldap_directory():
         yield directory
 
 
+@pytest.fixture(scope="session")
+def keycloak():
+    """A real Keycloak (an OIDC provider) on 127.0.0.1, started once per session (the
+    distribution is downloaded into the cache the first time): ``.create_realm``,
+    ``.add_to_group``, ``.remove_from_group`` (see jupyterhub_gpu.dev.keycloak)."""
+    from jupyterhub_gpu.dev.keycloak import LocalKeycloak
+
+    with LocalKeycloak() as provider:
+        yield provider
+
+
 # headless Chromium fixtures (`browser`, `page`) for page tests
 pytest_plugins = ["browser"]
 

@@ -79,10 +79,12 @@ def config_classes() -> dict[str, type]:
     from oauthenticator.generic import GenericOAuthenticator
 
     from jupyterhub_gpu.auth.ldap import LDAPGroupsAuthenticator
+    from jupyterhub_gpu.auth.oidc import OIDCGroupsAuthenticator
     from jupyterhub_gpu.config.policy import GPUPolicy
 
     classes = [JupyterHub, KubeSpawner, GPUKubeSpawner, GPUPolicy]
     classes += [GenericOAuthenticator, LDAPAuthenticator, LDAPGroupsAuthenticator]
+    classes += [OIDCGroupsAuthenticator]
     return {c.__name__: c for c in classes}
 
 
@@ -101,7 +103,7 @@ def test_hub_config_sets_only_traits_the_classes_have(name):
     ("name", "authenticator"),
     [
         ("university", "LDAPGroupsAuthenticator"),  # through the ldap-groups entry point
-        ("department", "GenericOAuthenticator"),
+        ("department", "OIDCGroupsAuthenticator"),  # through the oidc-groups entry point
         ("enterprise", None),  # the site brings its own; the chart's default otherwise
     ],
 )

@@ -1,0 +1,282 @@
+"""``OIDCGroupsAuthenticator``: OIDC logins whose hub groups are the provider's, mapped.
+
+oauthenticator's ``GenericOAuthenticator`` with ``manage_groups`` makes *every*
+value of the groups claim a hub group: a site's thousands of directory groups,
+Entra ID object IDs and Keycloak paths (``/research/nlp``) all appear in the
+hub. This subclass maps the claim through the policy first
+(``jupyterhub_gpu.core.directory``): only the groups the policy names
+(``GPUPolicy.groups``, by name or by ``directory_groups``) become hub groups,
+and JupyterHub adds *and removes* memberships to match, at every login and at
+every refresh of the user's authentication.
+
+A refresh asks the provider again with the user's token (the ``userdata_url``,
+whose claims the provider computes at that moment); ``refresh_pre_spawn``
+makes one before each spawn, so a user removed from a group in the provider
+cannot start that group's profile even with a valid hub cookie, and
+``auth_refresh_age`` bounds how long the hub pages keep showing the old groups.
+Both need ``enable_auth_state`` (on by default here; z2jh provides the
+encryption key).
+
+A provider that cannot be reached refuses the login with a message on the
+login page, changes nobody's groups, and logs the server and the cause; at a
+spawn it refuses the spawn the same way, and elsewhere it keeps the groups as
+they were until the provider answers. The groups come from the provider's
+answer alone: nothing the user sends reaches them.
+
+z2jh::
+
+    hub:
+      config:
+        JupyterHub:
+          authenticator_class: oidc-groups
+        OIDCGroupsAuthenticator:
+          authorize_url: https://auth.example.org/application/o/authorize/
+          token_url: https://auth.example.org/application/o/token/
+          userdata_url: https://auth.example.org/application/o/userinfo/
+          auth_state_groups_key: oauth_user.groups
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from functools import reduce
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from jupyterhub.handlers.login import LoginHandler
+from oauthenticator.generic import GenericOAuthenticator
+from oauthenticator.oauth2 import OAuthCallbackHandler
+from tornado import web
+from tornado.httpclient import HTTPClientError
+from tornado.iostream import StreamClosedError
+from traitlets import default
+
+from ..config.policy import GPUPolicy
+from ..core.directory import DirectoryGroup, hub_groups
+from ..core.model import Policy
+
+#: what the login page says when the provider cannot be reached; the hub log has the why
+PROVIDER_DOWN = (
+    "Cannot log in right now: the identity provider could not be reached, so no one's "
+    "login or groups can be checked. Nothing was changed. Try again in a few minutes; "
+    "if it keeps happening, tell the hub's administrators."
+)
+#: what a spawn says when the provider cannot confirm the user's groups
+PROVIDER_DOWN_AT_SPAWN = (
+    "Cannot start a server right now: the identity provider could not be reached to "
+    "check your groups. Nothing was started. Try again in a few minutes; if it keeps "
+    "happening, tell the hub's administrators."
+)
+# the requests that start a server: the spawn page and the REST API's server start
+_SPAWN_PAGE = re.compile(r"/hub/spawn(/|$)")
+_SPAWN_API = re.compile(r"/hub/api/users/[^/]+/servers?(/[^/]*)?/?$")
+
+
+class ProviderUnreachable(Exception):
+    """The identity provider did not answer (no connection, a timeout, a 5xx)."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        super().__init__(f"{url}: {type(cause).__name__}: {cause}")
+        self.url = url
+        self.cause = cause
+
+
+class ProviderDown(web.HTTPError):
+    """A login refused because the provider could not be reached (503)."""
+
+
+def claim_group(value: Any) -> DirectoryGroup:
+    """One value of the groups claim as a directory group: a name, an object ID or a
+    path. A top-level path (``/research``, as Keycloak sends full paths) is also known
+    by its bare name, so a policy group ``research`` takes it; a subgroup's path
+    (``/research/nlp``) is known only by its path, since the same name may sit under
+    several parents."""
+    name = str(value)
+    if name.startswith("/") and name.count("/") == 1 and len(name) > 1:
+        return DirectoryGroup(name=name, aliases=(name[1:],))
+    return DirectoryGroup(name=name)
+
+
+def _without_query(url: str) -> str:
+    # a token or code may ride in a query string: never log it
+    return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
+
+
+def _is_spawn(handler: Any) -> bool:
+    request = getattr(handler, "request", None)
+    if request is None:
+        return False
+    if _SPAWN_PAGE.search(request.path):
+        return True
+    return request.method == "POST" and bool(_SPAWN_API.search(request.path))
+
+
+class OIDCCallbackHandler(OAuthCallbackHandler):
+    """The OAuth callback; a provider that is down shows the login page with why."""
+
+    async def get(self) -> None:
+        try:
+            await super().get()
+        except ProviderDown as e:
+            # the login page again, saying what happened, rather than an error page
+            # (the status still says the service is unavailable). The page of a login
+            # service shows its button, not login_error: the message is its announcement
+            self.set_status(e.status_code)
+            page = await LoginHandler._render(
+                self,
+                login_error=e.log_message,
+                announcement_login=html.escape(e.log_message),
+            )
+            self.finish(page)
+
+
+class OIDCGroupsAuthenticator(GenericOAuthenticator):
+    """GenericOAuthenticator whose hub groups are the provider's groups the policy names."""
+
+    callback_handler = OIDCCallbackHandler
+
+    @default("manage_groups")
+    def _manage_groups_default(self) -> bool:
+        # the point of this authenticator: the provider owns group membership
+        return True
+
+    @default("enable_auth_state")
+    def _enable_auth_state_default(self) -> bool:
+        # a refresh asks the provider with the token kept in the auth state
+        return True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # rules across settings, checked once all configuration is loaded
+        if not self.manage_groups:
+            raise ValueError(
+                "OIDCGroupsAuthenticator.manage_groups must be True: it exists to set the "
+                "user's groups from the identity provider (to leave groups to the admin "
+                "page, use generic-oauth)"
+            )
+        if not self.auth_state_groups_key:
+            raise ValueError(
+                "OIDCGroupsAuthenticator.auth_state_groups_key must say where the groups "
+                "claim is, e.g. oauth_user.groups (the userinfo answer's groups claim)"
+            )
+        if self.refresh_pre_spawn and not self.enable_auth_state:
+            raise ValueError(
+                "OIDCGroupsAuthenticator.refresh_pre_spawn needs enable_auth_state: True "
+                "(the refresh asks the provider with the token kept there); without it a "
+                "user removed from a group keeps its profiles until they log in again"
+            )
+        self._policy_settings: GPUPolicy | None = None
+
+    @property
+    def gpu_policy(self) -> Policy:
+        """The hub's policy (``GPUPolicy``), whose groups are the ones kept."""
+        if self._policy_settings is None:
+            self._policy_settings = GPUPolicy(config=self.config)
+        return self._policy_settings.model
+
+    # ---- the groups ----------------------------------------------------------------
+
+    async def get_user_groups(self, auth_state: dict) -> set[str]:
+        """The hub groups of the user: the groups claim, mapped through the policy.
+        ``allowed_groups`` and ``admin_groups`` are checked against these."""
+        claim = await self._claim(auth_state)
+        memberships = [claim_group(v) for v in claim]
+        mapping = hub_groups(self.gpu_policy, memberships)
+        user = auth_state.get(self.user_auth_state_key) or {}
+        who = user.get(self.username_claim) if isinstance(self.username_claim, str) else None
+        self.log.info(
+            "OIDC groups of %s: %d in the claim, hub groups %s%s",
+            who or "the user",
+            len(memberships),
+            ", ".join(mapping.groups) or "none",
+            f" ({len(mapping.unnamed)} not in the policy, left out)" if mapping.unnamed else "",
+        )
+        return set(mapping.groups)
+
+    async def _claim(self, auth_state: dict) -> list:
+        """The groups claim's values; none when the provider sent no such claim."""
+        if callable(self.auth_state_groups_key):
+            return list(await super().get_user_groups(auth_state))
+        value = auth_state
+        for key in self.auth_state_groups_key.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            # providers leave the claim out for a user in no group (Entra ID, and any
+            # whose mapper omits empty claims): no groups, said in the log
+            available = reduce(
+                lambda d, k: d.get(k) if isinstance(d, dict) else None,
+                self.auth_state_groups_key.split(".")[:-1],
+                auth_state,
+            )
+            self.log.warning(
+                "OIDCGroupsAuthenticator: the provider sent no %r (auth_state_groups_key); "
+                "the user is in no group. Keys there: %s",
+                self.auth_state_groups_key,
+                ", ".join(sorted(available)) if isinstance(available, dict) else "none",
+            )
+            return []
+        if isinstance(value, str):
+            return [value]  # a provider that sends one group as a string
+        if not isinstance(value, list):
+            raise ValueError(
+                f"OIDCGroupsAuthenticator: the groups claim {self.auth_state_groups_key} "
+                f"is a {type(value).__name__}, not a list of groups; point "
+                "auth_state_groups_key at the claim holding the group names or IDs"
+            )
+        return value
+
+    # ---- a provider that does not answer ------------------------------------------------
+
+    async def fetch(self, req, label: str = "fetching", parse_json: bool = True, **kwargs):
+        try:
+            return await super().fetch(req, label=label, parse_json=parse_json, **kwargs)
+        except HTTPClientError as e:
+            # 599: no answer in time; 5xx: the provider is broken. A 4xx is an answer
+            # (an expired token, a bad code), which the parent handles.
+            if e.code == 599 or e.code >= 500:
+                raise ProviderUnreachable(_without_query(req.url), e) from e
+            raise
+        except (OSError, StreamClosedError) as e:  # refused, reset, DNS, TLS
+            raise ProviderUnreachable(_without_query(req.url), e) from e
+
+    async def authenticate(self, handler, data=None, **kwargs):
+        # the callback's code and state are all the parent reads of the request; the
+        # groups come from the provider's answers alone
+        try:
+            return await super().authenticate(handler, data, **kwargs)
+        except ProviderUnreachable as e:
+            self._log_unreachable("Login refused", e)
+            raise ProviderDown(503, PROVIDER_DOWN) from e
+
+    async def refresh_user(self, user, handler=None, **kwargs):
+        try:
+            return await super().refresh_user(user, handler, **kwargs)
+        except ProviderUnreachable as e:
+            if _is_spawn(handler):
+                # the groups cannot be confirmed: a removed member must not start
+                # the group's profile, so nobody starts anything until it answers
+                self._log_unreachable(f"Spawn of {user.name} refused", e)
+                raise web.HTTPError(503, PROVIDER_DOWN_AT_SPAWN) from e
+            # anything else (a page, a server checking its token) keeps the groups as
+            # they were; the next spawn asks again
+            self.log.warning(
+                "Groups of %s not refreshed: the identity provider at %s could not be "
+                "reached (%s: %s); they stay as they were until it answers",
+                user.name,
+                e.url,
+                type(e.cause).__name__,
+                e.cause,
+            )
+            return True
+
+    def _log_unreachable(self, what: str, error: ProviderUnreachable) -> None:
+        self.log.error(
+            "%s: the identity provider at %s could not be reached (%s: %s). No one's groups "
+            "changed; check that it is up and reachable from the hub, and the "
+            "OIDCGroupsAuthenticator settings (token_url, userdata_url)",
+            what,
+            error.url,
+            type(error.cause).__name__,
+            error.cause,
+        )
