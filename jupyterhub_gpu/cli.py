@@ -228,7 +228,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with _dev_errors():
         # every mistake in the values or the node pools stops it before anything starts
-        plan = plan_demo(args.values, args.node_pools, args.scheduler)
+        plan = plan_demo(args.values, args.node_pools, args.scheduler, args.auth)
         if args.print_node_pools:
             print(print_node_pools(plan), end="")
             return 0
@@ -331,6 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Values files that name a scheduler the local cluster can run get it without this "
         "option; with values files, it must be the one they name. A scheduler the local "
         "cluster cannot run (kai) is stood in for by kube-scheduler",
+    )
+    d.add_argument(
+        "--auth",
+        choices=["demo", "values", "ldap"],
+        default="demo",
+        help="who logs people in: demo (default) the demo users with a shared password, "
+        "their groups set by the demo; values the authenticator the values name, as they "
+        "configure it (point it at a test directory); ldap a local OpenLDAP holding the "
+        "demo users in their groups, read at every login",
     )
     d.add_argument("--bin-dir", help=bin_dir_help)
     d.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1")

@@ -47,6 +47,7 @@ from ..core.selection import base_request, offers
 from ..core.shaping import namespace_for
 from ..kube.reconciler import Reconciler
 from .dcgm_exporter import SimulatedDCGMExporter
+from .ldap import GROUPS, PEOPLE, LocalDirectory, SlapdMissing
 from .localcluster import build, crds
 from .localcluster.cluster import (
     DEFAULT_NODE_POOLS,
@@ -190,6 +191,8 @@ class DemoPlan:
     notes: list[str] = field(default_factory=list)
     #: start a simulated DCGM exporter and a Prometheus scraping it, for the idle rule
     gpu_metrics: bool = False
+    #: ``--auth``: who logs people in and where their groups come from (AUTH_MODES)
+    auth: str = "demo"
 
 
 def runnable_schedulers() -> list[str]:
@@ -201,6 +204,7 @@ def plan_demo(
     values: list[str] | None = None,
     node_pools_file: str | None = None,
     scheduler: str | None = None,
+    auth: str = "demo",
 ) -> DemoPlan:
     """The demo of these values files (none: the built-in example); ``PolicyError``
     with every mistake, or ``DemoError``, before anything starts.
@@ -236,12 +240,26 @@ def plan_demo(
     policy_values = dict(sections.pop("GPUPolicy"))
     service_settings = dict(sections.pop("GPUService", None) or {})
     notes: list[str] = []
-    hub_config, replaced = _demo_hub_config(sections)
-    if replaced:
+    if auth not in AUTH_MODES:
+        raise DemoError(f"--auth {auth}: choose from {', '.join(AUTH_MODES)}")
+    if auth == "values":
+        hub_config, authenticator = _values_authenticator(sections, values)
         notes.append(
-            "logins: the demo's password instead of " + ", ".join(replaced) + " (they need "
-            "an identity provider); the rest of hub.config is the values'"
+            f"logins: the values' authenticator ({authenticator}); the users and their "
+            "groups are whoever it lets in"
         )
+    else:
+        hub_config, replaced = _demo_hub_config(sections)
+        if replaced:
+            notes.append(
+                "logins: the demo's password instead of " + ", ".join(replaced) + " (they need "
+                "an identity provider); the rest of hub.config is the values'"
+            )
+        if auth == "ldap":
+            notes.append(
+                "logins: a local OpenLDAP holds the demo users in their groups; the hub reads "
+                "their groups from it at every login (ldap-groups)"
+            )
     spawner, honoured, ignored = _singleuser(merged.get("singleuser") or {})
     if spawner:
         hub_config.setdefault("KubeSpawner", {}).update(spawner)
@@ -324,6 +342,7 @@ def plan_demo(
         scheduler_option=scheduler,
         notes=notes,
         gpu_metrics=gpu_metrics,
+        auth=auth,
     )
 
 
@@ -344,6 +363,66 @@ def _demo_hub_config(sections: dict[str, Any]) -> tuple[dict[str, Any], list[str
             settings = {k: v for k, v in settings.items() if k not in _HUB_OWNED}
         kept[section] = settings
     return kept, replaced
+
+
+#: ``--auth``: the demo's own logins (a shared password, groups set by the demo), the
+#: values' own authenticator, or the demo users in a local OpenLDAP directory
+AUTH_MODES = ("demo", "values", "ldap")
+
+
+def _values_authenticator(
+    sections: dict[str, Any], values: list[str] | None
+) -> tuple[dict[str, Any], str]:
+    """hub.config with the values' authenticator kept (``--auth values``); its class."""
+    authenticator = ((sections.get("JupyterHub") or {}).get("authenticator_class")) or None
+    if not values or not authenticator:
+        raise DemoError(
+            "--auth values keeps the authenticator the values name, and "
+            + ("no values files were given" if not values else "they name none")
+            + " (hub.config.JupyterHub.authenticator_class); point it at a test directory "
+            "in a values file of your own, or use --auth ldap"
+        )
+    kept: dict[str, Any] = {}
+    for section, settings in sections.items():
+        if section == "ConfigurableHTTPProxy":
+            continue
+        if section == "JupyterHub" and isinstance(settings, dict):
+            owned = _HUB_OWNED - {"authenticator_class"}
+            settings = {k: v for k, v in settings.items() if k not in owned}
+        kept[section] = settings
+    if not (kept.get("CryptKeeper") or {}).get("keys"):
+        # z2jh generates the key that encrypts auth state (an OIDC refresh needs it)
+        kept["CryptKeeper"] = {"keys": [os.urandom(32).hex()]}
+    return kept, str(authenticator)
+
+
+def directory_group_name(group: Group) -> str:
+    """The directory group that makes a member of ``group`` in the demo's directory:
+    the first plain name its ``directory_groups`` list (a DN, path or ID would need
+    a directory of the site's shape), else its own name."""
+    plain = [g for g in group.directory_groups if not any(c in g for c in "=/,")]
+    return plain[0] if plain else group.name
+
+
+def fill_directory(directory: LocalDirectory, plan: DemoPlan, password: str) -> dict[str, Any]:
+    """The demo users, with ``password``, in the directory groups of their policy
+    groups; the LDAPGroupsAuthenticator settings that read them."""
+    for user in plan.users:
+        directory.add_person(user, password)
+    members: dict[str, list[str]] = {}
+    for user, groups in plan.users.items():
+        for name in groups:
+            members.setdefault(directory_group_name(plan.policy.groups[name]), []).append(user)
+    for group, users in members.items():
+        directory.add_group(group, users)
+    return {
+        "server_address": "127.0.0.1",
+        "server_port": directory.port,
+        "tls_strategy": "insecure",  # a loopback directory without TLS
+        "bind_dn_template": [f"uid={{username}},{PEOPLE}"],
+        "group_search_base": GROUPS,
+        "allow_all": True,
+    }
 
 
 def _singleuser(singleuser: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -649,11 +728,25 @@ def banner(
             f"  policy:  {values}\n"
             f"           with scheduler: {{name: {plan.scheduler_option}}} (--scheduler)\n"
         )
-    return (
-        f"\nJupyterHub with the GPU policy is running at {hub.url}/hub/login\n\n"
+    logins = (
         f"  log in as (password for all: {hub.password}):\n"
         f"    {'user':<{width}}  {'groups':<{group_width}}  offered\n{table}\n\n"
-        f"  usage dashboard: {hub.service_url}\n"
+    )
+    if plan.auth == "values":
+        authenticator = plan.hub_config["JupyterHub"]["authenticator_class"]
+        logins = (
+            f"  logins:  the values' authenticator ({authenticator}, --auth values); "
+            "the users and their groups are its own\n\n"
+        )
+    elif plan.auth == "ldap":
+        logins = (
+            "  logins:  a local OpenLDAP directory (--auth ldap), groups read at every login\n"
+            + logins
+        )
+    return (
+        f"\nJupyterHub with the GPU policy is running at {hub.url}/hub/login\n\n"
+        + logins
+        + f"  usage dashboard: {hub.service_url}\n"
         + walkthrough(plan, hub, metrics)
         + f"  REST API as an admin (the demo-admin service's token):\n"
         f"    export JUPYTERHUB_API_URL={hub.url}/hub/api\n"
@@ -773,6 +866,7 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
     hub: LocalHub | None = None
     exporter: SimulatedDCGMExporter | None = None
     prometheus: LocalPrometheus | None = None
+    directory: LocalDirectory | None = None
     try:
         # a Ctrl-C while it starts: create() removes what it started, then re-raises
         cluster = LocalCluster.create(
@@ -808,14 +902,33 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
             _mark(cluster, None, prometheus)
             metrics = GPUMetrics(exporter, prometheus)
             service_settings["prometheus_url"] = prometheus.url
+        hub_config = plan.hub_config
+        if plan.auth == "ldap":
+            try:
+                # entered here and closed with the rest below (it cleans up after itself
+                # when it fails to start)
+                directory = LocalDirectory().__enter__()
+            except (SlapdMissing, RuntimeError) as e:
+                raise DemoError(f"--auth ldap: {e}") from None
+            settings = fill_directory(directory, plan, LocalHub.password)
+            say(f"started OpenLDAP at {directory.url} with the demo users in their groups")
+            hub_config = {
+                **hub_config,
+                "JupyterHub": {
+                    **hub_config.get("JupyterHub", {}),
+                    "authenticator_class": "ldap-groups",
+                },
+                "LDAPGroupsAuthenticator": settings,
+            }
         hub = LocalHub(
             cluster,
             namespace=HUB_NAMESPACE,
-            users=plan.users,
-            admin_users=(DEMO_ADMIN,),
+            # with --auth ldap or values, the groups come from the logins alone
+            users=plan.users if plan.auth == "demo" else {},
+            admin_users=(DEMO_ADMIN,) if plan.auth != "values" else (),
             port=port,
             policy=policy_values,
-            hub_config=plan.hub_config,
+            hub_config=hub_config,
             service_settings=service_settings,
             # hub.config as z2jh lays it out in a hub pod, read through its helper
             z2jh_layout=True,
@@ -860,6 +973,8 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
                 cleanup.callback(exporter.stop)
             if prometheus:
                 cleanup.callback(prometheus.stop)
+            if directory:
+                cleanup.callback(directory.close)
             if hub:
                 cleanup.callback(hub.stop)  # first: it stops the servers' pods
         say("stopped; nothing is left running")
