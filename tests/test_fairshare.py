@@ -216,3 +216,43 @@ def test_why_a_server_is_where_it_is():
 def test_a_policy_without_fair_share_has_no_book():
     with pytest.raises(ValueError, match="the policy has no fair_share"):
         FairShareBook(parse_policy())
+
+
+def test_the_service_shows_standings_now_and_how_they_changed_in_a_day():
+    from jupyterhub_gpu.service.fair_share import (
+        fair_share_section,
+        fair_share_snapshot,
+        fair_share_view,
+    )
+
+    fair = policy(lab={}, bio={})
+    book = FairShareBook(fair)
+    records = [
+        # yesterday both used the same; today only ann
+        record("1", "ann", "lab", 1.0, NOW - 2 * DAY, NOW - 2 * DAY + 3600),
+        record("2", "bob", "bio", 1.0, NOW - 2 * DAY, NOW - 2 * DAY + 3600),
+        record("3", "ann", "lab", 2.0, NOW - 3600, NOW),
+    ]
+    for r in records:
+        book.put(r)
+    snap = fair_share_snapshot(fair, book, records, NOW, ())
+    lab, bio = snap.groups["lab"], snap.groups["bio"]
+    # a day ago: lab and bio each half of the top level's use, with a third of the shares
+    assert lab.day_ago == pytest.approx(1.5)
+    assert bio.day_ago == pytest.approx(1.5)
+    assert lab.standing > 2 > 1 > bio.standing
+    assert lab.usage == pytest.approx(book.group_usage("lab", NOW))
+    assert snap.users[("ann", "lab")].standing == pytest.approx(1.0)  # lab's only member
+    # bob sees his group and his own standing, not lab's; an admin sees every user
+    view = fair_share_view(snap, [fair.groups["bio"]], "bob", admin=False)
+    assert set(view["groups"]) == {"bio"}
+    assert set(view["mine"]) == {"bio"}
+    assert "users" not in view
+    admin = fair_share_view(snap, fair.all_groups, "root", admin=True)
+    assert [u["user"] for u in admin["users"]] == ["ann", "bob"]  # each their group's only member
+    assert admin["groups"]["lab"]["change"] == pytest.approx(lab.standing - 1.5, abs=1e-4)
+    page = fair_share_section(admin)
+    assert '<table class="fair-share-users">' in page
+    assert "counting half after 7d" in page
+    assert "bio: you used" not in page  # the admin has no servers of their own
+    assert "bio: you used" in fair_share_section(view)

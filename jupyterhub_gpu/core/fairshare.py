@@ -44,7 +44,7 @@ Pure: no I/O; times are epoch seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .budgets import UsageRecord
@@ -484,3 +484,61 @@ def format_duration_days(seconds: float) -> str:
     days, rest = divmod(int(seconds), 86400)
     text = f"{days}d" if days else ""
     return text + (format_duration(rest) if rest or not text else "")
+
+
+# ---- every owner at once (the service's views) -------------------------------------
+
+
+def standings(
+    policy: Policy,
+    groups_usage: Mapping[str, float],
+    members_usage: Mapping[tuple[str, str], float],
+) -> tuple[dict[str, Standing], dict[tuple[str, str], Standing]]:
+    """Every group's and member's standing from their decayed usage (a group's with its
+    children's; a member's in the group their servers are charged to), by the same
+    formulas as ``FairShareBook.group_standing`` and ``member_standing``."""
+    groups: dict[str, Standing] = {}
+    siblings: dict[str | None, list[str]] = {}
+    for group in policy.all_groups:
+        siblings.setdefault(group.parent, []).append(group.name)
+    for names in siblings.values():
+        total = sum(groups_usage.get(n, 0.0) for n in names)
+        shares = sum(policy.group(n).share for n in names)
+        for name in names:
+            usage = groups_usage.get(name, 0.0)
+            fraction = policy.group(name).share / shares
+            groups[name] = Standing(usage, fraction, usage / total if total > 0 else 0.0)
+    own: dict[str, list[tuple[str, float]]] = {}
+    for (user, group), usage in members_usage.items():
+        own.setdefault(group, []).append((user, usage))
+    members: dict[tuple[str, str], Standing] = {}
+    for group, owned in own.items():
+        total = sum(u for _, u in owned)
+        for user, usage in owned:
+            used = usage / total if total > 0 else 0.0
+            members[(user, group)] = Standing(usage, 1.0 / len(owned), used)
+    return groups, members
+
+
+def usage_since(
+    policy: Policy,
+    records: Iterable[UsageRecord],
+    since: float,
+    now: float,
+    half_life: float,
+    running: Container[str] = (),
+) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """The decayed GPU-hours (at ``now``) that each group and member used after
+    ``since``: taken from their usage now, what is left is their usage at ``since``
+    (decayed on to ``now``), so a standing then needs only the records since."""
+    groups: dict[str, float] = {}
+    members: dict[tuple[str, str], float] = {}
+    for r in records:
+        end = min(r.end(now, running), now)
+        hours = decayed_seconds(r.gpus, max(r.started, since), end, now, half_life) / HOUR
+        if hours <= 0:
+            continue
+        for name in policy.charged_groups(r.group):
+            groups[name] = groups.get(name, 0.0) + hours
+        members[(r.user, r.group)] = members.get((r.user, r.group), 0.0) + hours
+    return groups, members

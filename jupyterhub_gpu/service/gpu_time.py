@@ -33,6 +33,7 @@ from zoneinfo import ZoneInfo
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
+from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
 from ..core.showback import (
     Series,
@@ -45,6 +46,7 @@ from ..core.showback import (
     showback,
 )
 from ..core.utilisation import Chunks, Coverage
+from .fair_share import FairShareSnapshot, fair_share_snapshot
 from .idle import SHARED_KINDS, Prometheus
 from .state import ServiceState
 from .tasks import RetryAtInterval
@@ -97,6 +99,8 @@ class GPUTimeSnapshot:
     read_at: float | None = None
     #: how far the database is behind the pods (unwritten events, last write and read)
     lag: AccountingLag = field(default_factory=AccountingLag)
+    #: every group's and member's fair-share standing (None: fair share is off)
+    fair_share: FairShareSnapshot | None = None
 
     @property
     def current(self) -> bool:
@@ -149,6 +153,8 @@ class GPUTime:
         self.store = store
         self.clock = clock
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
+        #: with fair_share: decayed usage per group and member, fed the book's rows
+        self.fair = FairShareBook(policy) if policy.fair_share else None
         #: the book's records summed by billing month as they are read: a showback of
         #: the book's months sums only the servers running, not every record
         self.tally = ShowbackTally(self.zone)
@@ -300,14 +306,21 @@ class GPUTime:
         """Bring the book up to date and recompute what the views show."""
         now = self.clock()
         if self._revision is None:
-            since = now - self.book.horizon
+            since = now - max(self.book.horizon, read_window(self.policy))
             records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
         else:
             # every row written since, in the order written (whatever its times)
             records, revision = await asyncio.to_thread(self.store.changed_since, self._revision)
         for record in records:
+            earlier = self.book.open_by_key.get(record.key)
             self.book.put(self.policy, record)
             self.tally.put(record, now)
+            if self.fair is not None:
+                if earlier is not None and earlier is not record and earlier.ended is not None:
+                    self.fair.ended(earlier)  # ended in place by the book
+                self.fair.put(record)
+        if self.fair is not None:
+            self.fair.settle(now)
         self.book.prune(self.policy, now)
         self.tally.prune(now - self.book.horizon)
         self._revision = revision
@@ -353,8 +366,19 @@ class GPUTime:
             group = self.policy.find_group(group_name)
             budget = group.user_budget if group else None
             users[(user, group_name)] = hours_view(records.values(), budget, now, running)
+        fair = None
+        if self.fair is not None:
+            fair = fair_share_snapshot(
+                self.policy, self.fair, self.book.records.values(), now, running
+            )
         return GPUTimeSnapshot(
-            groups, users, None, self.snapshot.fail_open, read_at=now, lag=self.lag()
+            groups,
+            users,
+            None,
+            self.snapshot.fail_open,
+            read_at=now,
+            lag=self.lag(),
+            fair_share=fair,
         )
 
     # ---- looking back ----------------------------------------------------------------

@@ -13,6 +13,9 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
 - ``group_gpu_hours_used`` {group}: GPU-equivalent-hours in the group's budget
   window (30 days without a budget); ``group_gpu_hours_budget`` {group};
   ``group_gpu_hours_window_seconds`` {group}
+- with ``fair_share``: ``group_fair_share_standing``, ``_decayed_gpu_hours`` and
+  ``_share`` {group}; ``user_fair_share_standing`` and ``_decayed_gpu_hours``
+  {user, group} (members with GPU time in the last ten half-lives)
 - ``idle_servers_judged_by_dcgm``: in the idle rule's last run, servers past their
   idle time whose GPU use is read from DCGM (whole GPUs, MIG slices);
   ``idle_servers_without_dcgm_series``: those of them Prometheus had no series
@@ -64,6 +67,32 @@ class ServiceCollector(Collector):
                 ("group_gpu_hours_used", "GPU-hours used in the budget window", ["group"]),
                 ("group_gpu_hours_budget", "GPU-hours the group may use per window", ["group"]),
                 ("group_gpu_hours_window_seconds", "the budget window", ["group"]),
+                (
+                    "group_fair_share_standing",
+                    "recent GPU time against the group's share among its siblings "
+                    "(1: exactly its share; lower goes first)",
+                    ["group"],
+                ),
+                (
+                    "group_fair_share_decayed_gpu_hours",
+                    "GPU-hours decayed with the fair-share half-life",
+                    ["group"],
+                ),
+                (
+                    "group_fair_share_share",
+                    "the group's fraction of its siblings' shares",
+                    ["group"],
+                ),
+                (
+                    "user_fair_share_standing",
+                    "a member's recent GPU time against their share of the group",
+                    ["user", "group"],
+                ),
+                (
+                    "user_fair_share_decayed_gpu_hours",
+                    "a member's GPU-hours in the group, decayed with the half-life",
+                    ["user", "group"],
+                ),
                 ("flavor_capacity_allocatable", "flavor units the nodes offer", ["flavor"]),
                 ("flavor_capacity_allocated", "flavor units pods request", ["flavor"]),
                 ("flavor_capacity_free", "flavor units free", ["flavor"]),
@@ -134,6 +163,14 @@ class ServiceCollector(Collector):
             gauges["group_gpu_hours_window_seconds"].add_metric([name], view.period)
             if view.budget is not None:
                 gauges["group_gpu_hours_budget"].add_metric([name], view.budget)
+        fair = snapshot.gpu_time.fair_share if snapshot.gpu_time is not None else None
+        for name, owner in fair.groups.items() if fair else ():
+            gauges["group_fair_share_standing"].add_metric([name], owner.standing)
+            gauges["group_fair_share_decayed_gpu_hours"].add_metric([name], owner.usage)
+            gauges["group_fair_share_share"].add_metric([name], owner.share)
+        for (user, name), owner in fair.users.items() if fair else ():
+            gauges["user_fair_share_standing"].add_metric([user, name], owner.standing)
+            gauges["user_fair_share_decayed_gpu_hours"].add_metric([user, name], owner.usage)
         for flavor, capacity in (snapshot.capacity or {}).items():
             for key in ("allocatable", "allocated", "free"):
                 value = getattr(capacity, key)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.budgets import format_hours, format_period
 from ..core.quantities import format_duration
+from .fair_share import fair_share_section
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem;color:#1d2430;
@@ -436,6 +437,7 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         '<div class="cards">' + "".join(group_card(g) for g in view["groups"]) + "</div>",
         "<h2>GPU use over time</h2>",
         gpu_time_section(view),
+        fair_share_section(view.get("fair_share")),
         "<h2>Cluster capacity</h2>",
         capacity_section(view["capacity"]),
         "<h2>" + ("All servers" if view["admin"] else "My servers") + "</h2>",

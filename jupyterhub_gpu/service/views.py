@@ -32,6 +32,7 @@ from ..core.capacity import FlavorCapacity
 from ..core.model import Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_gpus
 from ..core.selection import member_groups
+from .fair_share import fair_share_view
 
 #: the hub custom scope that reads every group's usage, history and showback through
 #: the service's API, and nothing else: what a billing job's service token is given
@@ -343,6 +344,9 @@ def usage_view(
         # server pods no hub server owns (they name pods and namespaces): admins only
         "orphans": list(snapshot.orphans) if admin else [],
         "gpu_hours": gpu_hours_view(snapshot.gpu_time, groups, viewer),
+        "fair_share": fair_share_view(
+            getattr(snapshot.gpu_time, "fair_share", None), groups, viewer.name, admin
+        ),
     }
 
 
