@@ -246,3 +246,62 @@ def test_the_hubs_cluster_role_covers_every_schedulers_objects():
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": read},
         {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": read},
     ]
+
+
+FAIR = dict(
+    fair_share={"half_life": "7d"},
+    flavors={"a100": {"kind": "gpu"}},
+    profiles={"gpu": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "a100"}}},
+    groups={
+        "dept": {"quota": {"gpus": 8}},
+        "nlp": {"parent": "dept", "share": 1.5, "limit": {"gpus": 8}, "profiles": ["gpu"]},
+        "vision": {"parent": "dept", "share": 0.5, "limit": {"gpus": 8}, "profiles": ["gpu"]},
+    },
+)
+
+
+@pytest.mark.parametrize("scheduler", ["kai", "volcano", "kueue"])
+def test_each_scheduler_weighs_sibling_queues_by_the_groups_shares(scheduler):
+    from jupyterhub_gpu.core.objects import share_weights
+
+    p = parse_policy(scheduler={"name": scheduler}, **FAIR)
+    # whole numbers in the shares' ratio
+    assert share_weights(p) == {"dept": 2, "nlp": 3, "vision": 1}
+    queues = {
+        o["metadata"]["name"]: o
+        for o in scheduler_for(p).objects("jhub")
+        if o["kind"] in ("Queue", "ClusterQueue")
+    }
+    if scheduler == "kai":
+        weights = {n: q["spec"]["resources"]["gpu"]["overQuotaWeight"] for n, q in queues.items()}
+        assert weights == {"jupyterhub-gpu": 1, "dept": 2, "nlp": 3, "vision": 1}
+    elif scheduler == "volcano":
+        assert {n: q["spec"]["weight"] for n, q in queues.items()} == {
+            "dept": 2,
+            "nlp": 3,
+            "vision": 1,
+        }
+    else:
+        weights = {n: q["spec"]["fairSharing"]["weight"] for n, q in queues.items()}
+        assert weights == {"dept": "2", "nlp": "3", "vision": "1"}
+        # without fair share, Kueue's queues carry no weights (its default, 1)
+        plain = parse_policy(scheduler={"name": "kueue"}, **{**FAIR, "fair_share": None})
+        assert not any("fairSharing" in o["spec"] for o in scheduler_for(plain).objects("jhub"))
+
+
+def test_a_parent_without_profiles_of_its_own_lends_its_children_their_gpus():
+    from jupyterhub_gpu.core.objects import device_caps
+
+    p = parse_policy(scheduler={"name": "kueue"}, **FAIR)
+    assert device_caps(p, p.groups["dept"], p.groups["dept"].quota) == {"nvidia.com/gpu": 8}
+    (dept,) = [
+        o
+        for o in scheduler_for(p).objects("jhub")
+        if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == "dept"
+    ]
+    (gpus,) = [
+        r
+        for r in dept["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+        if r["name"] == "nvidia.com/gpu"
+    ]
+    assert gpus["nominalQuota"] == "8"

@@ -51,6 +51,18 @@ def priority_values(policy: Policy) -> dict[str, int]:
     return values | {name + NO_PREEMPTION_SUFFIX: value for name, value in values.items()}
 
 
+def share_weights(policy: Policy) -> dict[str, int]:
+    """Each group's ``share`` as a whole-number weight, in the same ratios (shares 0.5
+    and 1.5 are weights 1 and 3): what Volcano's and KAI's queues and Kueue's fair
+    sharing weigh siblings by. Without shares set every weight is 1."""
+    groups = all_groups(policy)
+    shares = {g.name: Fraction(str(g.share)).limit_denominator(1000) for g in groups}
+    scale = math.lcm(*(s.denominator for s in shares.values())) if shares else 1
+    weights = {name: int(share * scale) for name, share in shares.items()}
+    divisor = math.gcd(*weights.values()) if weights else 1
+    return {name: max(1, w // divisor) for name, w in weights.items()}
+
+
 def namespace_for(policy: Policy, group: str) -> str | None:
     """The namespace a group's servers run in; None: the hub's (no namespace per group)."""
     if not policy.namespace_per_group:
@@ -93,6 +105,23 @@ def reachable(policy: Policy, group: Group) -> dict[str, set[int]]:
     return reach
 
 
+def reachable_within(policy: Policy, group: Group) -> dict[str, set[int]]:
+    """``reachable`` of the group and every group below it: a parent's quota is its
+    children's too (a parent without profiles of its own still lends them its GPUs)."""
+    subtrees = policy.offer_cache.get("reachable_within")
+    if subtrees is None:
+        # once per policy: each group's reach added to itself and each of its parents
+        subtrees = {}
+        for member in policy.groups.values():
+            for flavor, counts in reachable(policy, member).items():
+                for owner in policy.charged_groups(member.name):
+                    subtrees.setdefault(owner, {}).setdefault(flavor, set()).update(counts)
+        policy.offer_cache["reachable_within"] = subtrees
+    if group.name in policy.groups:
+        return subtrees.get(group.name, {})
+    return reachable(policy, group)  # everyone: no children
+
+
 def _units(flavor: Flavor, amounts: Amounts) -> int | None:
     """Whole units of the flavor's resource that ``amounts`` allows; None: uncapped."""
     caps = []
@@ -106,11 +135,12 @@ def _units(flavor: Flavor, amounts: Amounts) -> int | None:
 def device_caps(policy: Policy, group: Group, amounts: Amounts) -> dict[str, int | None]:
     """Resource name -> whole units ``amounts`` allows the group (None: uncapped).
 
-    Every device resource of the policy is listed: one the group's profiles never
-    reach gets 0. Where several flavors share a resource the loosest cap counts
-    (this is a backstop; the hub's admission charges each flavor exactly).
+    Every device resource of the policy is listed: one the profiles of the group and
+    its descendants never reach gets 0. Where several flavors share a resource the
+    loosest cap counts (this is a backstop; the hub's admission charges each flavor
+    exactly).
     """
-    reach = reachable(policy, group)
+    reach = reachable_within(policy, group)
     caps: dict[str, int | None] = {}
     for flavor in policy.flavors.values():
         resource = device_resource(flavor)

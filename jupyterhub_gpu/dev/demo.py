@@ -876,6 +876,8 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
             node_pools=plan.node_pools,
             stand_in_schedulers=plan.stand_ins,
             schedulers=plan.schedulers,
+            # a policy with fair share: Kueue's own fair sharing on, as a site sets it
+            kueue_fair_sharing=plan.policy.fair_share is not None,
         )
         _mark(cluster, None)
         created = asyncio.run(reconcile_once(cluster, plan.policy, plan.crds))

@@ -13,7 +13,14 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from jupyterhub_gpu.core.objects import all_groups, metadata, number, queue_name, unique
+from jupyterhub_gpu.core.objects import (
+    all_groups,
+    metadata,
+    number,
+    queue_name,
+    share_weights,
+    unique,
+)
 
 from .base import ObjectKind, Scheduler
 
@@ -25,11 +32,13 @@ _FIX = (
 )
 
 
-def _kai_resource(quota: int | Fraction | None, limit: int | Fraction | None, scale=1):
+def _kai_resource(
+    quota: int | Fraction | None, limit: int | Fraction | None, scale=1, weight: int = 1
+):
     def amount(v):
         return -1 if v is None else number(Fraction(v) / scale)
 
-    return {"quota": amount(quota), "limit": amount(limit), "overQuotaWeight": 1}
+    return {"quota": amount(quota), "limit": amount(limit), "overQuotaWeight": weight}
 
 
 class KAI(Scheduler):
@@ -58,20 +67,23 @@ class KAI(Scheduler):
                 },
             }
         ]
+        # KAI divides what is left above the queues' quotas among siblings by weight
+        weights = share_weights(policy)
         for group in all_groups(policy):
             parent = policy.groups[group.parent] if group.parent else None
             q, lim = group.quota, group.limit
+            weight = weights[group.name]
             if group.unlimited:
                 resources = {
-                    k: {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+                    k: {"quota": -1, "limit": -1, "overQuotaWeight": weight}
                     for k in ("cpu", "gpu", "memory")
                 }
             else:
                 resources = {
-                    "gpu": _kai_resource(q.gpus if q.gpus is not None else 0, lim.gpus),
-                    "cpu": _kai_resource(q.cpu if q.cpu is not None else 0, lim.cpu),
+                    "gpu": _kai_resource(q.gpus if q.gpus is not None else 0, lim.gpus, 1, weight),
+                    "cpu": _kai_resource(q.cpu if q.cpu is not None else 0, lim.cpu, 1, weight),
                     "memory": _kai_resource(
-                        q.memory if q.memory is not None else 0, lim.memory, scale=10**6
+                        q.memory if q.memory is not None else 0, lim.memory, 10**6, weight
                     ),
                 }
             objects.append(

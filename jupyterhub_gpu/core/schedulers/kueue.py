@@ -22,6 +22,7 @@ from jupyterhub_gpu.core.objects import (
     metadata,
     namespace_for,
     queue_name,
+    share_weights,
     unique,
 )
 from jupyterhub_gpu.core.pending import (
@@ -87,11 +88,16 @@ class Kueue(Scheduler):
         for group in policy.groups.values():
             if group.parent:
                 children.setdefault(group.parent, []).append(group)
+        # with fair share, Kueue's fair sharing weighs sibling queues and cohorts by share
+        # (it needs ``fairSharing`` in Kueue's own configuration, which is the site's)
+        weights = share_weights(policy) if policy.fair_share else None
         for parent_name in children:
             parent = policy.groups[parent_name]
             spec: dict[str, Any] = {}
             if parent.parent:
                 spec["parentName"] = queue_name(policy.groups[parent.parent])
+                if weights is not None:
+                    spec["fairSharing"] = {"weight": str(weights[parent.name])}
             objects.append(
                 {
                     "apiVersion": KUEUE_API,
@@ -148,6 +154,10 @@ class Kueue(Scheduler):
             }
             if cohort:
                 cq_spec["cohortName"] = queue_name(policy.groups[cohort])
+                if weights is not None:
+                    # a parent's own queue holds what its children's quotas leave: it
+                    # competes with them as the parent itself would, at the parent's share
+                    cq_spec["fairSharing"] = {"weight": str(weights[group.name])}
             objects.append(
                 {
                     "apiVersion": KUEUE_API,

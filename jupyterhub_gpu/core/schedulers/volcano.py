@@ -23,6 +23,7 @@ from jupyterhub_gpu.core.objects import (
     priority_values,
     queue_name,
     resource_list,
+    share_weights,
     unique,
 )
 from jupyterhub_gpu.core.pending import (
@@ -68,8 +69,10 @@ class Volcano(Scheduler):
         """Volcano Queues: ``deserved`` the quota, ``capability`` the limit, ``parent`` the tree."""
         policy = self.policy
         objects = []
+        # Volcano's proportion plugin divides what is left among queues by weight
+        weights = share_weights(policy)
         for group in all_groups(policy):
-            spec: dict[str, Any] = {"weight": 1, "reclaimable": True}
+            spec: dict[str, Any] = {"weight": weights[group.name], "reclaimable": True}
             if group.parent:
                 spec["parent"] = queue_name(policy.groups[group.parent])
             if not group.unlimited:

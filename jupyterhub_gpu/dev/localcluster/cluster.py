@@ -153,6 +153,8 @@ class ClusterState:
     stand_in_schedulers: list[str] = field(default_factory=list)
     #: schedulers this cluster runs besides kube-scheduler (``kueue``)
     schedulers: list[str] = field(default_factory=list)
+    #: Kueue's fair sharing (its ``fairSharing`` configuration) is on
+    kueue_fair_sharing: bool = False
 
     @property
     def path(self) -> Path:
@@ -231,6 +233,7 @@ class LocalCluster:
         start_timeout: float = 60,
         stand_in_schedulers: tuple[str, ...] = (),
         schedulers: tuple[str, ...] = (),
+        kueue_fair_sharing: bool = False,
     ) -> LocalCluster:
         """Build (or reuse) the binaries and start a fresh cluster; return when it is Ready.
 
@@ -239,6 +242,8 @@ class LocalCluster:
         does not run: every label and annotation stays, the placement is the default's.
         ``schedulers``: schedulers the cluster runs for real besides kube-scheduler
         (``"kueue"``: Kueue's manager with its CRDs and webhooks), built on first use.
+        ``kueue_fair_sharing``: Kueue runs with fair sharing on, as a site sets it for
+        a policy with ``fair_share``.
         """
         progress = progress or (lambda m: print(f"[cluster] {m}", file=sys.stderr, flush=True))
         schedulers = tuple(dict.fromkeys(schedulers))
@@ -266,6 +271,7 @@ class LocalCluster:
                 pod_cidr=choose_pod_cidr(pod_addresses_in_use()),
                 stand_in_schedulers=list(stand_in_schedulers),
                 schedulers=list(schedulers),
+                kueue_fair_sharing=kueue_fair_sharing,
             )
             cluster = cls(state)
             try:
@@ -481,7 +487,9 @@ class LocalCluster:
             if name.endswith(".key"):
                 (cert_dir / name).chmod(0o600)
         config = kueue_manager.configuration(
-            {server: p[f"kueue-{server}"] for server in KUEUE_SERVERS}, cert_dir
+            {server: p[f"kueue-{server}"] for server in KUEUE_SERVERS},
+            cert_dir,
+            fair_sharing=self.state.kueue_fair_sharing,
         )
         config_path = self.state.path / "kueue-config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))

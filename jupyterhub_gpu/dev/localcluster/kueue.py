@@ -72,14 +72,18 @@ def managed_namespaces_selector() -> dict[str, Any]:
     }
 
 
-def configuration(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
+def configuration(
+    ports: dict[str, int], cert_dir: Path, *, fair_sharing: bool = False
+) -> dict[str, Any]:
     """Kueue's ``Configuration`` (config.kueue.x-k8s.io/v1beta2) for the local cluster.
 
     ``ports`` holds ``webhook``, ``metrics``, ``health`` and ``visibility``; every
     server binds 127.0.0.1. Pods without a queue label are not Kueue's business
     (``manageJobsWithoutQueueName: false``): only the hub's queued servers are held.
+    ``fair_sharing``: Kueue's fair sharing among the queues of a cohort, by their
+    ``fairSharing.weight`` (Kueue's default preemption strategies, spelt out).
     """
-    return {
+    config = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -98,6 +102,11 @@ def configuration(ports: dict[str, int], cert_dir: Path) -> dict[str, Any]:
         "leaderElection": {"leaderElect": False},
         "integrations": {"frameworks": ["pod"]},
     }
+    if fair_sharing:
+        config["fairSharing"] = {
+            "preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
+        }
+    return config
 
 
 def _served_here(webhook: dict[str, Any]) -> bool:
