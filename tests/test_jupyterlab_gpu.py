@@ -15,9 +15,9 @@ import json
 
 import pytest
 
-from hub_helpers import running_hub
+from hub_helpers import no_server, running_hub
 from kube_helpers import eventually
-from test_service_hub import aget, start_server, user_token, wait_for_service
+from test_service_hub import SCREENSHOTS, aget, login, start_server, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -37,16 +37,17 @@ POLICY = {
             "per_user": {"budget": {"gpu_hours": 10, "period": "1d"}},
             "idle": {"after": f"{AFTER}s", "gpu_utilization_below": 5},
         },
-        # 0.004 GPU-hours: 14.4 GPU-seconds, used up by one server within seconds
+        # 0.01 GPU-hours: 36 GPU-seconds, used up by one server within a minute (a spawn
+        # needs room for its grace)
         "course": {
             "display_name": "Short Course",
             "quota": {"gpus": 2},
             "profiles": ["one"],
             "budget": {
-                "gpu_hours": 0.004,
+                "gpu_hours": 0.01,
                 "period": "1h",
                 "when_exhausted": "stop",
-                "grace": "40s",
+                "grace": "20s",
             },
         },
     },
@@ -134,3 +135,114 @@ async def test_a_servers_token_reads_its_own_server_and_nothing_else(lab_hub, co
     # no token, a forged one: refused
     assert (await status_of(lab_hub, "", "ann"))[0] == 403
     assert (await status_of(lab_hub, "0" * 32, "ann"))[0] == 403
+
+
+# ---- the extension in JupyterLab, in Chromium ------------------------------------------
+
+
+async def server_api(hub, method: str, user: str, path: str, body=None):
+    """The user's server's own REST API through the proxy, with the admin token."""
+    return await asyncio.to_thread(hub.request, method, f"/user/{user}/{path}", body)
+
+
+async def open_lab(page, hub, user: str, path: str = "lab") -> None:
+    await login(page, hub, user)
+    await page.goto(f"{hub.url}/user/{user}/{path}")
+    await page.wait_for_selector(".jp-GPUStatus", timeout=60_000)
+
+
+async def status_text(page) -> str:
+    return await page.inner_text(".jp-GPUStatus")
+
+
+async def test_status_bar_idle_notice_save_before_the_stop_and_why_it_stopped(
+    lab_hub, core, page, gpu_metrics, local_cluster
+):
+    await start_server(lab_hub, "ida", "lab--one")
+    # JupyterLab's autosave off, so only the extension saves the edit left unsaved
+    status, body = await server_api(
+        lab_hub,
+        "PUT",
+        "ida",
+        "lab/api/settings/@jupyterlab/docmanager-extension:plugin",
+        {"raw": json.dumps({"autosave": False})},
+    )
+    assert status == 204, body
+    status, body = await server_api(
+        lab_hub,
+        "PUT",
+        "ida",
+        "api/contents/notes.txt",
+        {"type": "file", "format": "text", "content": "first line\n"},
+    )
+    assert status in (200, 201), body
+    await open_lab(page, lab_hub, "ida", "lab/tree/notes.txt")
+
+    async def shows_gpu_and_budgets():
+        text = await status_text(page)
+        return text if "H200 \u00d71" in text and "GPU-h left (you, 1d)" in text else None
+
+    text = await eventually(shows_gpu_and_budgets, "the status bar's GPU and budgets", within=30)
+    assert text.startswith("GPU: Vision Lab · H200 \u00d71 · 100 GPU-h left (group, 7d)"), text
+    assert "max runtime in 7h" in text, text
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(SCREENSHOTS / "jupyterlab-status-bar.png"))
+    # the details panel: the group's use against its quota, and the dashboard
+    await page.click(".jp-GPUStatus")
+    details = await page.wait_for_selector(".jp-GPUStatus-details")
+    assert "GPUs in use of a 4 GPU quota" in await details.inner_text()
+    link = await details.query_selector("a")
+    assert await link.get_attribute("href") == "/services/gpu/"
+    await page.screenshot(path=str(SCREENSHOTS / "jupyterlab-gpu-details.png"))
+    await page.keyboard.press("Escape")
+
+    # an edit left unsaved
+    await page.click(".jp-FileEditor .cm-content")
+    await page.keyboard.press("Control+End")
+    await page.keyboard.type("unsaved line")
+    # the GPU goes idle: the notice comes as a JupyterLab notification, with the stop time
+    gpu_metrics.exporter.set_utilization(lab_hub.namespace, "jupyter-ida", 0)
+    await page.wait_for_selector("text=Your GPU is idle", timeout=(AFTER + 30) * 1000)
+    assert "stops at" in await page.inner_text("body")
+    # shortly before the stop (here at once: the notice is shorter than save_before)
+    await page.wait_for_selector("text=Saved notes.txt before this server stops", timeout=30_000)
+    await page.screenshot(path=str(SCREENSHOTS / "jupyterlab-idle-notice.png"))
+    # after the stop: why, and what to do, instead of "Server unavailable or unreachable"
+    dialog = await page.wait_for_selector(
+        "text=Your server was stopped", timeout=(NOTICE + 30) * 1000
+    )
+    assert dialog is not None
+    body_text = await page.inner_text("body")
+    assert "idle" in body_text
+    assert "Server unavailable or unreachable" not in body_text
+    await page.screenshot(path=str(SCREENSHOTS / "jupyterlab-after-stop.png"))
+
+    # the edit is on disk (the user's home outlives the pod) and there after a restart
+    (home,) = (local_cluster.state.path / "pods" / "homes").glob(f"{lab_hub.namespace}_ida")
+    assert (home / "notes.txt").read_text().startswith("first line\nunsaved line")
+    gpu_metrics.exporter.set_utilization(lab_hub.namespace, "jupyter-ida", 50)
+    await eventually(lambda: no_server(lab_hub, "ida"), "ida's server gone", within=30)
+    await start_server(lab_hub, "ida", "lab--one")
+    status, model = await server_api(lab_hub, "GET", "ida", "api/contents/notes.txt")
+    assert status == 200, model
+    assert "unsaved line" in model["content"]
+
+
+async def test_a_used_up_budget_is_a_notification_shown_once(lab_hub, page):
+    await start_server(lab_hub, "cid", "course--one")
+    await open_lab(page, lab_hub, "cid")
+    # 36 GPU-seconds: used up within the first minute
+    toast = await page.wait_for_selector(
+        "text=The GPU budget of Short Course is used up", timeout=90_000
+    )
+    assert "This server stops at" in await toast.inner_text()
+    # the same event is not told again: not on the next polls, not after a reload
+    await page.reload()
+    await page.wait_for_selector(".jp-GPUStatus")
+
+    async def budget_stop_shown():
+        return "budget stop in" in await status_text(page)
+
+    await eventually(budget_stop_shown, "the budget stop in the status bar", within=20)
+    await asyncio.sleep(3)  # several polls (the rule interval is 1 s)
+    assert await page.locator("text=is used up").count() == 0

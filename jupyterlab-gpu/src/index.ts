@@ -329,7 +329,10 @@ function notify(seen: Seen, a: ServiceAnswer, settings: Settings): void {
   const budgetStop = a.stops.find(s => s.kind === 'budget');
   for (const b of a.budgets) {
     const label = b.owner === 'user' ? `Your GPU budget (${b.name})` : `The GPU budget of ${b.name}`;
-    if (b.exhausted) {
+    if (b.exhausted && b.when_exhausted === 'stop' && !budgetStop) {
+      // the service has not scheduled the stop yet: told with its time at the next poll
+      live.add(`budget-exhausted:${b.owner}:${b.name}`);
+    } else if (b.exhausted) {
       const then = budgetStop
         ? ` This server stops at ${clock(budgetStop.at)} (in ${duration(budgetStop.at - now)}); save your work.`
         : b.when_exhausted === 'stop'

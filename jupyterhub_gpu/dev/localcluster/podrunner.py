@@ -209,7 +209,7 @@ class PodRunner:
         pod_env = await self.pod_env(pod, container)
         argv = container_argv(container, pod_env, self.allowed)
         argv, pod_env = bind_to_pod_ip(argv, pod_env, pod_ip)
-        home = self.workdir / "pods" / key.replace("/", "_")
+        home = self.home_of(key, pod)
         home.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
@@ -256,7 +256,7 @@ class PodRunner:
         del self.running[key]
         self.skipped.add(key)  # never restart: restartPolicy is Never for hub pods
         log.info("%s: process exited with %s; marking the pod finished", key, code)
-        shutil.rmtree(local.home, ignore_errors=True)
+        self._remove_pod_home(local.home)
         meta = pod["metadata"]
         container = pod["spec"]["containers"][0]
         name = container["name"]
@@ -291,6 +291,22 @@ class PodRunner:
             if e.status != 404:
                 log.warning("%s: could not mark the pod finished: %s", key, e.reason)
 
+    def home_of(self, key: str, pod: dict) -> Path:
+        """A server's home: its user's, kept across that user's servers' stops and starts
+        as z2jh's per-user volume is (removed with the runner's folder); a pod of no
+        hub user gets one of its own, removed when it ends."""
+        annotations = pod["metadata"].get("annotations") or {}
+        user = annotations.get("hub.jupyter.org/username")
+        if user:
+            namespace = pod["metadata"].get("namespace", "")
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
+            return self.workdir / "homes" / f"{namespace}_{safe}"
+        return self.workdir / "pods" / key.replace("/", "_")
+
+    def _remove_pod_home(self, home: Path) -> None:
+        if home.parent == self.workdir / "pods":
+            shutil.rmtree(home, ignore_errors=True)
+
     async def stop(self, key: str) -> None:
         local = self.running.pop(key)
         pid = local.process.pid
@@ -304,7 +320,7 @@ class PodRunner:
             await local.process.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)  # anything the server left in its group
-        shutil.rmtree(local.home, ignore_errors=True)
+        self._remove_pod_home(local.home)
         log.info("%s: stopped", key)
 
     async def stop_all(self) -> None:
