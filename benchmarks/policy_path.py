@@ -9,6 +9,12 @@ quota and the budgets left), server-side validation of user_options (select), an
 admission (the budget check of the group, its parents and the user, then the quota
 check and reservation; released again so the ledger stays at 5,000).
 
+With fair share on (``fair_share: {half_life: 7d, max_wait: 30m}``, the same spawns
+again): the hub also reads ten half-lives of rows (70 days) into its fair-share book,
+and each spawn adds the user's and group's standing to its GPU entries and orders a
+line of 20 waiting servers afresh (the hub keeps that order a second; here it is
+recomputed every spawn: the worst case).
+
 Beside it, in the same process and run: stock KubeSpawner's own handling of a
 static profile list of the same size (10,000 profiles: 5,000 groups x 2), i.e.
 ``_get_initialized_profile_list`` + ``_validate_user_options`` +
@@ -32,10 +38,11 @@ def percentile(samples: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def build_policy(groups: int, budgets: bool = True):
+def build_policy(groups: int, budgets: bool = True, fair_share: bool = False):
     from jupyterhub_gpu.core.model import parse_policy
 
     return parse_policy(
+        fair_share={"half_life": "7d", "max_wait": "30m"} if fair_share else None,
         flavors={
             "h200": {"kind": "gpu"},
             "shared": {"kind": "timeslice", "replicas": 4},
@@ -140,6 +147,7 @@ async def main(
 
     from jupyterhub_gpu.core.admission import Ledger
     from jupyterhub_gpu.core.budgets import budget_refusal, budgets_of
+    from jupyterhub_gpu.core.fairshare import Waiter, place, standing_line
     from jupyterhub_gpu.core.profiles import profile_entry
     from jupyterhub_gpu.core.selection import offers, select
     from jupyterhub_gpu.offline import _unreachable_cluster
@@ -160,9 +168,13 @@ async def main(
         ledger.admit(policy, f"ns/running-{s}", user, selection.group, selection.request)
     assert len(ledger.charges) == servers
 
-    # the hub's usage book, read from a year of records as the hub reads it at start
+    # the hub's usage book, read from a year of records as the hub reads it at start;
+    # with fair share, a second hub's, which also keeps the decayed usage
+    fair_policy = build_policy(groups, budgets=days > 0, fair_share=True)
     admission = SpawnAdmission.empty_cluster()
     admission.ledger = ledger
+    fair_admission = SpawnAdmission.empty_cluster()
+    fair_admission.ledger = ledger
     loaded = 0
     if days:
         now = time.time()
@@ -170,46 +182,85 @@ async def main(
             store, wrote = year_of_usage(
                 f"{folder}/usage.sqlite", policy, membership, servers, days, now
             )
-            admission.use_store(store, fail_open=False)
-            t0 = time.perf_counter()
-            await admission.read_usage(policy)
-            read = time.perf_counter() - t0
+            for hub, hub_policy, what in (
+                (admission, policy, "its 30-day window"),
+                (fair_admission, fair_policy, "with fair share: 70 days read"),
+            ):
+                hub.use_store(store, fail_open=False)
+                t0 = time.perf_counter()
+                await hub.read_usage(hub_policy)
+                read = time.perf_counter() - t0
+                print(
+                    f"usage: the hub's first read took {read:.1f} s and holds "
+                    f"{len(hub.usage.records):,} rows ({what})"
+                )
             store.dispose()
         loaded = len(admission.usage.records)
-        print(
-            f"usage: {days * servers:,} rows written in {wrote:.0f} s; the hub's first read "
-            f"took {read:.1f} s and holds {loaded:,} rows (its 30-day window)"
-        )
-    book, clock = admission.usage, admission.clock
-
-    ours: list[float] = []
-    refused = 0
-    for i in range(spawns):
+        print(f"usage: {days * servers:,} rows written in {wrote:.0f} s")
+    # 20 servers waiting, in random groups, whose order each fair-share spawn recomputes
+    for w in range(20):
         user = rng.choice(names)
+        fair_admission.waiters[f"ns/waiting-{w}"] = Waiter(
+            f"ns/waiting-{w}",
+            user,
+            membership[user][0],
+            tuple(fair_policy.charged_groups(membership[user][0])),
+            time.time(),
+            w,
+            membership[user][0],
+        )
+
+    def spawn_path(hub, hub_policy, i: int, user: str) -> tuple[list, object, object]:
+        book, now = hub.usage, hub.clock()
         groups_of_user = membership[user]
         options = {"profile": f"{groups_of_user[0]}--gpu", "gpus": "2", "flavor": "shared"}
-        t0 = time.perf_counter()
-        now = clock()
         listed = [
             profile_entry(
-                policy,
+                hub_policy,
                 ledger,
                 o,
                 None,
-                budgets_of(policy, book, user, o.group, now, ledger.charges),
+                budgets_of(hub_policy, book, user, o.group, now, ledger.charges),
             )
-            for o in offers(policy, groups_of_user)
+            for o in offers(hub_policy, groups_of_user)
         ]
-        selection = select(policy, groups_of_user, options)
+        if hub_policy.fair_share is not None:
+            fair = hub.fair_book(hub_policy)
+            for group in {o.group.name for o in offers(hub_policy, groups_of_user)}:
+                listed.append(
+                    standing_line(
+                        group,
+                        fair.group_standing(group, now, ledger.charges),
+                        fair.member_standing(user, group, now, ledger.charges),
+                        hub_policy.fair_share.half_life,
+                    )
+                )
+            hub._order = None  # the worst case: the line's order made afresh
+            me = next(iter(hub.waiters.values()))
+            place(me, hub._ordered(hub_policy, now))
+        selection = select(hub_policy, groups_of_user, options)
         over = budget_refusal(
-            policy, book, user, selection.group, float(selection.request.gpus), now, ledger
+            hub_policy, book, user, selection.group, float(selection.request.gpus), now, ledger
         )
-        decision = ledger.admit(policy, f"ns/new-{i}", user, selection.group, selection.request)
-        ledger.release(policy, f"ns/new-{i}")
-        ours.append(time.perf_counter() - t0)
-        assert listed
-        assert decision.admitted
-        refused += over is not None
+        decision = ledger.admit(hub_policy, f"ns/new-{i}", user, selection.group, selection.request)
+        ledger.release(hub_policy, f"ns/new-{i}")
+        return listed, decision, over
+
+    ours: list[float] = []
+    ours_fair: list[float] = []
+    refused = 0
+    for i in range(spawns):
+        user = rng.choice(names)
+        for hub, hub_policy, samples in (
+            (admission, policy, ours),
+            (fair_admission, fair_policy, ours_fair),
+        ):
+            t0 = time.perf_counter()
+            listed, decision, over = spawn_path(hub, hub_policy, i, user)
+            samples.append(time.perf_counter() - t0)
+            assert listed
+            assert decision.admitted
+            refused += over is not None
 
     # stock KubeSpawner, same process, a static list of the same size
     from kubespawner import KubeSpawner
@@ -241,6 +292,13 @@ async def main(
     print("|---|---|---|---|")
     budgets = f"budgets over {loaded:,} records" if days else "no budgets"
     print(row(f"jupyterhub-gpu: profile list + validation + admission ({budgets})", ours))
+    print(
+        row(
+            f"the same with fair share on (standings; a line of {len(fair_admission.waiters)} "
+            "ordered afresh)",
+            ours_fair,
+        )
+    )
     print(row(f"stock KubeSpawner: static list of {2 * groups:,} profiles", stock))
     print(f"ratio of p99 (stock / ours): {percentile(stock, 99) / percentile(ours, 99):.1f}")
 
