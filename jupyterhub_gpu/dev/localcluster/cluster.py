@@ -155,6 +155,8 @@ class ClusterState:
     schedulers: list[str] = field(default_factory=list)
     #: Kueue's fair sharing (its ``fairSharing`` configuration) is on
     kueue_fair_sharing: bool = False
+    #: Volcano divides the cluster among queues by weight (its ``proportion`` plugin)
+    volcano_proportion: bool = False
 
     @property
     def path(self) -> Path:
@@ -234,6 +236,7 @@ class LocalCluster:
         stand_in_schedulers: tuple[str, ...] = (),
         schedulers: tuple[str, ...] = (),
         kueue_fair_sharing: bool = False,
+        volcano_proportion: bool = False,
     ) -> LocalCluster:
         """Build (or reuse) the binaries and start a fresh cluster; return when it is Ready.
 
@@ -243,7 +246,8 @@ class LocalCluster:
         ``schedulers``: schedulers the cluster runs for real besides kube-scheduler
         (``"kueue"``: Kueue's manager with its CRDs and webhooks), built on first use.
         ``kueue_fair_sharing``: Kueue runs with fair sharing on, as a site sets it for
-        a policy with ``fair_share``.
+        a policy with ``fair_share``. ``volcano_proportion``: Volcano's ``proportion``
+        plugin (queues by weight) instead of ``capacity`` (queues by ``deserved``).
         """
         progress = progress or (lambda m: print(f"[cluster] {m}", file=sys.stderr, flush=True))
         schedulers = tuple(dict.fromkeys(schedulers))
@@ -272,6 +276,7 @@ class LocalCluster:
                 stand_in_schedulers=list(stand_in_schedulers),
                 schedulers=list(schedulers),
                 kueue_fair_sharing=kueue_fair_sharing,
+                volcano_proportion=volcano_proportion,
             )
             cluster = cls(state)
             try:
@@ -515,7 +520,9 @@ class LocalCluster:
         progress("installing Volcano's CRDs")
         asyncio.run(self._install_crds("volcano", timeout))
         progress(f"starting Volcano {self.state.versions.get('volcano', '')}")
-        config = volcano.write_scheduler_configuration(self.state.path)
+        config = volcano.write_scheduler_configuration(
+            self.state.path, proportion=self.state.volcano_proportion
+        )
         for role, argv in (
             (
                 volcano.CONTROLLER_MANAGER,

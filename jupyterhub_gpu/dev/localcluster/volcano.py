@@ -41,13 +41,15 @@ CONTROLLERS = ("pg-controller", "queue-controller")
 SERVERS = ("scheduler-health", "scheduler-metrics", "controllers-health")
 
 
-def scheduler_configuration() -> dict[str, Any]:
+def scheduler_configuration(*, proportion: bool = False) -> dict[str, Any]:
     """The scheduler's configuration file: the Helm chart's plugins, with preemption.
 
     ``enqueue`` keeps a PodGroup ``Pending`` while its queue's ``capability`` has no
     room; ``allocate`` binds; ``preempt`` (within a queue) and ``reclaim`` (across
     queues: a queue below its ``deserved`` takes back from one above it) evict the
     lowest priority first, so an over-quota server goes before an in-quota one.
+    ``proportion``: Volcano's ``proportion`` plugin instead of ``capacity``, which
+    divides the cluster among queues by their ``weight`` (a site's choice).
     """
     return {
         "actions": "enqueue, allocate, preempt, reclaim, backfill",
@@ -63,7 +65,7 @@ def scheduler_configuration() -> dict[str, Any]:
                 "plugins": [
                     {"name": "drf", "enablePreemptable": False},
                     {"name": "predicates"},
-                    {"name": "capacity"},
+                    {"name": "proportion" if proportion else "capacity"},
                     {"name": "nodeorder"},
                     {"name": "binpack"},
                 ]
@@ -72,9 +74,9 @@ def scheduler_configuration() -> dict[str, Any]:
     }
 
 
-def write_scheduler_configuration(directory: Path) -> Path:
+def write_scheduler_configuration(directory: Path, *, proportion: bool = False) -> Path:
     path = directory / "volcano-scheduler.conf"
-    path.write_text(yaml.safe_dump(scheduler_configuration(), sort_keys=False))
+    path.write_text(yaml.safe_dump(scheduler_configuration(proportion=proportion), sort_keys=False))
     return path
 
 
