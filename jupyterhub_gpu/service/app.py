@@ -30,6 +30,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import default
 from traitlets.config import Application
 
+from ..accounting.events import EventStore
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..config import service_settings
 from ..config.policy import GPUPolicy
@@ -47,8 +48,8 @@ from .idle import IdleServers, Prometheus
 from .orphans import OrphanPods
 from .page import RANGES
 from .runtime_rules import RuntimeRules
-from .server_status import WHAT_TO_DO as WHAT_TO_DO_AFTER
-from .server_status import LastStop, server_status, stop_text
+from .server_events import ServerEvents
+from .server_status import server_status
 from .startup import default_config_file, listen_address, read_hub_config
 from .state import ServiceState
 from .tasks import BackgroundTask
@@ -120,8 +121,6 @@ class GPUService(Application, service_settings.GPUService):
         self._reconcile_passes: ReconcilePasses | None = None
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
-        #: (user, server name) -> why the service last stopped it, for its JupyterLab
-        self.last_stops: dict[tuple[str, str], LastStop] = {}
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu/")
         # the hub's pages are beside the service's: <base_url>hub/ and <base_url>services/gpu/
         self.hub_prefix = self.service_prefix.rpartition("services/")[0] + "hub/"
@@ -135,6 +134,11 @@ class GPUService(Application, service_settings.GPUService):
             prometheus=self.idle_servers.prometheus,
             billing_timezone=self.billing_timezone,
         )
+        #: each server's notices and last stop, kept in the usage database
+        self.server_events = ServerEvents(self.policy, EventStore(self.gpu_time.store))
+        self.last_stops = self.server_events.last_stops
+        self.state.on_notice = self.server_events.notice
+        self.state.on_pod_gone = self.server_events.pod_ended
         self.budget_rule = BudgetRule(self.policy, self.state, self.gpu_time, self._stop)
         self.orphan_pods = OrphanPods(
             self.state, self._delete_pod, self.orphan_grace, dry_run=self.reconcile_dry_run
@@ -311,18 +315,16 @@ class GPUService(Application, service_settings.GPUService):
         """Ask the hub to stop a server; the error in words, or None when done."""
         async with self._stops:
             try:
+                running = self.state.pod_of(user, name)
+                self.server_events.stopping(user, name, reason, running and running.uid)
                 await self.hub.stop_server(user, name)
             except HubAPIError as e:
+                self.server_events.not_stopped(user, name)
                 if e.status == 404:  # already gone: nothing to do
                     return None
                 return str(e)
         self.stopped_counter.labels(reason).inc()
-        self.last_stops[(user, name)] = LastStop(
-            at=time.time(),
-            reason=reason,
-            text=stop_text(reason),
-            what_to_do=WHAT_TO_DO_AFTER.get(reason, "Start the server again from the hub."),
-        )
+        self.server_events.stopped(user, name)
         return None
 
     def server_status(self, user: str, name: str) -> dict[str, Any]:
@@ -383,6 +385,7 @@ class GPUService(Application, service_settings.GPUService):
         self.add_periodic("orphaned pods", self.find_orphans, self.rules_interval)
         self.add_periodic("GPU time", self.gpu_time.record, self.usage_interval)
         self.add_periodic("GPU budgets", self.budget_rule.run, self.usage_interval)
+        self.add_periodic("server events", self.server_events.run, self.rules_interval)
         if self.idle_servers.active:
             self.add_periodic("idle servers", self.reclaim_idle, self.rules_interval)
         if self.reconcile_interval > 0:

@@ -108,6 +108,10 @@ class BudgetRule:
                         text=f"GPU budget used up: {used}; {then}",
                         group=pod.charge.group if pod.charge else None,
                         user=pod.user,
+                        server=pod.servername,
+                        uid=pod.uid,
+                        kind="budget",
+                        stop_at=None if grace is None else datetime.fromtimestamp(now + grace, UTC),
                     )
                 )
             elif grace is not None and now - self.told[key] >= grace:
@@ -121,6 +125,9 @@ class BudgetRule:
                             f"{format_duration(grace)} grace after the notice is over",
                             group=pod.charge.group if pod.charge else None,
                             user=pod.user,
+                            server=pod.servername,
+                            uid=pod.uid,
+                            kind="budget_stop",
                         )
                     )
         results = await asyncio.gather(

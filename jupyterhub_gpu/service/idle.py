@@ -428,6 +428,7 @@ class IdleServers:
                         server,
                         f"{server.label}'s server in {server.group} is in "
                         "use again: it will not be stopped",
+                        "idle_cancelled",
                     )
                 continue
             if warning is None:
@@ -440,6 +441,8 @@ class IdleServers:
                     f"{server.label}'s server in {server.group} is idle: {reading.signal}; "
                     f"it will be stopped at {stop_at:%H:%M:%S} UTC "
                     f"(in {format_duration(int(self.notice_period))}) unless it is used",
+                    "idle",
+                    stop_at,
                 )
                 continue
             if now < warning.stop_at:
@@ -452,6 +455,7 @@ class IdleServers:
                     f"Stopping {server.label}'s server in {server.group}: still idle "
                     f"{format_duration(int(self.notice_period))} after the notice "
                     f"({reading.signal})",
+                    "idle_stop",
                 )
             error = await self.stop(server.user, server.name, "idle")
             if error:
@@ -494,5 +498,17 @@ class IdleServers:
             nodes=tuple(sorted(nodes)),
         )
 
-    def _notice(self, now: datetime, server: Server, text: str) -> None:
-        self.state.notice(Notice(at=now, text=text, group=server.group, user=server.user))
+    def _notice(
+        self, now: datetime, server: Server, text: str, kind: str, stop_at: datetime | None = None
+    ) -> None:
+        self.state.notice(
+            Notice(
+                at=now,
+                text=text,
+                group=server.group,
+                user=server.user,
+                server=server.name,
+                kind=kind,
+                stop_at=stop_at,
+            )
+        )

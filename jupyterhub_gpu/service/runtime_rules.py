@@ -57,7 +57,9 @@ class RuntimeRules:
         for group, reason in over.items():
             if group not in self.over_limit_since:
                 self.over_limit_since[group] = now
-                state.notice(Notice(at=now, text=f"Over limit: {reason}", group=group))
+                state.notice(
+                    Notice(at=now, text=f"Over limit: {reason}", group=group, kind="over_limit")
+                )
         for group in list(self.over_limit_since):
             if group not in over:
                 del self.over_limit_since[group]
@@ -89,6 +91,8 @@ class RuntimeRules:
                     f"{format_duration(limit)}",
                     group=server.group,
                     user=server.user,
+                    server=server.name,
+                    kind="max_runtime_stop",
                 )
             )
         results = await asyncio.gather(
@@ -120,6 +124,9 @@ class RuntimeRules:
                             f"its limit for {grace}",
                             group=group,
                             user=pod.user,
+                            server=pod.servername,
+                            uid=pod.uid,
+                            kind="over_limit_stop",
                         )
                     )
                 error = await self.stop(pod.user, pod.servername, "over_limit")

@@ -8,7 +8,8 @@ token has it for its own server and for no other), ``access:servers!user=<user>`
 of any other server, an admin's included, reads nothing here.
 
 Answered from memory (the state, the GPU-time snapshot, what the rules
-remember): a request costs a pass over the user's servers and the last notices,
+remember): a request costs a look-up of the server's pod by (user, server name)
+(``ServiceState.pod_of``), a pass over the user's servers and the last notices,
 never a query or a pass over every server.
 """
 
@@ -145,20 +146,15 @@ def server_status(
     server: Server | None = next(
         (s for s in (state._by_user.get(user) or ()) if s.name == name), None
     )
-    pod: ServerPod | None = next(
-        (
-            p
-            for p in (state.server_pods or {}).values()
-            if p.user == user and p.servername == name and p.charge is not None
-        ),
-        None,
-    )
+    pod: ServerPod | None = state.pod_of(user, name)
     answer: dict[str, Any] = {
         "user": user,
         "server": name,
         "now": now.timestamp(),
         "running": server is not None and server.ready and not server.pending,
         "pending": server.pending if server else None,
+        # the start of the server running now: a last stop before it is an earlier run's
+        "started": _stamp(server.started) if server else None,
         "group": None,
         "profile": server.profile if server else None,
         "flavor": None,
@@ -174,9 +170,9 @@ def server_status(
         "hub_url": app.hub_prefix + "home",
         "rule_interval": app.rules_interval,
     }
-    notices = [n for n in state.notices if n.user == user]
     answer["notices"] = [
-        {"at": n.at.timestamp(), "text": n.text, "group": n.group} for n in notices[-NOTICES:]
+        {"at": n.at, "text": n.message, "kind": n.kind, "stop_at": n.stop_at}
+        for n in app.server_events.of_server(user, name)[-NOTICES:]
     ]
     group = policy.find_group(pod.charge.group if pod and pod.charge else None)
     if group is None or pod is None or pod.charge is None:

@@ -78,6 +78,9 @@ class ServerPod:
     before_policy: Mapping[str, Any] | None = None
     #: being deleted (still charged until it is gone; never taken for an orphan)
     terminating: bool = False
+    #: (condition type, reason, message) of a condition saying who is ending the pod:
+    #: Kubernetes' ``DisruptionTarget`` (preemption, eviction) or Kueue's ``TerminationTarget``
+    disruption: tuple[str, str, str] | None = None
 
 
 def _as_adoption_reads_it(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,6 +109,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
             before_policy=_as_adoption_reads_it(pod),
             uid=metadata.get("uid"),
             terminating=terminating(pod),
+            disruption=_disruption(pod),
         )
     annotations = metadata.get("annotations") or {}
     key = pod_key(pod)
@@ -131,7 +135,16 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         started=_timestamp(started),
         uid=metadata.get("uid"),
         terminating=terminating(pod),
+        disruption=_disruption(pod),
     )
+
+
+def _disruption(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        kind = condition.get("type")
+        if kind in ("DisruptionTarget", "TerminationTarget") and condition.get("status") == "True":
+            return kind, condition.get("reason") or "", condition.get("message") or ""
+    return None
 
 
 def _timestamp(value: str | None) -> datetime | None:
@@ -188,6 +201,12 @@ class ServiceState:
         self.over_limit: dict[str, str] = {}
         self._ledger: Ledger | None = None
         self._with_pods: Counter[tuple[str | None, str]] = Counter()
+        #: (user, server name) -> {pod key: pod} of the charged pods: a server's own pod
+        #: found without a pass over every pod (a server's JupyterLab asks every few s)
+        self._charged: dict[tuple[str | None, str], dict[str, ServerPod]] = {}
+        #: told of every notice and of every server pod that is gone (``server_events``)
+        self.on_notice: Callable[[Notice], None] | None = None
+        self.on_pod_gone: Callable[[ServerPod], None] | None = None
         self._allocated: dict[str, dict[str, Fraction]] | None = None
         self._capacity: dict[str, FlavorCapacity] | None = None
         self._by_user: dict[str, list[Server]] = {}
@@ -313,11 +332,19 @@ class ServiceState:
         """
         if items is self.server_pods and self._ledger is not None:
             return
+        if self.server_pods is not None and self.on_pod_gone is not None:
+            # a new list after the watch failed: the pods gone meanwhile ended unseen
+            for key in self.server_pods.keys() - items.keys():
+                self.on_pod_gone(self.server_pods[key])
         self.server_pods = items
         self._ledger = Ledger.from_charges(
             self.policy, [p.charge for p in items.values() if p.charge]
         )
         self._with_pods = Counter((p.user, p.servername) for p in items.values())
+        self._charged = {}
+        for key, found in items.items():
+            if found.charge is not None:
+                self._charged.setdefault((found.user, found.servername), {})[key] = found
         if self._hub_servers is not None:
             # the hub's last answer, joined to the pods as they are now listed (a
             # poll may have come before the watch's first list, as after a restart)
@@ -336,6 +363,26 @@ class ServiceState:
                 del self._with_pods[(old.user, old.servername)]
         if new is not None:
             self._with_pods[(new.user, new.servername)] += 1
+        if old is not None and old.charge is not None:
+            pods = self._charged.get((old.user, old.servername), {})
+            pods.pop(key, None)
+            if not pods:
+                self._charged.pop((old.user, old.servername), None)
+        if new is not None and new.charge is not None:
+            self._charged.setdefault((new.user, new.servername), {})[key] = new
+        if old is not None and new is None and self.on_pod_gone is not None:
+            self.on_pod_gone(old)
+
+    def pod_of(self, user: str, name: str) -> ServerPod | None:
+        """The charged pod of server ``user/name`` (one that is not being deleted, the
+        newest, where a new pod of the server came before the old one was gone)."""
+        pods = self._charged.get((user, name))
+        if not pods:
+            return None
+        return min(
+            pods.values(),
+            key=lambda p: (p.terminating, -(p.created.timestamp() if p.created else 0.0)),
+        )
 
     # ---- nodes and bound pods (capacity) ---------------------------------------------
 
@@ -440,6 +487,8 @@ class ServiceState:
 
     def notice(self, notice: Notice) -> None:
         self.notices.append(notice)
+        if self.on_notice is not None:
+            self.on_notice(notice)
         log.warning("%s", notice.text)
 
     def snapshot(self, tasks: Sequence[Mapping[str, Any]]) -> Snapshot:

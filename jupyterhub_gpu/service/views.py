@@ -102,6 +102,12 @@ class Notice:
     text: str
     group: str | None = None
     user: str | None = None
+    #: the server it is about (its name, its pod's uid), what kind, and the stop it
+    #: announces: kept per server in the usage database (``server_events``)
+    server: str | None = None
+    uid: str | None = None
+    kind: str = "notice"
+    stop_at: datetime | None = None
 
 
 @dataclass
