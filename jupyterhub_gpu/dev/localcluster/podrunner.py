@@ -329,8 +329,20 @@ class PodRunner:
     # ---- the watch loop --------------------------------------------------------
 
     async def run(self) -> None:
-        from kubernetes_asyncio import watch
+        import aiohttp
         from kubernetes_asyncio.client import ApiException
+
+        while True:
+            try:
+                await self._list_and_watch()
+            except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as e:
+                # the API server restarting, as a kubelet outlives it: list again once
+                # it answers (pods deleted meanwhile are stopped by the list)
+                log.warning("pod list or watch failed (%s); listing again", e)
+                await asyncio.sleep(1)
+
+    async def _list_and_watch(self) -> None:
+        from kubernetes_asyncio import watch
 
         while True:
             listed = await self.core.list_pod_for_all_namespaces(_preload_content=False)
@@ -343,21 +355,17 @@ class PodRunner:
             for key in [k for k in self.running if k not in seen]:
                 await self.stop(key)
             version = data["metadata"]["resourceVersion"]
-            try:
-                async with watch.Watch().stream(
-                    self.core.list_pod_for_all_namespaces,
-                    resource_version=version,
-                    timeout_seconds=300,
-                    _preload_content=False,
-                ) as stream:
-                    async for event in stream:
-                        raw = event.get("raw_object") or {}
-                        if event["type"] == "ERROR":
-                            break  # e.g. 410 Gone: list again
-                        await self.observe(event["type"], raw)
-            except ApiException as e:
-                log.warning("pod watch ended (%s); listing again", e.reason)
-                await asyncio.sleep(1)
+            async with watch.Watch().stream(
+                self.core.list_pod_for_all_namespaces,
+                resource_version=version,
+                timeout_seconds=300,
+                _preload_content=False,
+            ) as stream:
+                async for event in stream:
+                    raw = event.get("raw_object") or {}
+                    if event["type"] == "ERROR":
+                        break  # e.g. 410 Gone: list again
+                    await self.observe(event["type"], raw)
 
 
 async def _main(args: argparse.Namespace) -> None:
