@@ -44,6 +44,7 @@ from .core.fairshare import (
     FairShareBook,
     Place,
     Waiter,
+    burst_band,
     line_order,
     place,
     read_window,
@@ -409,6 +410,18 @@ class SpawnAdmission:
         if earlier is not None and earlier is not record and earlier.ended is not None:
             fair.ended(earlier)  # the book ended the pod this one replaced, in place
         fair.put(record)
+
+    def burst_band(self, policy: Policy, user: str, group: str) -> str | None:
+        """With fair share, the band of a server of ``user`` bursting above ``group``'s
+        quota, by their standing now (``fairshare.burst_band``); None without it."""
+        if policy.fair_share is None:
+            return None
+        book = self.fair_book(policy)
+        now, running = self.clock(), self.ledger.charges
+        return burst_band(
+            book.group_standing(group, now, running),
+            book.member_standing(user, group, now, running),
+        )
 
     def fair_book(self, policy: Policy) -> FairShareBook:
         """The fair-share standings (``policy`` has ``fair_share``)."""

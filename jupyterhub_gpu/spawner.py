@@ -39,7 +39,7 @@ from traitlets import Bool, Float, default, validate
 
 from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
-from .core.admission import Charge, Decision, Ledger
+from .core.admission import OVER_QUOTA, Charge, Decision, Ledger
 from .core.exits import NOTEBOOK_CONTAINER
 from .core.model import Policy, PolicyError
 from .core.objects import namespace_for
@@ -322,6 +322,12 @@ class GPUKubeSpawner(KubeSpawner):
             # servers from before the policy have priority 0: a new one that could
             # preempt would take them first, unless an admin allows it
             preempt=policy.adopted_servers_preemptible or not self.admission.servers_before_policy,
+            # with fair share, the heaviest users' bursts are the scheduler's first victims
+            burst_band=(
+                self.admission.burst_band(policy, self.user.name, selection.group.name)
+                if decision.tier == OVER_QUOTA
+                else None
+            ),
         )
         current = {key: getattr(self, key) for key in MERGED_SETTINGS}
         for key, value in merge_settings(current, self.gpu_shape).items():

@@ -32,7 +32,8 @@ KAI_PRIORITY_CLASSES = [("build", 100), ("build-preemptible", 75)]
 async def create_priority_classes(kube) -> None:
     """Our PriorityClasses, KAI's, and the GPU Operator's RuntimeClass (idempotent)."""
     scheduling = client.SchedulingV1Api(kube)
-    objects = priority_classes(parse_policy())
+    # with fair share: its burst bands too
+    objects = priority_classes(parse_policy(fair_share={"half_life": "1d"}))
     objects += [
         {"metadata": {"name": n}, "value": v, "globalDefault": False}
         for n, v in KAI_PRIORITY_CLASSES

@@ -99,3 +99,36 @@ def module_cluster(request, tmp_path_factory, scheduler: str, **settings) -> Loc
         schedulers=(scheduler,),
         **settings,
     )
+
+
+async def dedicated_gpu_node(core, pool: str, gpus: int) -> str:
+    """A kwok node of its own with ``gpus`` A100s, labelled with ``pool`` for a flavor's
+    node selector, for a test that fills it; its address in 127.0.0.0/8, away from the
+    cluster's own nodes. The test deletes it."""
+    from ipaddress import IPv4Network
+
+    from jupyterhub_gpu.dev.localcluster.nodepools import NodeAddressing, render_nodes
+
+    (node,) = render_nodes(
+        {
+            "node_pools": {
+                pool: {
+                    "count": 1,
+                    "cpu": 8,
+                    "memory": "32Gi",
+                    "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "memory": 40960, "count": gpus},
+                }
+            }
+        },
+        NodeAddressing(IPv4Network("127.0.40.0/24")),
+    )
+    await core.create_node(node)
+    name = node["metadata"]["name"]
+
+    async def node_ready():
+        read = await core.read_node(name)
+        conditions = {c.type: c.status for c in read.status.conditions or []}
+        return conditions.get("Ready") == "True"
+
+    await eventually(node_ready, f"node {name} to be Ready")
+    return name

@@ -23,7 +23,13 @@ from kubernetes_asyncio.client import ApiException
 from hub_helpers import api, ready, wait_no_pods
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL, HUB_LABEL
-from kube_helpers import GPU_TOLERATION, eventually, failed_scheduling, pod_manifest
+from kube_helpers import (
+    GPU_TOLERATION,
+    dedicated_gpu_node,
+    eventually,
+    failed_scheduling,
+    pod_manifest,
+)
 from test_service_hub import aget, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -188,37 +194,6 @@ async def test_another_hubs_server_in_the_same_namespace_is_not_counted(hub_fact
     await core.delete_namespaced_pod("jupyter-staging-ann", hub.namespace, grace_period_seconds=0)
 
 
-async def one_gpu_node(core, pool: str) -> str:
-    """A kwok node of its own with one GPU, for a test that fills it (its address in
-    127.0.0.0/8, away from the cluster's own nodes)."""
-    from ipaddress import IPv4Network
-
-    from jupyterhub_gpu.dev.localcluster.nodepools import NodeAddressing, render_nodes
-
-    (node,) = render_nodes(
-        {
-            "node_pools": {
-                pool: {
-                    "count": 1,
-                    "cpu": 8,
-                    "memory": "32Gi",
-                    "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "memory": 40960, "count": 1},
-                }
-            }
-        },
-        NodeAddressing(IPv4Network("127.0.40.0/24")),
-    )
-    await core.create_node(node)
-
-    async def node_ready():
-        read = await core.read_node(node["metadata"]["name"])
-        conditions = {c.type: c.status for c in read.status.conditions or []}
-        return conditions.get("Ready") == "True"
-
-    await eventually(node_ready, f"node {node['metadata']['name']} to be Ready")
-    return node["metadata"]["name"]
-
-
 async def test_new_servers_never_preempt_a_server_from_before_the_policy_unless_asked(
     hub_factory, core
 ):
@@ -226,7 +201,7 @@ async def test_new_servers_never_preempt_a_server_from_before_the_policy_unless_
     policy server: while one runs, policy servers wait instead; with
     ``adopted_servers_preemptible`` they take its place."""
     pool = f"adopt-{uuid.uuid4().hex[:6]}"
-    node = await one_gpu_node(core, pool)
+    node = await dedicated_gpu_node(core, pool, gpus=1)
     on_the_node = {"jupyterhub-gpu.local/pool": pool}
     stock = STOCK_PROFILES.replace(
         '"tolerations"', f'"node_selector": {on_the_node!r}, "tolerations"'

@@ -305,3 +305,36 @@ def test_a_parent_without_profiles_of_its_own_lends_its_children_their_gpus():
         if r["name"] == "nvidia.com/gpu"
     ]
     assert gpus["nominalQuota"] == "8"
+
+
+def test_with_fair_share_a_bursts_class_follows_its_users_standing():
+    from jupyterhub_gpu.core.fairshare import Standing, burst_band
+    from jupyterhub_gpu.core.manifests import priority_classes
+
+    def band(group_used, group_share, member_used, member_share):
+        return burst_band(
+            Standing(1.0, group_share, group_used), Standing(1.0, member_share, member_used)
+        )
+
+    assert band(0.1, 0.5, 1.0, 1.0) == "light"  # 0.2 of its share
+    assert band(0.5, 0.5, 1.0, 1.0) == "fair"  # exactly its share
+    assert band(1.0, 0.5, 1.0, 0.5) == "heavy"  # 4 times it
+    p = parse_policy(scheduler={"name": "default"}, **FAIR)
+    (offer,) = offers(p, ["nlp"])
+    selection = select(p, ["nlp"], {"profile": offer.slug})
+
+    def class_of(tier, burst, **kw):
+        return shape(p, selection, tier, username="ann", burst_band=burst, **kw)
+
+    assert class_of(OVER_QUOTA, "light").priority_class_name == "jupyterhub-gpu-over-quota-light"
+    assert class_of(OVER_QUOTA, "heavy").priority_class_name == "jupyterhub-gpu-over-quota"
+    assert class_of(IN_QUOTA, "light").priority_class_name == "jupyterhub-gpu-in-quota"
+    twin = class_of(OVER_QUOTA, "fair", preempt=False).priority_class_name
+    assert twin == "jupyterhub-gpu-over-quota-fair-no-preemption"
+    rendered = {c["metadata"]["name"]: c["value"] for c in priority_classes(p)}
+    assert rendered["jupyterhub-gpu-over-quota-light"] == 120
+    assert rendered["jupyterhub-gpu-over-quota-fair"] == 110
+    assert rendered[twin] == 110
+    # without fair share there are no bands
+    plain = parse_policy(scheduler={"name": "default"}, **{**FAIR, "fair_share": None})
+    assert len(priority_classes(plain)) == 4

@@ -377,6 +377,17 @@ class Waiter:
         return max_wait is not None and now - self.arrived >= max_wait
 
 
+def burst_band(group: Standing, member: Standing) -> str:
+    """The band of an over-quota server's PriorityClass by its user's standing overall
+    (the group's among its siblings times the member's within it): ``light`` under
+    half their share, ``heavy`` over twice it, else ``fair``. Schedulers preempt the
+    lowest band first, so the heaviest users' bursts go first."""
+    overall = group.standing * member.standing
+    if overall < 0.5:
+        return "light"
+    return "heavy" if overall > 2 else "fair"
+
+
 def line_order(
     waiters: Iterable[Waiter], now: float, max_wait: float | None = None
 ) -> list[Waiter]:

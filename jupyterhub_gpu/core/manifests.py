@@ -203,6 +203,15 @@ def priority_classes(policy: Policy, hub: str = "") -> list[dict[str, Any]]:
             "Notebook servers bursting above their group's quota; preempted first."
         ),
     }
+    over = policy.scheduler.over_quota_priority_class
+    descriptions[f"{over}-fair"] = (
+        "Notebook servers bursting above their group's quota, of users near their fair "
+        "share; preempted after those of users above it."
+    )
+    descriptions[f"{over}-light"] = (
+        "Notebook servers bursting above their group's quota, of users under half their "
+        "fair share; the last bursting servers preempted."
+    )
     objects = []
     for name, value in priority_values(policy).items():
         twin_of = name.removesuffix(NO_PREEMPTION_SUFFIX)

@@ -22,6 +22,10 @@ HUB_LABEL = "gpu.jupyterhub.org/hub-namespace"
 #: in-quota servers are never preempted by bursting ones; over-quota servers yield
 IN_QUOTA_PRIORITY = 1000
 OVER_QUOTA_PRIORITY = 100
+#: with fair share, over-quota servers of users who used less than their share get a
+#: class a little above (``<over-quota class>-<band>``): the scheduler takes the
+#: heaviest users' bursts first; "heavy" is the over-quota class itself
+BURST_BANDS = {"light": OVER_QUOTA_PRIORITY + 20, "fair": OVER_QUOTA_PRIORITY + 10}
 #: the name suffix of each of our PriorityClasses' twin that never preempts (same value,
 #: ``preemptionPolicy: Never``): what new servers get while servers started before the
 #: policy run, whose pods have priority 0 and would be the scheduler's first victims
@@ -42,12 +46,16 @@ def metadata(
 
 
 def priority_values(policy: Policy) -> dict[str, int]:
-    """The value of each PriorityClass the bundle makes, the non-preempting twins
-    included (whether the scheduler brings its own classes is ``manifests``' concern)."""
+    """The value of each PriorityClass the bundle makes: in quota, over quota (with fair
+    share, one per burst band) and each one's twin that never preempts (whether the
+    scheduler brings its own classes is ``manifests``' concern)."""
+    over = policy.scheduler.over_quota_priority_class
     values = {
         policy.scheduler.in_quota_priority_class: IN_QUOTA_PRIORITY,
-        policy.scheduler.over_quota_priority_class: OVER_QUOTA_PRIORITY,
+        over: OVER_QUOTA_PRIORITY,
     }
+    if policy.fair_share is not None:
+        values |= {f"{over}-{band}": value for band, value in BURST_BANDS.items()}
     return values | {name + NO_PREEMPTION_SUFFIX: value for name, value in values.items()}
 
 

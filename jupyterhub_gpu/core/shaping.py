@@ -17,7 +17,7 @@ from typing import Any
 from .admission import IN_QUOTA, Charge
 from .budgets import UsageRecord
 from .model import Flavor, Policy
-from .objects import NO_PREEMPTION_SUFFIX, namespace_for
+from .objects import BURST_BANDS, NO_PREEMPTION_SUFFIX, namespace_for, priority_values
 from .schedulers import SCHEDULERS, scheduler_for
 from .selection import Request, Selection
 
@@ -76,8 +76,7 @@ def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
 def without_preemption(policy: Policy, priority_class: str) -> str:
     """The twin of one of the bundle's PriorityClasses that never preempts (a group's
     own class, or one a scheduler brings, is the site's: kept as it is)."""
-    ours = {policy.scheduler.in_quota_priority_class, policy.scheduler.over_quota_priority_class}
-    if priority_class not in ours or scheduler_for(policy).own_priority_classes:
+    if priority_class not in priority_values(policy) or scheduler_for(policy).own_priority_classes:
         return priority_class
     return priority_class + NO_PREEMPTION_SUFFIX
 
@@ -91,9 +90,12 @@ def shape(
     servername: str = "",
     hub: str | None = None,
     preempt: bool = True,
+    burst_band: str | None = None,
 ) -> PodShape:
     """The policy's part of a server's pod; ``preempt``: False while servers started
-    before the policy run (see ``without_preemption``)."""
+    before the policy run (see ``without_preemption``); ``burst_band``: with fair
+    share, an over-quota server's band by its user's standing (``fairshare.burst_band``):
+    the scheduler preempts the heaviest users' bursts first."""
     group, profile, flavor = selection.group, selection.profile, selection.flavor
     scheduler = policy.scheduler
     result = PodShape(
@@ -129,6 +131,9 @@ def shape(
         result.priority_class_name = group.priority_class or scheduler.in_quota_priority_class
     else:
         result.priority_class_name = scheduler.over_quota_priority_class
+        banded = burst_band in BURST_BANDS and policy.fair_share is not None
+        if banded and not scheduler_for(policy).own_priority_classes:
+            result.priority_class_name += f"-{burst_band}"
     if not preempt:
         result.priority_class_name = without_preemption(policy, result.priority_class_name)
     # the scheduler's name, and the group's queue as the scheduler reads it
