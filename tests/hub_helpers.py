@@ -279,14 +279,19 @@ class HubFactory:
             running_hub(self.cluster, self.core, **settings)
         )
 
-    async def behind_relay(self, **settings: Any) -> tuple[Relay, LocalHub]:
+    async def behind_relay(
+        self, service_behind_relay: bool = False, **settings: Any
+    ) -> tuple[Relay, LocalHub]:
         """A started hub that reaches the API server through a ``Relay`` the test can
-        cut; the relay is restored before the hub is cleaned up, and closed after."""
+        cut (its GPU service too with ``service_behind_relay``, as in a hub pod); the
+        relay is restored before the hub is cleaned up, and closed after."""
         relay = await Relay(self.cluster.state.ports["apiserver"]).start()
         self.stack.push_async_callback(relay.cut)
         directory = self.directory / f"relay-{relay.port}"
         directory.mkdir()
         kubeconfig = relay.kubeconfig(self.cluster.state.kubeconfig, directory)
+        if service_behind_relay:
+            settings["service_kubeconfig"] = kubeconfig
         hub = await self(kubeconfig=kubeconfig, **settings)
         self.stack.push_async_callback(relay.ensure_serving)
         return relay, hub
