@@ -35,7 +35,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Any as AnyValue
-from traitlets import Bool, Float, default, validate
+from traitlets import Bool, Float, Unicode, default, validate
 
 from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
@@ -50,6 +50,7 @@ from .kube.client import exception_message
 from .queue_watch import QueueWatch
 from .server_exit import ServerExited, exited_refusal, raise_if_exited, wait_until_serving
 from .server_pods import charges_from_pods, finish_stop_in_background, watch_pods
+from .service.server_status import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
 from .spawn_admission import SpawnAdmission, register_hub_metrics
 from .spawn_checks import (
     SpawnRefused,
@@ -126,6 +127,33 @@ class GPUKubeSpawner(KubeSpawner):
     @default("user_options")
     def _no_options(self) -> dict:
         return {}
+
+    gpu_service_url = Unicode(
+        help="""
+        Where a server's JupyterLab extension reaches the GPU service: each server
+        gets it as ``$JUPYTERHUB_GPU_SERVICE_URL`` (unless ``environment`` sets it).
+        Default: the hub's service named ``gpu`` (``c.JupyterHub.services``), its
+        ``url`` and the hub's ``base_url``, as ``http://hub:10101/services/gpu/`` in
+        z2jh; empty (nothing set) where the hub has no such service with a url.
+        """,
+    ).tag(config=True)
+
+    @default("gpu_service_url")
+    def _the_hubs_gpu_service(self) -> str:
+        return gpu_service_url(self.config)
+
+    @default("server_token_scopes")
+    def _server_tokens_open_the_gpu_service(self) -> list[str]:
+        # JupyterHub's defaults (the server's own activity and access) plus access to
+        # the GPU service, where the server's JupyterLab reads its own GPU time; a
+        # site's own server_token_scopes must add access:services!service=gpu itself
+        return list(SERVER_TOKEN_SCOPES) if self.gpu_service_url else []
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        if self.gpu_service_url:
+            env.setdefault(SERVICE_URL_ENV, self.gpu_service_url)
+        return env
 
     #: the admission every spawner of this hub shares (see ``admission``)
     _hub_admission: SpawnAdmission | None = None
@@ -499,6 +527,20 @@ class GPUKubeSpawner(KubeSpawner):
             super().progress,
             lambda event: explained(event, self.gpu_selection, self.gpu_shape),
         )
+
+
+def gpu_service_url(config: Any, name: str = "gpu") -> str:
+    """Where servers reach the hub's service ``name``: its ``url`` and the hub's
+    ``base_url`` (its prefix, ``<base_url>services/<name>/``); "" without one."""
+    hub = config.JupyterHub if "JupyterHub" in config else {}
+    services = hub.get("services") if "services" in hub else None
+    for service in services if isinstance(services, list) else ():
+        if isinstance(service, Mapping) and service.get("name") == name and service.get("url"):
+            base = hub.get("base_url") if "base_url" in hub else "/"
+            base = base if isinstance(base, str) and base else "/"
+            prefix = "/".join(part for part in (base.strip("/"), "services", name) if part)
+            return f"{str(service['url']).rstrip('/')}/{prefix}/"
+    return ""
 
 
 def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -> None:

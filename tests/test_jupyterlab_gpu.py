@@ -217,6 +217,18 @@ async def test_status_bar_idle_notice_save_before_the_stop_and_why_it_stopped(
     assert "Server unavailable or unreachable" not in body_text
     await page.screenshot(path=str(SCREENSHOTS / "jupyterlab-after-stop.png"))
 
+    # the hub's home and spawn pages say why too, read from the usage database
+    async def hub_page_says_why(path: str):
+        await page.goto(f"{lab_hub.url}/hub/{path}")
+        found = await page.query_selector(".jupyterhub-gpu-last-stop")
+        return await found.inner_text() if found else None
+
+    home = await eventually(lambda: hub_page_says_why("home"), "the reason on the home page")
+    assert "Your server stopped at" in home, home
+    assert "its GPU was idle" in home, home
+    spawn = await eventually(lambda: hub_page_says_why("spawn"), "the reason on the spawn page")
+    assert "its GPU was idle" in spawn, spawn
+
     # the edit is on disk (the user's home outlives the pod) and there after a restart
     (home,) = (local_cluster.state.path / "pods" / "homes").glob(f"{lab_hub.namespace}_ida")
     assert (home / "notes.txt").read_text().startswith("first line\nunsaved line")

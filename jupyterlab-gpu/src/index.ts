@@ -71,6 +71,8 @@ interface ServiceAnswer {
   stops: Stop[];
   notices: { at: number; text: string }[];
   last_stop: LastStop | null;
+  // when the server running now started: a last stop before it is an earlier run's
+  started: number | null;
   dashboard_url: string;
   hub_url: string;
   rule_interval: number;
@@ -402,10 +404,13 @@ async function saveAll(app: JupyterFrontEnd, docManager: IDocumentManager): Prom
 }
 
 function afterStopMessage(): { title: string; text: string; what: string } {
-  const last = model.reply?.service?.last_stop;
+  const service = model.reply?.service;
+  const last = service?.last_stop;
   const stop = model.lastKnownStop;
   const now = Date.now() / 1000;
-  if (last) {
+  // the last answer came while this server ran: a stop recorded before its start is
+  // the previous run's, and says nothing about this one
+  if (last && service?.started && last.at >= service.started) {
     return { title: 'Your server was stopped', text: last.text, what: last.what_to_do };
   }
   if (stop && stop.at <= now + 90) {

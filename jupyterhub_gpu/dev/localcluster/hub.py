@@ -25,7 +25,6 @@ from pathlib import Path
 
 from ...config.hubconfig import CONFIG_D_FILE
 from ...service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
-from ...service.server_status import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
 from ...service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
 from . import build
 from .cluster import LocalCluster, free_port
@@ -192,7 +191,6 @@ class LocalHub:
             )
             + self._policy_config()
             + self._service_config()
-            + self._server_token_config()
             # the admin token's usage scope, declared as base.yaml declares it; merged,
             # so values that declare custom scopes of their own keep them
             + f"c.JupyterHub.custom_scopes.update({CUSTOM_SCOPES!r})\n"
@@ -266,17 +264,6 @@ class LocalHub:
             c.JupyterHub.services.append({service!r})
             c.JupyterHub.load_roles.extend({roles!r})
             """
-        )
-
-    def _server_token_config(self) -> str:
-        """Servers' tokens read their own state from the service (the JupyterLab
-        extension), which they reach at the service's own address here."""
-        if not self.gpu_service:
-            return ""
-        url = f"http://127.0.0.1:{self.service_port}/services/gpu/"
-        return (
-            f"c.Spawner.server_token_scopes = {SERVER_TOKEN_SCOPES!r}\n"
-            f"c.KubeSpawner.environment.update({{{SERVICE_URL_ENV!r}: {url!r}}})\n"
         )
 
     def _policy_config(self) -> str:
