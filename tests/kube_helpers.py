@@ -132,3 +132,25 @@ async def dedicated_gpu_node(core, pool: str, gpus: int) -> str:
 
     await eventually(node_ready, f"node {name} to be Ready")
     return name
+
+
+async def user_pod(core, namespace: str, user: str):
+    """The server pod of ``user`` in ``namespace`` (KubeSpawner's username label), or None."""
+    listed = await core.list_namespaced_pod(
+        namespace, label_selector=f"hub.jupyter.org/username={user}"
+    )
+    return listed.items[0] if listed.items else None
+
+
+async def taken_away(core, pod) -> bool:
+    """``pod`` is being deleted, or gone (a pod of its name may have replaced it): what a
+    preemption does to its victim."""
+    from kubernetes_asyncio.client import ApiException
+
+    try:
+        now = await core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    return now.metadata.uid != pod.metadata.uid or now.metadata.deletion_timestamp is not None

@@ -18,7 +18,6 @@ import uuid
 from fractions import Fraction
 
 import pytest
-from kubernetes_asyncio.client import ApiException
 
 from hub_helpers import api, ready, wait_no_pods
 from jupyterhub_gpu.core.selection import Request
@@ -29,6 +28,8 @@ from kube_helpers import (
     eventually,
     failed_scheduling,
     pod_manifest,
+    taken_away,
+    user_pod,
 )
 from test_service_hub import aget, usage, user_token, wait_for_service
 
@@ -226,7 +227,7 @@ async def test_new_servers_never_preempt_a_server_from_before_the_policy_unless_
         status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
         assert status in (201, 202), body
         bobs = await eventually(
-            lambda: pod_of(core, hub.namespace, "bob"), "bob's server pod to be created"
+            lambda: user_pod(core, hub.namespace, "bob"), "bob's server pod to be created"
         )
         assert bobs.spec.priority_class_name == "jupyterhub-gpu-in-quota-no-preemption"
         assert (bobs.spec.priority, bobs.spec.preemption_policy) == (1000, "Never")
@@ -244,24 +245,19 @@ async def test_new_servers_never_preempt_a_server_from_before_the_policy_unless_
         status, _ = await api(hub, "DELETE", "/users/bob/server")
         assert status in (202, 204)
         await eventually(
-            lambda: no_pod(core, hub.namespace, "bob"), "bob's waiting pod to be deleted"
+            lambda: no_pod_of(core, hub.namespace, "bob"), "bob's waiting pod to be deleted"
         )
         await switch(hub, policy={**policy, "adopted_servers_preemptible": True}, extra_config="")
         status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
         assert status in (201, 202), body
         bobs = await eventually(
-            lambda: pod_of(core, hub.namespace, "bob"), "bob's server pod to be created"
+            lambda: user_pod(core, hub.namespace, "bob"), "bob's server pod to be created"
         )
         assert bobs.spec.priority_class_name == "jupyterhub-gpu-in-quota"
 
-        async def preempted():
-            try:
-                pod = await core.read_namespaced_pod(old.metadata.name, hub.namespace)
-            except ApiException as e:
-                return e.status == 404
-            return pod.metadata.uid != old.metadata.uid or pod.metadata.deletion_timestamp
-
-        await eventually(preempted, "kube-scheduler to preempt ann's old server", within=60)
+        await eventually(
+            lambda: taken_away(core, old), "kube-scheduler to preempt ann's old server", within=60
+        )
         for user in ("ann", "bob"):
             await api(hub, "DELETE", f"/users/{user}/server")
         await wait_no_pods(core, hub.namespace)
@@ -269,12 +265,5 @@ async def test_new_servers_never_preempt_a_server_from_before_the_policy_unless_
         await core.delete_node(node)
 
 
-async def pod_of(core, namespace: str, user: str):
-    listed = await core.list_namespaced_pod(
-        namespace, label_selector=f"hub.jupyter.org/username={user}"
-    )
-    return listed.items[0] if listed.items else None
-
-
-async def no_pod(core, namespace: str, user: str) -> bool:
-    return await pod_of(core, namespace, user) is None
+async def no_pod_of(core, namespace: str, user: str) -> bool:
+    return await user_pod(core, namespace, user) is None

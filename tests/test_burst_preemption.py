@@ -12,21 +12,13 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from kubernetes_asyncio.client import ApiException
 from test_fair_share_hub import used
 from test_gpu_time import running, store_for
 
 from hub_helpers import api
-from kube_helpers import dedicated_gpu_node, eventually
+from kube_helpers import dedicated_gpu_node, eventually, taken_away, user_pod
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
-
-
-async def pod_of(core, namespace: str, user: str):
-    listed = await core.list_namespaced_pod(
-        namespace, label_selector=f"hub.jupyter.org/username={user}"
-    )
-    return listed.items[0] if listed.items else None
 
 
 async def test_the_heaviest_users_burst_is_preempted_first(hub_factory, core, tmp_path):
@@ -53,8 +45,8 @@ async def test_the_heaviest_users_burst_is_preempted_first(hub_factory, core, tm
             status, body = await api(hub, "POST", f"/users/{user}/server", {"profile": "lab--gpu"})
             assert status in (201, 202), body
             await running(hub, user)
-        heavys = await pod_of(core, hub.namespace, "heavy")
-        lights = await pod_of(core, hub.namespace, "light")
+        heavys = await user_pod(core, hub.namespace, "heavy")
+        lights = await user_pod(core, hub.namespace, "light")
         # both burst; the heavy user's class is the lowest
         assert heavys.metadata.labels["gpu.jupyterhub.org/tier"] == "over-quota"
         # heavy used all of lab's GPU time and lab all its siblings' (over twice its
@@ -72,14 +64,9 @@ async def test_the_heaviest_users_burst_is_preempted_first(hub_factory, core, tm
         status, body = await api(hub, "POST", "/users/boss/server", {"profile": "prio--gpu"})
         assert status in (201, 202), body
 
-        async def heavy_preempted():
-            try:
-                pod = await core.read_namespaced_pod(heavys.metadata.name, hub.namespace)
-            except ApiException as e:
-                return e.status == 404
-            return pod.metadata.uid != heavys.metadata.uid or pod.metadata.deletion_timestamp
-
-        await eventually(heavy_preempted, "kube-scheduler to preempt heavy's burst", within=60)
+        await eventually(
+            lambda: taken_away(core, heavys), "kube-scheduler to preempt heavy's burst", within=60
+        )
         await running(hub, "boss")
         kept = await core.read_namespaced_pod(lights.metadata.name, hub.namespace)
         assert (kept.metadata.uid, kept.metadata.deletion_timestamp) == (lights.metadata.uid, None)
