@@ -45,9 +45,8 @@ from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
 from traitlets import Bool, Unicode, default, validate
 
-from ..config.policy import GPUPolicy
 from ..core.directory import DirectoryGroup, hub_groups
-from ..core.model import Policy
+from .policy_groups import PolicyGroups
 
 #: the connection the user's own password bound, during one login (the parent's
 #: ``authenticate`` binds it and does not hand it on); a context variable, so that
@@ -66,7 +65,7 @@ class DirectoryUnavailable(Exception):
     """The directory could not be reached or answered a search with an error."""
 
 
-class LDAPGroupsAuthenticator(LDAPAuthenticator):
+class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
     """LDAPAuthenticator that also sets the user's hub groups from the directory."""
 
     group_search_base = Unicode(
@@ -168,26 +167,13 @@ class LDAPGroupsAuthenticator(LDAPAuthenticator):
         super().__init__(**kwargs)
         # rules across settings, checked once all configuration is loaded (a @validate
         # runs only for a value that changes, and sees one setting at a time)
-        if not self.manage_groups:
-            raise ValueError(
-                "LDAPGroupsAuthenticator.manage_groups must be True: it exists to set the "
-                "user's groups from the directory (to leave groups to the admin page, "
-                "use ldapauthenticator.LDAPAuthenticator)"
-            )
+        self.require_manage_groups("the directory", "ldapauthenticator.LDAPAuthenticator")
         if not self.group_search_base and not self.member_of_attribute:
             raise ValueError(
                 "LDAPGroupsAuthenticator needs to know where the user's groups are: set "
                 "group_search_base (e.g. ou=groups,dc=example,dc=edu) and/or "
                 "member_of_attribute (e.g. memberOf)"
             )
-        self._policy_settings: GPUPolicy | None = None
-
-    @property
-    def gpu_policy(self) -> Policy:
-        """The hub's policy (``GPUPolicy``), whose groups are the ones kept."""
-        if self._policy_settings is None:
-            self._policy_settings = GPUPolicy(config=self.config)
-        return self._policy_settings.model
 
     @property
     def server_url(self) -> str:

@@ -52,9 +52,8 @@ from tornado.httpclient import HTTPClientError
 from tornado.iostream import StreamClosedError
 from traitlets import default
 
-from ..config.policy import GPUPolicy
 from ..core.directory import DirectoryGroup, hub_groups
-from ..core.model import Policy
+from .policy_groups import PolicyGroups
 
 #: what the login page says when the provider cannot be reached; the hub log has the why
 PROVIDER_DOWN = (
@@ -131,7 +130,7 @@ class OIDCCallbackHandler(OAuthCallbackHandler):
             self.finish(page)
 
 
-class OIDCGroupsAuthenticator(GenericOAuthenticator):
+class OIDCGroupsAuthenticator(PolicyGroups, GenericOAuthenticator):
     """GenericOAuthenticator whose hub groups are the provider's groups the policy names."""
 
     callback_handler = OIDCCallbackHandler
@@ -149,12 +148,7 @@ class OIDCGroupsAuthenticator(GenericOAuthenticator):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # rules across settings, checked once all configuration is loaded
-        if not self.manage_groups:
-            raise ValueError(
-                "OIDCGroupsAuthenticator.manage_groups must be True: it exists to set the "
-                "user's groups from the identity provider (to leave groups to the admin "
-                "page, use generic-oauth)"
-            )
+        self.require_manage_groups("the identity provider", "generic-oauth")
         if not self.auth_state_groups_key:
             raise ValueError(
                 "OIDCGroupsAuthenticator.auth_state_groups_key must say where the groups "
@@ -166,14 +160,6 @@ class OIDCGroupsAuthenticator(GenericOAuthenticator):
                 "(the refresh asks the provider with the token kept there); without it a "
                 "user removed from a group keeps its profiles until they log in again"
             )
-        self._policy_settings: GPUPolicy | None = None
-
-    @property
-    def gpu_policy(self) -> Policy:
-        """The hub's policy (``GPUPolicy``), whose groups are the ones kept."""
-        if self._policy_settings is None:
-            self._policy_settings = GPUPolicy(config=self.config)
-        return self._policy_settings.model
 
     # ---- the groups ----------------------------------------------------------------
 
