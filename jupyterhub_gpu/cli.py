@@ -222,6 +222,22 @@ def _demo_servers_can_run() -> None:
         )
 
 
+def _demo_lab_extension() -> None:
+    """The demo's JupyterLab shows GPU time: from a source checkout, the extension
+    (jupyterlab-gpu/) is built (npm, cached by hash) and installed here if it is not
+    yet, or changed; elsewhere it is what ``pip install jupyterhub-gpu-jupyterlab`` put."""
+    from .dev import labextension
+
+    if (labextension.SOURCE / "package.json").exists():
+        labextension.ensure_installed(lambda text: print(f"jupyterhub-gpu demo: {text}"))
+    elif importlib.util.find_spec("jupyterhub_gpu_jupyterlab") is None:
+        print(
+            "jupyterhub-gpu demo: JupyterLab will not show GPU time (the extension is not "
+            "installed): pip install jupyterhub-gpu-jupyterlab",
+            file=sys.stderr,
+        )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     _dev_tools()
     from .dev.demo import plan_demo, print_node_pools, run_demo
@@ -233,6 +249,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(print_node_pools(plan), end="")
             return 0
         _demo_servers_can_run()
+        _demo_lab_extension()
         return run_demo(plan, bin_dir=args.bin_dir, port=args.port)
 
 

@@ -128,6 +128,9 @@ async def test_the_banner_names_prometheus_and_the_exporter_and_prometheus_scrap
     assert '"Students: 0.025 of 0.025 GPU-hours left (last 1 hour)"' in words
     assert "refused with the numbers" in words
     assert "showback table" in words
+    # JupyterLab's GPU time: the extension is installed (scripts/test, or the demo itself)
+    assert 'GPU time in JupyterLab: as students-1, start "' in words
+    assert "Leave an edit unsaved" in words
 
     async def scraped():
         status, body = await asyncio.to_thread(fetch, f"{prometheus}/api/v1/targets")

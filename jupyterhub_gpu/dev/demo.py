@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -661,6 +662,8 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
         for group in plan.policy.groups.values()
         if (step := _group_step(plan, group, metrics)) is not None
     ]
+    if (lab := _lab_step(plan)) is not None:
+        steps.append(lab)
     if not steps:
         return ""
     steps.append(
@@ -685,6 +688,26 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
                 break_on_hyphens=False,
             )
     return "\n".join(lines) + "\n\n"
+
+
+def _lab_step(plan: DemoPlan) -> _Step | None:
+    """GPU time in JupyterLab (the extension), with a group whose budget stops servers."""
+    if importlib.util.find_spec("jupyterhub_gpu_jupyterlab") is None:
+        return None
+    for group in plan.policy.groups.values():
+        budget = group.budget or group.user_budget
+        server = _first_gpu_server(plan, group)
+        if budget is None or budget.when_exhausted != "stop" or server is None:
+            continue
+        user, profile, _ = server
+        return [
+            f'GPU time in JupyterLab: as {user}, start "{profile}" and open a notebook. '
+            "The status bar shows the group, the GPU, the GPU-hours left and the next stop "
+            "(click it for the details). Leave an edit unsaved: when the budget is used up "
+            "a notification gives the stop time, the edit is saved before the stop, and "
+            "afterwards the page says why the server stopped."
+        ]
+    return None
 
 
 def scheduler_line(plan: DemoPlan, cluster: LocalCluster) -> str:

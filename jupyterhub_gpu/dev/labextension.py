@@ -113,5 +113,26 @@ def ensure_labextension(progress: Callable[[str], None] | None = None) -> Path:
     return target
 
 
+#: where ``pip install ./jupyterlab-gpu`` puts the labextension JupyterLab loads
+INSTALLED = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "jupyterhub-gpu-jupyterlab"
+
+
+def ensure_installed(progress: Callable[[str], None] | None = None) -> bool:
+    """The extension built (cached) and installed into this environment, as the demo's
+    servers need it; reinstalled when its sources changed. Whether it installed now."""
+    built = ensure_labextension(progress)
+    found = INSTALLED / "package.json"
+    if found.exists() and found.read_bytes() == (built / "package.json").read_bytes():
+        return False  # the same build (its package.json names its bundle's hash)
+    say = progress or (lambda text: print(text, file=sys.stderr))
+    say(f"installing the JupyterLab extension into {sys.prefix} (pip install {SOURCE})")
+    _run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "."],
+        SOURCE,
+        "pip install of the JupyterLab extension",
+    )
+    return True
+
+
 if __name__ == "__main__":
     ensure_labextension()
