@@ -5,17 +5,26 @@ JupyterLab from this environment with the built extension (jupyterlab-gpu/)
 installed, the simulated DCGM exporter and a real Prometheus, and Debian's
 Chromium. The group ``lab`` has a budget of its own and one per user, a
 max_runtime, and reclaims GPUs idle for ``AFTER`` seconds; ``course`` has a tiny
-budget that stops its servers after a grace.
+budget that stops its servers after a grace; ``seminar``'s budget is mostly used by
+a seeded earlier run; ``short`` stops its servers after ``SHORT_RUNTIME`` seconds,
+and every server warns ``RUNTIME_WARNINGS`` seconds before that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
-from hub_helpers import no_server, running_hub
+from hub_helpers import api, no_server, running_hub
+from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.core.budgets import UsageRecord
 from kube_helpers import eventually
 from test_service_hub import SCREENSHOTS, aget, login, start_server, user_token, wait_for_service
 
@@ -23,6 +32,11 @@ pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
 AFTER = 20
 NOTICE = 25
+SHORT_RUNTIME = 90
+#: the server extension's c.GPUStatus.runtime_warnings, short for the test (15 and 2
+#: minutes by default)
+RUNTIME_WARNINGS = (60, 20)
+SERVER_ARGS = [f"--GPUStatus.runtime_warnings={w}" for w in RUNTIME_WARNINGS]
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
 POLICY = {
     "flavors": {"h200": {"kind": "gpu", "display_name": "H200", "node_selector": H200}},
@@ -50,9 +64,29 @@ POLICY = {
                 "grace": "20s",
             },
         },
+        "seminar": {
+            "display_name": "Seminar",
+            "quota": {"gpus": 2},
+            "profiles": ["one"],
+            "budget": {"gpu_hours": 1, "period": "1d"},
+        },
+        "short": {
+            "display_name": "Short Runs",
+            "quota": {"gpus": 2},
+            "profiles": ["one"],
+            "max_runtime": f"{SHORT_RUNTIME}s",
+        },
     },
 }
-USERS = {"ann": ["lab"], "bob": ["lab"], "ida": ["lab"], "cid": ["course"]}
+USERS = {
+    "ann": ["lab"],
+    "bob": ["lab"],
+    "ida": ["lab"],
+    "cid": ["course"],
+    "eve": ["lab"],
+    "fay": ["seminar"],
+    "gus": ["short"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +107,8 @@ async def lab_hub(local_cluster, core, priority_class_objects, gpu_metrics):
         },
         extra_config=(
             "c.KubeSpawner.http_timeout = 120\n"
+            # the server extension's settings, as a site sets them in the server's config
+            f"c.KubeSpawner.args = {SERVER_ARGS!r}\n"
             'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
             '"services": ["demo-admin"]})\n'
         ),
@@ -258,3 +294,167 @@ async def test_a_used_up_budget_is_a_notification_shown_once(lab_hub, page):
     await eventually(budget_stop_shown, "the budget stop in the status bar", within=20)
     await asyncio.sleep(3)  # several polls (the rule interval is 1 s)
     assert await page.locator("text=is used up").count() == 0
+
+
+# ---- the service unreachable, a budget running low, max_runtime approaching -----------
+
+
+def service_process(hub) -> int:
+    """The pid of this hub's GPU service: the hub's child whose command line names this
+    hub's config (the hub restarts a service that dies, so tests pause it instead)."""
+    config = str(hub.directory / "jupyterhub_config.py")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if ppid == hub.process.pid and "jupyterhub_gpu.service" in words and config in words:
+            found.append(int(entry.name))
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def test_the_service_unreachable_is_said_and_the_notebook_works_on(lab_hub, page):
+    await start_server(lab_hub, "eve", "lab--one")
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "execution_count": None,
+                "outputs": [],
+                "source": "print(sum(range(1000)))",
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    status, body = await server_api(
+        lab_hub, "PUT", "eve", "api/contents/work.ipynb", {"type": "notebook", "content": notebook}
+    )
+    assert status in (200, 201), body
+    await open_lab(page, lab_hub, "eve", "lab/tree/work.ipynb")
+
+    async def shows_the_group():
+        return (await status_text(page)).startswith("GPU: Vision Lab · H200")
+
+    await eventually(shows_the_group, "the status bar's group and GPU", within=30)
+    pid = service_process(lab_hub)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+
+        async def unreachable():
+            return await status_text(page) == "GPU: service unreachable"
+
+        # the server extension gives up on the service after its timeout (5 s)
+        await eventually(unreachable, "the status bar to say the service is unreachable", 30)
+        await page.click(".jp-GPUStatus")
+        details = await page.wait_for_selector(".jp-GPUStatus-details")
+        text = await details.inner_text()
+        assert text.startswith("The GPU service cannot be reached (the GPU service at"), text
+        assert "Your notebook works on" in text, text
+        await page.keyboard.press("Escape")
+        # the notebook works on: a cell runs in a fresh kernel and shows its output
+        await page.click(".jp-Notebook .jp-Cell .cm-content")
+        await page.keyboard.press("Shift+Enter")
+        output = await page.wait_for_selector(
+            ".jp-OutputArea-output:has-text('499500')", timeout=60_000
+        )
+        assert (await output.inner_text()).strip() == "499500"
+        assert await status_text(page) == "GPU: service unreachable"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await eventually(shows_the_group, "the status bar back once the service answers", within=30)
+    await api(lab_hub, "DELETE", "/users/eve/server")
+
+
+async def test_a_budget_running_low_is_a_notification_shown_once(lab_hub, page):
+    # an earlier run of fay's used 0.85 of the seminar's 1 GPU-hour a day
+    store = UsageStore(f"sqlite:///{lab_hub.directory / 'jupyterhub-gpu-usage.sqlite'}")
+    ended = time.time() - 3600
+    store.open(
+        [
+            UsageRecord(
+                uid="earlier-fay",
+                key="elsewhere/jupyter-fay",
+                user="fay",
+                group="seminar",
+                profile="one",
+                flavor="h200",
+                gpus=1.0,
+                started=ended - 0.85 * 3600,
+                last_seen=ended,
+                ended=ended,
+            )
+        ]
+    )
+    await start_server(lab_hub, "fay", "seminar--one")
+    await open_lab(page, lab_hub, "fay")
+    toast = await page.wait_for_selector("text=is running low", timeout=30_000)
+    text = await toast.inner_text()
+    assert re.fullmatch(
+        r"The GPU budget of Seminar is running low: 0\.1\d of 1\.0 GPU-hours left "
+        r"\(1d window\)\.",
+        text.strip(),
+    ), text
+    # once: not again at the next polls (the rule interval is 1 s), not after a reload
+    await asyncio.sleep(3)
+    assert await page.locator("text=is running low").count() == 1
+    await page.reload()
+    await page.wait_for_selector(".jp-GPUStatus")
+
+    async def shows_the_budget():
+        return "GPU-h left (group, 1d)" in await status_text(page)
+
+    await eventually(shows_the_budget, "the seminar's budget in the status bar", within=30)
+    await asyncio.sleep(3)
+    assert await page.locator("text=is running low").count() == 0
+    await api(lab_hub, "DELETE", "/users/fay/server")
+
+
+async def test_max_runtime_approaching_is_told_with_the_stop_time_before_the_stop(lab_hub, page):
+    await start_server(lab_hub, "gus", "short--one")
+    status, reply = await server_api(lab_hub, "GET", "gus", "jupyterhub-gpu/status")
+    assert status == 200, reply
+    assert reply["settings"]["runtime_warnings"] == list(RUNTIME_WARNINGS)
+    (stop,) = [s for s in reply["service"]["stops"] if s["kind"] == "max_runtime"]
+    at = stop["at"]
+    await open_lab(page, lab_hub, "gus")
+    # the stop time as the user's clock shows it
+    clock = await page.evaluate(
+        "at => new Date(at * 1000).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})",
+        at,
+    )
+    toasts = page.locator("text=reaches its maximum runtime")
+    pattern = (
+        rf"This server reaches its maximum runtime at {re.escape(clock)} "
+        r"\(in (?:(\d+)m )?(\d+)s\) and "
+        r"will be stopped\. Save your work\."
+    )
+    # each warning once, before the stop: the first within 60 s of it, then within 20 s
+    for count, (longest, shortest) in enumerate(
+        ((RUNTIME_WARNINGS[0], RUNTIME_WARNINGS[1]), (RUNTIME_WARNINGS[1], 0)), start=1
+    ):
+        await page.wait_for_selector(
+            f"text=reaches its maximum runtime >> nth={count - 1}",
+            timeout=int((at - time.time() + 10) * 1000),
+        )
+        assert time.time() < at
+        texts = [t.strip() for t in await toasts.all_inner_texts()]
+        assert len(texts) == count, texts
+        matches = [re.fullmatch(pattern, t) for t in texts]
+        assert all(matches), texts
+        # the newest (toasts stack newest first): the one with the least time left
+        left = min(int(m.group(1) or 0) * 60 + int(m.group(2)) for m in matches)
+        assert shortest <= left <= longest, texts
+    # and the stop comes: why, instead of "Server unavailable or unreachable"
+    await page.wait_for_selector("text=Your server was stopped", timeout=60_000)
+    assert "maximum runtime" in await page.inner_text(".jp-GPUStatus-stopped")

@@ -364,7 +364,10 @@ function notify(seen: Seen, a: ServiceAnswer, settings: Settings): void {
         )
       );
     } else if (s.kind === 'max_runtime') {
-      for (const before of settings.runtime_warnings) {
+      // the tightest warning crossed: the settings list them longest first, so the
+      // first match would be the 15-minute one again and the 2-minute one never shown
+      const crossed = [...settings.runtime_warnings].sort((x, y) => x - y);
+      for (const before of crossed) {
         if (s.at - now <= before && s.at > now) {
           once(`runtime:${before}:${Math.round(s.at)}`, () =>
             Notification.warning(
