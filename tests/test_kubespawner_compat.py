@@ -132,6 +132,11 @@ def render(request):
             shape = mine.spawner.gpu_shape
             expected["metadata"]["labels"].update(shape.labels)
             expected["metadata"]["annotations"].update(shape.annotations)
+            # and the end of a failed server's log kept in its status, unless the site
+            # chose where its termination message comes from
+            for container in expected["spec"]["containers"]:
+                if container["name"] == "notebook":
+                    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
             assert mine.pod == expected
         return mine
 
@@ -347,3 +352,8 @@ async def test_a_policy_profiles_kubespawner_override_applies(monkeypatch, rende
         assert _container(r.pod)["imagePullPolicy"] == "Always"
     else:  # stock KubeSpawner here has no profile list: the site's settings alone
         assert "FROM_PROFILE" not in env
+
+
+async def test_a_sites_own_termination_message_policy_is_kept(render):
+    r = await render({"extra_container_config": {"terminationMessagePolicy": "File"}})
+    assert _container(r.pod)["terminationMessagePolicy"] == "File"
