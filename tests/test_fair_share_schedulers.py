@@ -22,6 +22,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.config.values import policy_from_values
+from jupyterhub_gpu.core.manifests import priority_classes
 from jupyterhub_gpu.kube.reconciler import Reconciler
 from jupyterhub_gpu.offline import render_pod
 from kube_helpers import eventually, module_cluster
@@ -219,27 +220,41 @@ async def test_volcano_divides_the_gpus_between_queues_by_the_groups_shares(
 ):
     kube = volcano_kube
     namespace = await fresh_namespace(kube)
-    prefix = f"v{shares[0]}{shares[1]}-"
-    values = top_level_values(prefix, shares)
-    values["hub"]["config"]["KubeSpawner"] = {"namespace": namespace}
-    path = Path(tmp_path) / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    report = await Reconciler(kube, namespace).reconcile(policy_from_values([path]))
-    assert report.ok, report.summary()
-    queue = await client.CustomObjectsApi(kube).get_cluster_custom_object(
-        "scheduling.volcano.sh", "v1beta1", "queues", f"{prefix}a"
-    )
-    assert queue["spec"]["weight"] == shares[0]
-
-    await create_servers(kube, path, namespace, prefix)
     core = client.CoreV1Api(kube)
-
-    async def placed_per_group() -> Counter:
-        pods = (await core.list_namespaced_pod(namespace)).items
-        return Counter(
-            p.metadata.labels["gpu.jupyterhub.org/group"] for p in pods if p.spec.node_name
+    try:
+        prefix = f"v{shares[0]}{shares[1]}-"
+        values = top_level_values(prefix, shares)
+        values["hub"]["config"]["KubeSpawner"] = {"namespace": namespace}
+        path = Path(tmp_path) / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        # every server waits before its queue exists, so that Volcano divides them all
+        # at once (one arriving alone would be placed before the others exist, and
+        # servers within their quota are not taken back)
+        policy = policy_from_values([path])
+        scheduling = client.SchedulingV1Api(kube)
+        for priority_class in priority_classes(policy, namespace):
+            try:
+                await scheduling.create_priority_class(priority_class)
+            except client.ApiException as e:
+                if e.status != 409:  # 409: the other case made it
+                    raise
+        await create_servers(kube, path, namespace, prefix)
+        report = await Reconciler(kube, namespace).reconcile(policy)
+        assert report.ok, report.summary()
+        queue = await client.CustomObjectsApi(kube).get_cluster_custom_object(
+            "scheduling.volcano.sh", "v1beta1", "queues", f"{prefix}a"
         )
+        assert queue["spec"]["weight"] == shares[0]
 
-    want = {f"{prefix}a": expected[0], f"{prefix}b": expected[1]}
-    await settled(placed_per_group, want, f"Volcano to place {want}")
-    await core.delete_namespace(namespace)
+        async def placed_per_group() -> Counter:
+            pods = (await core.list_namespaced_pod(namespace)).items
+            return Counter(
+                p.metadata.labels["gpu.jupyterhub.org/group"] for p in pods if p.spec.node_name
+            )
+
+        want = {f"{prefix}a": expected[0], f"{prefix}b": expected[1]}
+        await settled(placed_per_group, want, f"Volcano to place {want}")
+    finally:
+        # the node's GPUs free for the next case, whatever this one found
+        await core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        await core.delete_namespace(namespace)
