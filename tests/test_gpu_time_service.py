@@ -82,6 +82,7 @@ async def time_hub(local_cluster, core, priority_class_objects, gpu_metrics):
         gpu_service=True,
         extra_config=(
             "c.GPUService.usage_interval = 2\n"
+            "c.GPUService.utilisation_refresh = 2\n"
             f"c.GPUService.prometheus_url = {gpu_metrics.prometheus.url!r}\n"
             "c.GPUService.hub_poll_interval = 1\n"
             "c.GPUService.auth_cache_max_age = 3\n"

@@ -228,6 +228,16 @@ class GPUService(Configurable):
         """,
     ).tag(config=True)
 
+    utilisation_refresh = Float(
+        300.0,
+        help="""
+        Seconds between reads of the current day's GPU utilisation from Prometheus
+        for showback's *utilised* figures (a finished day is read once). Shorter
+        shows a server's use sooner and costs a query over the day so far each
+        time.
+        """,
+    ).tag(config=True)
+
 
 def service_setting_names() -> set[str]:
     """Every setting ``hub.config.GPUService`` may hold: the service's own and its

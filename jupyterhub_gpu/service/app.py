@@ -133,6 +133,7 @@ class GPUService(Application, service_settings.GPUService):
             fail_open=settings.accounting_fail_open,
             prometheus=self.idle_servers.prometheus,
             billing_timezone=self.billing_timezone,
+            utilisation_refresh=self.utilisation_refresh,
         )
         #: each server's notices and last stop, kept in the usage database
         self.server_events = ServerEvents(self.policy, EventStore(self.gpu_time.store))

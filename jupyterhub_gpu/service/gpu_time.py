@@ -136,6 +136,7 @@ class GPUTime:
         billing_timezone: str = "UTC",
         backlog_limit: int = DEFAULT_LIMIT,
         utilisation_chunks: Chunks | None = None,
+        utilisation_refresh: float = 300.0,
     ) -> None:
         self.policy = policy
         #: the time zone a showback month is taken in (its name, and the zone)
@@ -145,7 +146,11 @@ class GPUTime:
         #: day at a time: a finished day is read once
         self.prometheus = prometheus
         self.utilisation_reader = (
-            UtilisationReader(prometheus, utilisation_chunks or Chunks(zone=self.zone), clock)
+            UtilisationReader(
+                prometheus,
+                utilisation_chunks or Chunks(zone=self.zone, refresh=utilisation_refresh),
+                clock,
+            )
             if prometheus is not None
             else None
         )
