@@ -1,6 +1,7 @@
-"""When room returns in an exhausted budget: the sweep and the usage book's kept sums give
-the answer of the plain definition (a quadratic pass, kept here as the reference), on any
-records and through any sequence of changes to the book (pure)."""
+"""When room returns in an exhausted budget, and how much of a budget is used: the sweep
+and the usage book's kept sums give the answers of the plain definitions (a quadratic
+pass, and a sum over every record, kept here as the references), on any records and
+through any sequence of changes to the book (pure)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,26 @@ def reference(records, budget, now, running=()):
         if free > 1e-9:
             return math.ceil(moment / 60) * 60.0, free
     return None
+
+
+def reference_used(records, period, now, running=()):
+    """GPU-hours used in the ``period`` before ``now``, by the definition: each record's
+    GPUs times the part of its span inside the window. A closed record's span ends at its
+    end (at most now); an open one's now while its server runs, else at its last
+    sighting (never before its start)."""
+    since = now - period
+    total = 0.0
+    for r in records:
+        if r.ended is not None:
+            end = min(r.ended, now)
+        elif r.key in running:
+            end = now
+        else:
+            end = max(r.last_seen, r.started)
+        start = max(r.started, since)
+        if end > start:
+            total += r.gpus * (end - start)
+    return total / HOUR
 
 
 def reference_moments(records, budget, now, running=()):
@@ -160,6 +181,109 @@ def test_the_sweep_agrees_with_the_definition_on_any_times(drawn, period, cap):
         ), (answer, allowed)
 
 
+# ---- what the book says is used, against the sum over every record -----------------------
+
+
+def book_with(records):
+    book = UsageBook(horizon=0.0)
+    for r in records:
+        book.put(POLICY, r)
+    return book
+
+
+@settings(max_examples=600, deadline=None)
+@given(usage(), periods, st.sampled_from([0, 3, 64]), st.booleans())
+def test_the_books_used_gives_the_definitions_sum_to_the_bit(drawn, period, summed, room_first):
+    """Running records, open ones counted to their last sighting, closed ones ending
+    inside the window, before it or after now (counted up to now), ends before starts;
+    summed, or from the kept sums (``summed``: the most records an owner has to be
+    summed), made by ``used`` or by an earlier ``room_returns``."""
+    records, running, now = drawn
+    book = book_with(records)
+    budget = Budget(gpu_hours=Fraction(1), period=int(period))
+    with patch.object(budgets, "SUMMED_UP_TO", summed):
+        for group, member in (("research", None), ("department", None), ("research", "alice")):
+            mine = [r for r in records if member is None or r.user == member]
+            expected = reference_used(mine, period, now, running)
+            if room_first:
+                book.room_returns(group, member, budget, now, running)
+            assert book.used(group, member, int(period), now, running) == expected
+            # asked again, and later, from what the first call kept
+            assert book.used(group, member, int(period), now, running) == expected
+            later = now + 450.0
+            assert book.used(group, member, int(period), later, running) == reference_used(
+                mine, period, later, running
+            )
+
+
+@settings(max_examples=400, deadline=None)
+@given(usage(any_times, any_lengths, any_gpus), periods, st.sampled_from([0, 64]))
+def test_the_books_used_agrees_with_the_definition_on_any_times(drawn, period, summed):
+    # summed in another order: equal to rounding
+    records, running, now = drawn
+    book = book_with(records)
+    with patch.object(budgets, "SUMMED_UP_TO", summed):
+        used = book.used("research", None, int(period), now, running)
+    expected = reference_used(records, period, now, running)
+    assert abs(used - expected) <= 1e-9 + 1e-12 * abs(expected), (used, expected)
+
+
+def test_a_large_owners_used_sums_only_its_open_records_each_time():
+    """A year of a group's records: what is used is the kept sums of the closed ones
+    (one sort, at the first call) and a pass over the open ones, at every call."""
+    records = [
+        record(str(i), NOW - i * 1500.0, NOW - i * 1500.0 + 8 * HOUR, gpus=1.0)
+        for i in range(20_000)
+    ]
+    live = [record(f"live{i}", NOW - (i + 1) * HOUR, seen=NOW - 60.0) for i in range(5)]
+    running = {live[0].key, live[1].key}
+    book = book_with(records + live)
+    summed: list[int] = []
+    seconds = budgets.gpu_seconds
+
+    def counting(records, *args):
+        records = list(records)
+        summed.append(len(records))
+        return seconds(records, *args)
+
+    with patch.object(budgets, "gpu_seconds", counting):
+        for step in range(50):
+            now = NOW + step * 1.5
+            used = book.used("research", None, int(30 * DAY), now, running)
+            expected = reference_used(records + live, 30 * DAY, now, running)
+            assert used == expected
+        # a server stops: its record joins the closed ones, counted without a pass
+        book.end(live[0].key, NOW + 100.0)
+        running.discard(live[0].key)
+        assert book.used("research", None, int(30 * DAY), NOW + 120.0, running) == (
+            reference_used(records + live, 30 * DAY, NOW + 120.0, running)
+        )
+    assert summed == [5] * 50 + [4]
+
+
+def test_with_as_many_owners_kept_as_the_book_keeps_another_owners_used_is_summed():
+    """No owner is forgotten for ``used`` (rooms made and forgotten in turn would cost a
+    sort a call): it is summed, the same answer; a refusal's ``room_returns`` makes way."""
+    records = [
+        record(f"{user}{i}", NOW - i * 3600.0, NOW - i * 3600.0 + 1800.0, user=user)
+        for user in ("alice", "bob")
+        for i in range(10)
+    ]
+    book = book_with(records)
+    budget = Budget(gpu_hours=Fraction(1), period=int(30 * DAY))
+    with patch.object(budgets, "SUMMED_UP_TO", 0), patch.object(budgets, "MAX_ROOMS", 1):
+        for member in ("alice", "bob", "alice"):
+            mine = [r for r in records if r.user == member]
+            used = book.used("research", member, int(30 * DAY), NOW)
+            assert used == reference_used(mine, 30 * DAY, NOW)
+            assert list(book._rooms) == [("research", "alice")]
+        book.room_returns("research", "bob", budget, NOW)
+        assert list(book._rooms) == [("research", "bob")]
+        alices = [r for r in records if r.user == "alice"]
+        assert book.used("research", "alice", int(30 * DAY), NOW) == 4.5  # one ends after now
+        assert reference_used(alices, 30 * DAY, NOW) == 4.5
+
+
 def test_a_year_of_records_is_one_sort_not_a_pass_per_record():
     # 20,000 records took the first version minutes; the sweep takes tens of milliseconds
     # (a bound 100 times that: the machine may be busy)
@@ -239,12 +363,15 @@ operations = st.one_of(new_pod, changes)
     st.sampled_from([DAY, 7 * DAY, 30 * DAY]),
     st.lists(st.tuples(periods, caps), min_size=1, max_size=3),
     st.sampled_from([1, 3, 1000]),
+    st.sampled_from([0, 2, 64]),
+    st.booleans(),
 )
 def test_the_books_kept_sums_give_the_definitions_answer_through_any_changes(
-    first, ops, horizon, budgets_asked, remake_after
+    first, ops, horizon, budgets_asked, remake_after, summed, used_first
 ):
     """Each owner's budgets are asked about after every change (a budget's period may be
-    longer than the book's horizon)."""
+    longer than the book's horizon): when room returns and what is used, the one or the
+    other first (either makes what the book keeps of the owner)."""
     book = UsageBook(horizon=horizon)
     now = NOW
     running: set[str] = set()
@@ -260,10 +387,19 @@ def test_the_books_kept_sums_give_the_definitions_answer_through_any_changes(
         group, member = owner
         budget = Budget(gpu_hours=Fraction(cap), period=int(period))
         view = book.by_group.get(group) if member is None else book.by_user.get((member, group))
-        expected = reference(list((view or {}).values()), budget, now, running)
-        assert book.room_returns(group, member, budget, now, running) == expected
+        mine = list((view or {}).values())
+        used = reference_used(mine, period, now, running)
+        if used_first:
+            assert book.used(group, member, int(period), now, running) == used
+        assert book.room_returns(group, member, budget, now, running) == reference(
+            mine, budget, now, running
+        )
+        assert book.used(group, member, int(period), now, running) == used
 
-    with patch.object(budgets, "ROOM_REMAKE_AFTER", remake_after):
+    with (
+        patch.object(budgets, "ROOM_REMAKE_AFTER", remake_after),
+        patch.object(budgets, "SUMMED_UP_TO", summed),
+    ):
         for op in first + ops:
             kind = op[0]
             if kind == "new":

@@ -9,9 +9,10 @@ The ``UsageBook`` keeps the records that can still count towards a budget,
 indexed by every group they are charged to (a server counts for its group and
 each parent) and by (user, group), so a spawn's budget check reads only its own
 owners' records. ``budget_refusal`` is the check; it runs in the same
-synchronous step as the quota check and reservation. When it refuses, it says when
-room returns: one sweep over the owner's records, kept by the book between
-refusals (only the records that change are looked at again). Pure: no I/O; times
+synchronous step as the quota check and reservation. What an owner used in its
+window, and when it refuses, when room returns: one sweep over the owner's
+records, kept by the book between calls (only the records that change are looked
+at again, and the open ones, whose use moves with the clock). Pure: no I/O; times
 are epoch seconds.
 """
 
@@ -25,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate, chain
 from operator import le, mul, neg, sub
-from typing import Any
 
 from .admission import Ledger
 from .model import Budget, Group, Policy
@@ -72,9 +72,15 @@ def gpu_hours(
     records: Iterable[UsageRecord], since: float, now: float, running: Container[str] = ()
 ) -> float:
     """GPU-equivalent-hours the records used from ``since`` to ``now``."""
-    # ``used_seconds`` with until = now and ``UsageRecord.end`` inlined: this sums every
-    # record of every budget a spawn counts against, in the spawn path, where a call per
-    # record is a third of it
+    return gpu_seconds(records, since, now, running) / HOUR
+
+
+def gpu_seconds(
+    records: Iterable[UsageRecord], since: float, now: float, running: Container[str] = ()
+) -> float:
+    """``gpu_hours`` in GPU-equivalent-seconds."""
+    # ``used_seconds`` with until = now and ``UsageRecord.end`` inlined: a call per
+    # record would be a third of it
     total = 0.0
     for r in records:
         end = r.ended
@@ -85,7 +91,7 @@ def gpu_hours(
         start = r.started if r.started > since else since
         if end > start:
             total += r.gpus * (end - start)
-    return total / HOUR
+    return total
 
 
 class _UsageAfter:
@@ -156,17 +162,28 @@ class _UsageAfter:
 
     def at(self, x: float) -> float:
         """GPU-equivalent-seconds counted in a window opening at ``x``."""
-        times = self.times
-        i = bisect_right(times, x)
-        if i == len(times):
-            used = 0.0
-        elif i == 0:
-            used = self.tail[0]
-        else:
-            used = self.tail[i] + self.rates[i - 1] * (times[i] - x)
+        used = self._rate_after(x)
         if self.step_ends:
             used += self.step_after[bisect_right(self.step_ends, x)]
         return used
+
+    def _rate_after(self, x: float) -> float:
+        """The spans' use from ``x`` on (the integral of the rate after ``x``)."""
+        times = self.times
+        i = bisect_right(times, x)
+        if i == len(times):
+            return 0.0
+        if i == 0:
+            return self.tail[0]
+        return self.tail[i] + self.rates[i - 1] * (times[i] - x)
+
+    def between(self, since: float, until: float) -> float:
+        """GPU-equivalent-seconds the spans used from ``since`` to ``until``: each span's
+        GPUs times its overlap with them, what ``gpu_seconds`` sums for closed records
+        (a span that ends before it starts counts nothing there), in O(log n)."""
+        if until <= since:
+            return 0.0
+        return self._rate_after(since) - self._rate_after(until)
 
 
 def _first_room(parts: list[_UsageAfter], budget: Budget, now: float) -> tuple[float, float] | None:
@@ -225,9 +242,10 @@ def _first_room(parts: list[_UsageAfter], budget: Budget, now: float) -> tuple[f
 
 @dataclass(slots=True)
 class _Room:
-    """What ``UsageBook.room_returns`` keeps of one owner's records between calls: the
-    closed records of when it was made, summed up once; the records closed since; the
-    open ones (whose end moves with the clock while they run), looked at each time."""
+    """What ``UsageBook.used`` and ``room_returns`` keep of one owner's records between
+    calls: the closed records of when it was made, summed up once; the records closed
+    since; the open ones (whose end moves with the clock while they run), looked at
+    each time."""
 
     closed: _UsageAfter
     #: how many records of the owner it accounts for (a check that none went unseen)
@@ -256,6 +274,12 @@ class _Room:
 #: records closed since an owner's ``_Room`` was made before it is made again (each
 #: call sums the ones closed since, once per change)
 ROOM_REMAKE_AFTER = 256
+#: owners whose ``_Room`` the book keeps (each holds ~56 bytes per record of its owner)
+MAX_ROOMS = 1000
+#: ``UsageBook.used`` sums an owner with at most this many records (a member's own, a
+#: small group's) instead of keeping a ``_Room`` for it: a sum of 1,000 records takes
+#: ~0.07 ms, making their ``_Room`` ten times that
+SUMMED_UP_TO = 1000
 
 
 class UsageBook:
@@ -269,29 +293,76 @@ class UsageBook:
         self.by_group: dict[str, dict[str, UsageRecord]] = {}
         self.by_user: dict[tuple[str, str], dict[str, UsageRecord]] = {}
         self.open_by_key: dict[str, UsageRecord] = {}
-        #: GPU-hours summed lately, by (owner, window), while no record changed: a
-        #: spawn's profile list and its admission ask for the same owners in turn
-        self._sums: dict[tuple[Any, int], tuple[int, float, float]] = {}
-        self._version = 0
-        #: what ``room_returns`` keeps of each owner it was asked about, by (group,
-        #: member or None), kept in step with the owner's records by every change
+        #: what ``used`` and ``room_returns`` keep of each owner they were asked about,
+        #: by (group, member or None), kept in step with the owner's records by every
+        #: change; the least recently asked about is forgotten first
         self._rooms: dict[tuple[str, str | None], _Room] = {}
 
+    def _room(self, group: str, member: str | None, period: float, now: float) -> _Room | None:
+        """What is kept of the records of ``group`` (``member``'s own in it, if given),
+        made again from the records if any of its closed records changed; None: no
+        records."""
+        records = self.by_group.get(group) if member is None else self.by_user.get((member, group))
+        if not records:
+            return None
+        owner = (group, member)
+        room = self._rooms.pop(owner, None)  # put back last: the most recently asked
+        if (
+            room is None
+            or room.size != len(records)
+            # a record pruned since could still count in this window (a longer period)
+            or room.dropped > now - period
+            or len(room.added) > ROOM_REMAKE_AFTER
+        ):
+            while len(self._rooms) >= MAX_ROOMS:
+                del self._rooms[next(iter(self._rooms))]
+            room = _Room.of(records.values())
+        self._rooms[owner] = room
+        return room
+
+    @staticmethod
+    def _added_after(room: _Room, now: float, running: Container[str]) -> _UsageAfter:
+        if room.added_after is None:
+            room.added_after = _UsageAfter.of(
+                (r.started, r.end(now, running), r.gpus) for r in room.added
+            )
+        return room.added_after
+
     def used(
-        self, owner: Any, records: Iterable[UsageRecord], period: int, now: float, running
+        self,
+        group: str,
+        member: str | None,
+        period: int,
+        now: float,
+        running: Container[str] = (),
     ) -> float:
-        """GPU-hours of ``records`` (``owner``'s) in the ``period`` before ``now``; a sum
-        made less than a second ago, with no record changed since, is reused (what the
-        owner's running servers used in that second is not worth another pass)."""
-        key = (owner, period)
-        cached = self._sums.get(key)
-        if cached is not None and cached[0] == self._version and 0 <= now - cached[1] < 1.0:
-            return cached[2]
-        value = gpu_hours(records, now - period, now, running)
-        if len(self._sums) > 100_000:
-            self._sums.clear()
-        self._sums[key] = (self._version, now, value)
-        return value
+        """GPU-hours of the records of ``group`` (``member``'s own in it, if given) in
+        the ``period`` before ``now``: ``gpu_hours`` of them, the same sum.
+
+        An owner with up to ``SUMMED_UP_TO`` records is summed; a larger one's closed
+        records are read from what ``room_returns`` keeps of them (summed from the
+        latest back once, so any window of them is two bisections), and only its open
+        records (servers running or unseen lately, whose use moves with the clock) are
+        summed each time.
+        """
+        records = self.by_group.get(group) if member is None else self.by_user.get((member, group))
+        if not records:
+            return 0.0
+        since = now - period
+        if (group, member) not in self._rooms and (
+            len(records) <= SUMMED_UP_TO or len(self._rooms) >= MAX_ROOMS
+        ):
+            # as quick; or as many owners kept as the book keeps (only a refusal makes
+            # way for another: rooms made and forgotten in turn would cost a sort a call)
+            return gpu_hours(records.values(), since, now, running)
+        room = self._room(group, member, float(period), now)
+        assert room is not None
+        seconds = room.closed.between(since, now)
+        if room.added:
+            seconds += self._added_after(room, now, running).between(since, now)
+        if room.open:
+            seconds += gpu_seconds(room.open.values(), since, now, running)
+        return seconds / HOUR
 
     def room_returns(
         self,
@@ -304,28 +375,12 @@ class UsageBook:
         """``room_returns`` of the records of ``group`` (``member``'s own in it, if
         given), the same answer, from what was summed up at an earlier call as long as
         none of the owner's closed records changed (a record closing is added to it)."""
-        records = self.by_group.get(group) if member is None else self.by_user.get((member, group))
-        if not records:
+        room = self._room(group, member, float(budget.period), now)
+        if room is None:
             return None
-        owner = (group, member)
-        room = self._rooms.get(owner)
-        if (
-            room is None
-            or room.size != len(records)
-            # a record pruned since could still count in this window (a longer period)
-            or room.dropped > now - float(budget.period)
-            or len(room.added) > ROOM_REMAKE_AFTER
-        ):
-            if len(self._rooms) >= 1000:
-                self._rooms.clear()
-            room = self._rooms[owner] = _Room.of(records.values())
         parts = [room.closed]
         if room.added:
-            if room.added_after is None:
-                room.added_after = _UsageAfter.of(
-                    (r.started, r.end(now, running), r.gpus) for r in room.added
-                )
-            parts.append(room.added_after)
+            parts.append(self._added_after(room, now, running))
         if room.open:
             parts.append(
                 _UsageAfter.of((r.started, r.end(now, running), r.gpus) for r in room.open.values())
@@ -383,7 +438,6 @@ class UsageBook:
 
     def put(self, policy: Policy, record: UsageRecord) -> None:
         """Add a record, or replace the one with its uid."""
-        self._version += 1
         old = self.records.get(record.uid)
         if old is not None:
             self._unindex(policy, old)
@@ -416,7 +470,6 @@ class UsageBook:
 
     def end(self, key: str, at: float) -> UsageRecord | None:
         """The open record of server ``key`` ends at ``at``."""
-        self._version += 1
         record = self.open_by_key.pop(key, None)
         if record is not None:
             record.ended = max(at, record.started)
@@ -515,7 +568,7 @@ def budgets_of(
         BudgetState(
             owner,
             budget,
-            book.used((group_name, member), records, budget.period, now, running),
+            book.used(group_name, member, budget.period, now, running),
             records,
             group_name,
             member,
