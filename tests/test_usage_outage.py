@@ -21,7 +21,7 @@ from jupyterhub_gpu.core.budgets import UsageRecord
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, FLAVOR_LABEL, GROUP_LABEL, PROFILE_LABEL
-from jupyterhub_gpu.service.gpu_time import AccountingBehind, GPUTime
+from jupyterhub_gpu.service.gpu_time import AccountingBehind, GPUTime, PodsUnseen
 from jupyterhub_gpu.service.tasks import BackgroundTask, RetryAtInterval
 from jupyterhub_gpu.spawn_admission import BUDGETS_UNCHECKED, AccountingCollector, SpawnAdmission
 from kube_helpers import eventually
@@ -261,6 +261,8 @@ class Pods:
 
     def __init__(self) -> None:
         self.server_pods: dict[str, SimpleNamespace] = {}
+        #: since when the watch has failed (None: the pods are current)
+        self.server_pods_behind_since: float | None = None
 
     def show(self, *records: UsageRecord) -> None:
         self.server_pods = {r.key: SimpleNamespace(usage=r) for r in records}
@@ -313,6 +315,47 @@ async def test_a_service_pass_keeps_what_it_sees_during_an_outage_and_writes_it_
     assert found["b"].last_seen == NOW + 150
     assert service.snapshot.current
     assert (service.snapshot.lag.behind, service.snapshot.lag.unwritten) == (False, 0)
+
+
+async def test_while_the_pod_watch_fails_no_pod_is_seen_and_one_gone_meanwhile_ends_before(
+    tmp_path,
+):
+    """The pods the service holds after its watch failed may be gone: a pass sees none
+    of them (no sighting, no end) until a list succeeds; then a pod that went meanwhile
+    ends at its last sighting, from before the failure."""
+    store = UsageStore(f"sqlite:///{tmp_path / 'usage.sqlite'}")
+    clock = [NOW]
+    pods = Pods()
+    service = GPUTime(POLICY, pods, store, clock=lambda: clock[0])
+    a, b = record("a", NOW - 10), record("b", NOW - 5)
+    pods.show(a, b)
+    await service.record()
+    # the watch fails at NOW + 1; a is deleted at NOW + 5, unseen: the service still holds it
+    pods.server_pods_behind_since = NOW + 1
+    for t in (NOW + 30, NOW + 60):
+        clock[0] = t
+        with pytest.raises(PodsUnseen) as unseen:
+            await service.record()
+        assert isinstance(unseen.value, RetryAtInterval)
+        assert "no server pod seen since" in str(unseen.value)
+        found = rows(store)
+        assert {uid: (r.last_seen, r.ended) for uid, r in found.items()} == {
+            "a": (NOW, None),
+            "b": (NOW, None),
+        }
+        # open records count up to their last sighting, not to now
+        assert service.running == {}
+        assert service.snapshot.groups["lab"].used == pytest.approx(15 / 3600)
+    # a list succeeds: b is there, a is not
+    pods.server_pods_behind_since = None
+    clock[0] = NOW + 90
+    pods.show(b)
+    report = await service.record()
+    assert "1 ended unseen" in report
+    found = rows(store)
+    assert (found["a"].last_seen, found["a"].ended) == (NOW, NOW)
+    assert (found["b"].last_seen, found["b"].ended) == (NOW + 90, None)
+    store.dispose()
 
 
 async def test_the_service_pass_keeps_its_pace_while_a_write_hangs(store):

@@ -6,12 +6,15 @@ keeping ``items`` (key -> transformed object) in step; when the watch expires
 restarted service lists and is caught up. Errors (unreachable API, missing
 RBAC) raise out of ``run`` so the ``BackgroundTask`` around it retries with
 backoff and shows the error; ``items`` is ``None`` until a list succeeds, so
-views can say "unknown" instead of showing zeros.
+views can say "unknown" instead of showing zeros. After a failure ``items`` is
+still the last state seen, but ``failing_since`` says it may be behind (an
+object deleted meanwhile is still in it) until a list succeeds again.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -86,6 +89,10 @@ class Reflector:
         self.watch_timeout = watch_timeout
         self.selectors = selectors
         self.items: dict[str, Any] | None = None
+        #: since when the list or the watch has failed (epoch seconds): ``items`` may
+        #: be behind from then on. None: the last list succeeded and the watch that
+        #: followed it has not failed
+        self.failing_since: float | None = None
 
     async def _json(self, **kwargs: Any) -> Any:
         """The raw response; an error status raises (the client only checks preloaded ones)."""
@@ -119,11 +126,21 @@ class Reflector:
                 items[object_key(obj)] = value
         # a new dict: on_change sees a complete list at once
         self.items = items
+        self.failing_since = None
         self.on_change(self)
         return data["metadata"]["resourceVersion"]
 
     async def run(self, task: Any = None) -> str:
-        """List, then watch until the watch expires; raises on errors (the task retries)."""
+        """List, then watch until the watch expires; raises on errors (the task retries),
+        and ``items`` counts as behind (``failing_since``) until a list succeeds again."""
+        try:
+            return await self._list_and_watch(task)
+        except BaseException:
+            if self.failing_since is None:
+                self.failing_since = time.time()
+            raise
+
+    async def _list_and_watch(self, task: Any) -> str:
         version = await self.relist()
         if task is not None:
             task.succeeded(f"{len(self.items or {})} {self.what}")

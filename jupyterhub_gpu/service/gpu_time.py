@@ -8,6 +8,13 @@ its ``UsageBook`` of recent records, from which budgets (for ``api/usage``,
 metrics and the budget rule), history and showback are answered without a
 database query; an older month is read from the database.
 
+Only a view of the pods known to be current is a sighting: while the pod watch
+or its list fails (the API server unreachable), a pod the service still holds
+may be gone, so a pass records no sighting and ends nothing; the rows keep their
+last sighting, open records count up to it (``running`` is empty), and the pass
+says so. Once a list succeeds, the pods in it are seen again and the rows of
+those gone meanwhile end at their last sighting, before the outage.
+
 While the database cannot be written, every pass still looks at the pods: it
 keeps their starts, their latest sightings and, for a pod seen during the outage
 that is gone now, its end at its last sighting (``accounting.backlog``), and
@@ -84,6 +91,11 @@ class HoursView:
 class AccountingBehind(RetryAtInterval):
     """The usage database could not be written or read in this pass: what the pods
     showed is kept to be written later, and the pass runs again at its interval."""
+
+
+class PodsUnseen(RetryAtInterval):
+    """The pod watch is failing: this pass saw no pod (what was kept was written and
+    the usage read), and runs again at its interval."""
 
 
 @dataclass
@@ -184,7 +196,10 @@ class GPUTime:
 
     @property
     def running(self) -> Mapping[str, Any]:
-        """Keys of the server pods alive now: their open records count up to now."""
+        """Keys of the server pods alive now: their open records count up to now (none
+        while the pod watch fails: they count up to their last sighting)."""
+        if self.state.server_pods_behind_since is not None:
+            return {}
         return self.state.server_pods or {}
 
     # ---- recording -------------------------------------------------------------------
@@ -196,24 +211,29 @@ class GPUTime:
         pods = self.state.server_pods
         if pods is None:
             raise RuntimeError("server pods not listed yet (see the watch server pods task)")
+        # read before the clock: a pod seen now was in a list or watch that held then
+        behind = self.state.server_pods_behind_since
         now = self.clock()
         began = time.monotonic()
         # the first pass reads every row the book holds: it may take a while
         wait = None if self._pass_began is None else max((began - self._pass_began) / 2, 1.0)
         self._pass_began = began
         live: dict[str, UsageRecord] = {}
-        for pod in pods.values():
+        for pod in pods.values() if behind is None else ():
             if pod.usage is not None:
                 live[pod.usage.uid] = pod.usage
         carried = len(self.backlog)
-        self.keep(live, now)
+        if behind is None:
+            self.keep(live, now)
         writing = self._writing
         if writing is not None and not writing.done():
             raise self._behind(now, "it has not answered the write begun by an earlier pass")
         if writing is not None and not writing.cancelled() and writing.exception() is not None:
             # an earlier pass's write that ended after that pass stopped waiting for it
             log.warning("GPU usage: an earlier write failed: %r", writing.exception())
-        self._writing = writing = asyncio.ensure_future(self._write_and_read(set(live), now))
+        self._writing = writing = asyncio.ensure_future(
+            self._write_and_read(set(live) if behind is None else None, now)
+        )
         done, _ = await asyncio.wait({writing}, timeout=wait)
         if not done:
             raise self._behind(now, f"it has not answered within {wait:.0f} s")
@@ -221,6 +241,14 @@ class GPUTime:
         new, ended, error = writing.result()
         if error is not None:
             raise self._behind(now, error)
+        if behind is not None:
+            # a pod listed before the failure may be gone: seeing it now would move its
+            # row's last sighting (and so its end) past it
+            raise PodsUnseen(
+                f"no server pod seen since {clock_time(behind)}: the server-pod watch is "
+                "failing (see its task); rows keep their last sighting until the pods are "
+                "listed again"
+            )
         # this month for every group, ready before an admin asks (the largest answer)
         await self.showback(self.month_of(now), None)
         for record in ended:
@@ -245,10 +273,11 @@ class GPUTime:
             self.backlog.add(uid, now, record=record, seen=now)
 
     async def _write_and_read(
-        self, live: set[str], now: float
+        self, live: set[str] | None, now: float
     ) -> tuple[int, list[UsageRecord], str | None]:
-        """Write everything kept, end the rows of pods gone since, read what changed:
-        (rows new, rows ended unseen, why the database failed or None)."""
+        """Write everything kept, end the rows of pods gone since (``live`` None: the
+        pods are not known, none is ended), read what changed: (rows new, rows ended
+        unseen, why the database failed or None)."""
         new, ended = 0, []
         try:
             carried = len(self.backlog)
@@ -261,8 +290,9 @@ class GPUTime:
                     carried,
                     clock_time(oldest or now),
                 )
-            # a pod younger than this pass may be missing from the list it was made from
-            ended = await asyncio.to_thread(self.store.end_missing, live, now - 10.0)
+            if live is not None:
+                # a pod younger than this pass may be missing from the list it was made from
+                ended = await asyncio.to_thread(self.store.end_missing, live, now - 10.0)
             await self.read()
         except AccountingUnavailable as e:
             if self._failing_since is None:

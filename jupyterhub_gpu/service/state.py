@@ -194,6 +194,8 @@ class ServiceState:
         self._adopted_since: dict[str, float] = {}
         self.resources = counted_resources(policy)
         self.server_pods: dict[str, ServerPod] | None = None
+        #: the server-pod watch (None: fed by hand, as in tests)
+        self.server_pods_watch: Reflector | None = None
         self.nodes: dict[str, Any] | None = None
         self.cluster_pods: dict[str, Any] | None = None
         self.servers: list[Server] | None = None
@@ -231,6 +233,7 @@ class ServiceState:
             # before it (charged by the adoption rule)
             label_selector=servers_selector(self.component),
         )
+        self.server_pods_watch = servers
         nodes, bound_pods = capacity_watches(
             core,
             on_nodes=lambda r: self.nodes_changed(r.items),
@@ -241,6 +244,14 @@ class ServiceState:
         return [servers, nodes, bound_pods]
 
     # ---- server pods -----------------------------------------------------------------
+
+    @property
+    def server_pods_behind_since(self) -> float | None:
+        """Since when ``server_pods`` may be behind the pods (epoch seconds): its watch
+        or list failed then, and no list has succeeded since, so a pod in it may be
+        gone. None: it is what the API server holds, as far as anyone can know."""
+        watch = self.server_pods_watch
+        return watch.failing_since if watch is not None else None
 
     def server_pod(self, pod: Mapping[str, Any]) -> ServerPod | None:
         """``server_pod``, a server from before the policy charged by its user's groups

@@ -1,0 +1,193 @@
+"""The service cut off from the API server, against a real hub and cluster: the service
+reaches Kubernetes through a relay the test cuts (``Relay``), the hub keeps its own access,
+so servers start and stop and pods go while the service's watch fails.
+
+- No sighting moves a row's ``last_seen`` while the watch fails (the pods the service
+  still holds may be gone); a pod deleted meanwhile ends near its real end, not when the
+  service can look again; the others are seen again once the pods are listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import pytest
+from kubernetes_asyncio.client import ApiException
+from test_gpu_time_service import END_ERROR, rows
+
+from hub_helpers import Relay, running_hub
+from kube_helpers import eventually, pod_manifest
+from test_service_hub import usage, user_token, wait_for_service
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
+MAX_RUNTIME = 60
+POLICY = {
+    "flavors": {"h200": {"kind": "gpu", "display_name": "H200", "node_selector": H200}},
+    "profiles": {"small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
+    "groups": {
+        "beta": {"display_name": "Beta Lab", "quota": {"gpus": 4}, "profiles": ["small"]},
+        "brief": {
+            "display_name": "Brief Course",
+            "quota": {"gpus": 2},
+            "max_runtime": f"{MAX_RUNTIME}s",
+            "profiles": ["small"],
+        },
+    },
+}
+USAGE_INTERVAL = 2
+
+
+@pytest.fixture(scope="module")
+async def relay(local_cluster):
+    relay = await Relay(local_cluster.state.ports["apiserver"]).start()
+    yield relay
+    await relay.ensure_serving()
+    await relay.cut()
+
+
+@pytest.fixture(scope="module")
+async def cut_hub(local_cluster, core, priority_class_objects, relay, tmp_path_factory):
+    """A hub whose service reaches the API server through ``relay``."""
+    kubeconfig = relay.kubeconfig(
+        local_cluster.state.kubeconfig, tmp_path_factory.mktemp("service-relay")
+    )
+    async with running_hub(
+        local_cluster,
+        core,
+        users={"bob": ["beta"], "carl": ["brief"]},
+        admin_users=("root",),
+        policy=POLICY,
+        gpu_service=True,
+        service_kubeconfig=kubeconfig,
+        extra_config=(
+            f"c.GPUService.usage_interval = {USAGE_INTERVAL}\n"
+            "c.GPUService.rules_interval = 1\n"
+            "c.GPUService.hub_poll_interval = 1\n"
+            # the watch lists again within seconds of the relay's return
+            "c.GPUService.max_backoff = 2\n"
+            "c.GPUService.auth_cache_max_age = 3\n"
+            "c.GPUKubeSpawner.ledger_resync_interval = 3\n"
+            "c.Spawner.poll_interval = 5\n"
+            "c.KubeSpawner.http_timeout = 120\n"
+            'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+            '"services": ["demo-admin"]})\n'
+        ),
+    ) as hub:
+        await wait_for_service(hub)
+        yield hub
+
+
+def raw_server_pod(name: str, user: str) -> dict:
+    """A server pod of ``beta`` the hub did not start (as after a hub restart)."""
+    charge = {"user": user, "request": {"gpus": "1", "cpu": 100, "memory": 1, "servers": 1}}
+    body = pod_manifest(name, {"nvidia.com/gpu": "1"}, nodeSelector=H200)
+    body["metadata"]["labels"] = {
+        "component": "singleuser-server",
+        "gpu.jupyterhub.org/group": "beta",
+        "gpu.jupyterhub.org/profile": "small",
+        "gpu.jupyterhub.org/flavor": "h200",
+        "hub.jupyter.org/username": user,
+    }
+    body["metadata"]["annotations"] = {"gpu.jupyterhub.org/charge": json.dumps(charge)}
+    return body
+
+
+async def tasks(hub, token: str) -> dict[str, dict]:
+    view, _ = await usage(hub, token)
+    return {t["name"]: t for t in view["tasks"]}
+
+
+async def runs_of(hub, token: str, task: str, count: int, within: float = 30) -> dict:
+    """Until the service's ``task`` has run ``count`` more times; its status then."""
+    start = (await tasks(hub, token))[task]["runs"]
+
+    async def ran():
+        status = (await tasks(hub, token))[task]
+        return status["runs"] >= start + count and status
+
+    return await eventually(ran, f"{count} more runs of {task}", within=within)
+
+
+async def test_no_sighting_while_the_watch_fails_and_a_pod_gone_meanwhile_ends_near_its_end(
+    cut_hub, core, relay
+):
+    hub = cut_hub
+    keys = {name: f"{hub.namespace}/{name}" for name in ("jupyter-bob-gone", "jupyter-bob-stays")}
+    for name in keys:
+        await core.create_namespaced_pod(hub.namespace, raw_server_pod(name, "bob"))
+    try:
+        await _sightings_through_an_outage(hub, core, relay, keys)
+    finally:
+        for name in keys:  # the hub's clean-up waits for every pod of its namespace
+            with contextlib.suppress(ApiException):
+                await core.delete_namespaced_pod(name, hub.namespace, grace_period_seconds=0)
+
+
+async def _sightings_through_an_outage(hub, core, relay, keys: dict[str, str]) -> None:
+    root = await user_token(hub, "root")
+    asked = time.time()
+
+    async def seen_since(moment: float):
+        found = {r.key: r for r in await rows(hub, user="bob")}
+        seen = all(k in found and found[k].last_seen >= moment for k in keys.values())
+        return seen and found
+
+    await eventually(lambda: seen_since(asked), "both pods to be seen", within=60)
+    cut = time.time()
+    await relay.cut()
+    try:
+
+        async def watch_failing():
+            task = (await tasks(hub, root))["watch server pods"]
+            return not task["ok"] and task
+
+        await eventually(watch_failing, "the service's pod watch to fail", within=30)
+        await runs_of(hub, root, "GPU time", 2)
+        before = {r.key: r for r in await rows(hub, user="bob")}
+        for key in keys.values():
+            assert before[key].last_seen <= cut + 1, (before[key], cut)
+            assert before[key].ended is None
+        # one pod goes while the service cannot look
+        await core.delete_namespaced_pod("jupyter-bob-gone", hub.namespace, grace_period_seconds=0)
+        deleted = time.time()
+
+        async def gone():
+            names = [p.metadata.name for p in (await core.list_namespaced_pod(hub.namespace)).items]
+            return "jupyter-bob-gone" not in names
+
+        await eventually(gone, "the pod to be gone", within=30)
+        passes = await runs_of(hub, root, "GPU time", 4)
+        during = {r.key: r for r in await rows(hub, user="bob")}
+        # no pass moved a sighting: the pod the service still holds is gone
+        for key in keys.values():
+            assert during[key].last_seen == before[key].last_seen, (during[key], before[key])
+        assert during[keys["jupyter-bob-stays"]].ended is None
+        # the hub (which still sees the pods) may have ended the gone one, never later
+        ended = during[keys["jupyter-bob-gone"]].ended
+        assert ended is None or ended <= deleted + 1, (ended, deleted)
+        # each pass says why it saw nothing
+        assert passes["consecutive_failures"] >= 4, passes
+        assert "no server pod seen since" in passes["last_error"], passes
+    finally:
+        await relay.restore()
+    restored = time.time()
+    # the pods are listed again: the one still there is seen, the other stays ended
+    after = await eventually(
+        lambda: _resumed(hub, keys, restored), "sightings to resume", within=60
+    )
+    stays, went = after[keys["jupyter-bob-stays"]], after[keys["jupyter-bob-gone"]]
+    assert stays.ended is None
+    assert went.ended is not None
+    # near its real end: never after it, and not before the service last saw it
+    assert cut - END_ERROR <= went.ended <= deleted + 1, (went, cut, deleted, restored)
+    assert went.last_seen <= deleted + 1, went
+
+
+async def _resumed(hub, keys: dict[str, str], moment: float):
+    found = {r.key: r for r in await rows(hub, user="bob")}
+    stays, went = found[keys["jupyter-bob-stays"]], found[keys["jupyter-bob-gone"]]
+    return stays.last_seen >= moment and went.ended is not None and found
