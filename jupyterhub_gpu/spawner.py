@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import aiohttp
+from jupyterhub.utils import isoformat
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Any as AnyValue
@@ -45,7 +47,14 @@ from .core.model import Policy, PolicyError
 from .core.objects import namespace_for
 from .core.profiles import disabled_slugs, disabling_script, without_overrides
 from .core.selection import Selection
-from .core.shaping import MERGED_SETTINGS, PodShape, apply_to_pod, merge_settings, shape
+from .core.shaping import (
+    MERGED_SETTINGS,
+    SPAWN_ANNOTATION,
+    PodShape,
+    apply_to_pod,
+    merge_settings,
+    shape,
+)
 from .kube.client import exception_message
 from .queue_watch import QueueWatch
 from .server_exit import ServerExited, exited_refusal, raise_if_exited, wait_until_serving
@@ -511,6 +520,13 @@ class GPUKubeSpawner(KubeSpawner):
         pod = await super().get_pod_manifest()
         if self.gpu_shape is not None:
             apply_to_pod(pod, self.gpu_shape)
+        started = getattr(self.orm_spawner, "started", None)
+        if isinstance(started, datetime):
+            # which start of the server this pod is (the hub noted it before start())
+            pod.metadata.annotations = {
+                **(pod.metadata.annotations or {}),
+                SPAWN_ANNOTATION: isoformat(started),
+            }
         # a server that fails leaves the end of its log in its pod's status, where the
         # spawn's failure reads it without pods/log (server_exit); a site's own wins
         for container in pod.spec.containers:

@@ -185,7 +185,7 @@ def idle_pass(users: dict[str, str], percent: dict[str, float]):
     state.set_servers([server(u, "lab", 3 * 3600) for u in users])
     stopped = []
 
-    async def stop(user: str, name: str, reason: str) -> None:
+    async def stop(user: str, name: str, reason: str, pod=None) -> None:
         stopped.append((user, reason))
 
     rule = IdleServers(POLICY, state, stop, AnsweringPrometheus(percent), notice_period=60)

@@ -497,7 +497,7 @@ async def test_over_limit_stops_are_announced_once_and_forgotten_with_their_pods
     state.set_servers([])
     asked: list[tuple[str, str]] = []
 
-    async def stop(user: str, name: str, reason: str) -> str | None:
+    async def stop(user: str, name: str, reason: str, pod=None) -> str | None:
         asked.append((user, reason))
         return None  # the hub stops it later: the pod stays until then
 

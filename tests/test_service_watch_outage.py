@@ -5,10 +5,15 @@ so servers start and stop and pods go while the service's watch fails.
 - No sighting moves a row's ``last_seen`` while the watch fails (the pods the service
   still holds may be gone); a pod deleted meanwhile ends near its real end, not when the
   service can look again; the others are seen again once the pods are listed.
+- A rule that judged a pod the service still holds, whose server was started again
+  meanwhile (a new pod, seconds after the old one was made), does not stop the new
+  server: the service asks the hub for the server right before the stop, and the hub's
+  server is another start than the one the judged pod says made it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -17,9 +22,10 @@ import pytest
 from kubernetes_asyncio.client import ApiException
 from test_gpu_time_service import END_ERROR, rows
 
-from hub_helpers import Relay, running_hub
+from hub_helpers import Relay, api, no_server, running_hub, server
+from jupyterhub_gpu.core.shaping import SPAWN_ANNOTATION
 from kube_helpers import eventually, pod_manifest
-from test_service_hub import usage, user_token, wait_for_service
+from test_service_hub import start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -191,3 +197,81 @@ async def _resumed(hub, keys: dict[str, str], moment: float):
     found = {r.key: r for r in await rows(hub, user="bob")}
     stays, went = found[keys["jupyter-bob-stays"]], found[keys["jupyter-bob-gone"]]
     return stays.last_seen >= moment and went.ended is not None and found
+
+
+async def test_a_stop_judged_on_a_pod_no_longer_seen_spares_the_server_started_since(
+    cut_hub, core, relay
+):
+    """carl's server (pod A) runs; the service loses the API server; carl restarts his
+    server through the hub (pod B). The service still holds pod A, so its max_runtime
+    rule judges carl's server by A's start and finds it past max_runtime: the hub's
+    answer right before the stop shows another start than the one that made A, and B
+    is not stopped. Once the service sees the pods again, B is stopped at its own
+    max_runtime."""
+    hub = cut_hub
+    root = await user_token(hub, "root")
+
+    async def carls_pods():
+        listed = await core.list_namespaced_pod(
+            hub.namespace, label_selector="hub.jupyter.org/username=carl"
+        )
+        return [p for p in listed.items if not p.metadata.deletion_timestamp]
+
+    await start_server(hub, "carl", "brief--small")
+    (first,) = await carls_pods()
+    # the pod says which start of carl's server made it, as the hub's API says it
+    started = first.metadata.annotations[SPAWN_ANNOTATION]
+    assert started == (await server(hub, "carl"))["started"]
+
+    async def counted():
+        view, _ = await usage(hub, root)
+        (brief,) = [g for g in view["groups"] if g["name"] == "brief"]
+        return brief["gpus"]["used"] == 1
+
+    await eventually(counted, "the service to count carl's server", within=30)
+    await relay.cut()
+    try:
+
+        async def watch_failing():
+            task = (await tasks(hub, root))["watch server pods"]
+            return not task["ok"] and task
+
+        await eventually(watch_failing, "the service's pod watch to fail", within=30)
+        # carl starts his server again; the hub reaches the API server itself
+        status, body = await api(hub, "DELETE", "/users/carl/server")
+        assert status in (202, 204), body
+        await eventually(lambda: no_server(hub, "carl"), "carl's server to stop", within=60)
+        await start_server(hub, "carl", "brief--small")
+        (second,) = await carls_pods()
+        assert second.metadata.uid != first.metadata.uid
+        restarted = await server(hub, "carl")
+        # A's max_runtime passes while the service still holds A as carl's server's pod
+        due = first.status.start_time.timestamp() + MAX_RUNTIME
+        assert time.time() < due, "the restart took longer than A's max_runtime"
+        await asyncio.sleep(due - time.time())
+        # the rule runs, judging A past its max_runtime each time
+        await runs_of(hub, root, "runtime rules", 3)
+        # B is still the server: not stopped, not stopping, and not yet due itself
+        now = await server(hub, "carl")
+        assert now is not None, "carl's new server was stopped for the old one's runtime:\n" + (
+            "\n".join(line for line in hub.log_path.read_text().splitlines() if "carl" in line)
+        )
+        assert now["started"] == restarted["started"]
+        assert now["pending"] is None
+        (still,) = await carls_pods()
+        assert still.metadata.uid == second.metadata.uid
+        assert time.time() < second.status.start_time.timestamp() + MAX_RUNTIME
+        said = (
+            "Not stopping carl's server (max_runtime): the hub's server started at "
+            f"{restarted['started'][11:19]} UTC, the judged pod "
+            f"{hub.namespace}/{first.metadata.name} was made by its start at "
+            f"{started[11:19]} UTC: it was started again since"
+        )
+        assert said in hub.log_path.read_text(errors="replace")
+    finally:
+        await relay.restore()
+    # seen again: B runs until its own max_runtime, and is stopped then
+    await eventually(
+        lambda: no_server(hub, "carl"), "B's own max_runtime stop", within=MAX_RUNTIME + 60
+    )
+    assert time.time() >= second.status.start_time.timestamp() + MAX_RUNTIME - 1

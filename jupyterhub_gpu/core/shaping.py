@@ -30,6 +30,9 @@ TIER_LABEL = f"{LABEL_PREFIX}/tier"
 #: (production and staging) never count, bill or stop each other's servers
 HUB_LABEL = f"{LABEL_PREFIX}/hub"
 CHARGE_ANNOTATION = f"{LABEL_PREFIX}/charge"
+#: which of a server's starts made a pod: the hub's ``started`` of that start, as its
+#: REST API writes it (the service stops a server only while it is still that start)
+SPAWN_ANNOTATION = f"{LABEL_PREFIX}/spawn-started"
 #: the label naming a pod's queue, per scheduler that has one (each scheduler's own)
 QUEUE_LABELS = {name: s.queue_label for name, s in SCHEDULERS.items() if s.queue_label}
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -47,11 +47,11 @@ from .hubapi import HubAPI, HubAPIError
 from .idle import IdleServers, Prometheus
 from .orphans import OrphanPods
 from .page import RANGES
-from .runtime_rules import RuntimeRules
+from .runtime_rules import RuntimeRules, not_the_judged_server
 from .server_events import ServerEvents
 from .server_status import server_status
 from .startup import default_config_file, listen_address, read_hub_config
-from .state import ServiceState
+from .state import ServerPod, ServiceState
 from .tasks import BackgroundTask
 from .views import CachedUsage, Snapshot, Viewer, is_policy_admin, visible_groups
 
@@ -121,6 +121,8 @@ class GPUService(Application, service_settings.GPUService):
         self._reconcile_passes: ReconcilePasses | None = None
         # at most this many stop requests to the hub at once
         self._stops = asyncio.Semaphore(10)
+        #: (pod uid, reason) of the stops not sent because the server changed, told once
+        self._skips_told: set[tuple[str, str]] = set()
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu/")
         # the hub's pages are beside the service's: <base_url>hub/ and <base_url>services/gpu/
         self.hub_prefix = self.service_prefix.rpartition("services/")[0] + "hub/"
@@ -312,10 +314,17 @@ class GPUService(Application, service_settings.GPUService):
         """Warn idle GPU servers, stop those still idle after ``idle_notice``."""
         return await self.idle_servers.run(datetime.now(UTC))
 
-    async def _stop(self, user: str, name: str, reason: str) -> str | None:
-        """Ask the hub to stop a server; the error in words, or None when done."""
+    async def _stop(
+        self, user: str, name: str, reason: str, pod: ServerPod | None = None
+    ) -> str | None:
+        """Ask the hub to stop a server; the error in words, or None when done. With
+        the ``pod`` the rule judged, only if the hub's server is still the one that
+        made it (``not_the_judged_server``); a stop not sent is logged with why."""
         async with self._stops:
             try:
+                if pod is not None and (why := await self._not_judged(user, name, pod)):
+                    self._skipped_stop(user, name, reason, pod, why)
+                    return None
                 running = self.state.pod_of(user, name)
                 self.server_events.stopping(user, name, reason, running and running.uid)
                 await self.hub.stop_server(user, name)
@@ -327,6 +336,23 @@ class GPUService(Application, service_settings.GPUService):
         self.stopped_counter.labels(reason).inc()
         self.server_events.stopped(user, name)
         return None
+
+    async def _not_judged(self, user: str, name: str, pod: ServerPod) -> str | None:
+        """Why the user's server now is not the one whose pod was judged, or None."""
+        # the service's own view only counts while its watch holds (else it may be behind)
+        state = self.state
+        current = state.server_pods if state.server_pods_behind_since is None else None
+        return not_the_judged_server(await self.hub.server(user, name), pod, current)
+
+    def _skipped_stop(self, user: str, name: str, reason: str, pod: ServerPod, why: str) -> None:
+        """Logged once per judged pod and reason (a rule judges again at every run)."""
+        said = (pod.uid or pod.key, reason)
+        level = logging.DEBUG if said in self._skips_told else logging.WARNING
+        self._skips_told.add(said)
+        if len(self._skips_told) > 10_000:
+            self._skips_told = {said}
+        label = f"{user}/{name}" if name else user
+        self.log.log(level, "Not stopping %s's server (%s): %s", label, reason, why)
 
     def server_status(self, user: str, name: str) -> dict[str, Any]:
         """One server's GPU, budgets, quota use, scheduled stops and notices."""

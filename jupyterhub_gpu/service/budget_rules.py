@@ -41,6 +41,9 @@ class BudgetRule:
         self.stop = stop
         #: pod key -> when its user was told its budget is used up (epoch seconds)
         self.told: dict[str, float] = {}
+        #: pod key -> the uid of the pod ``told`` is about: a new pod of the same name (the
+        #: server started again) is told anew and gets its own grace
+        self._told_uid: dict[str, str | None] = {}
         #: pod keys whose stop was announced
         self.stopping: set[str] = set()
 
@@ -84,6 +87,9 @@ class BudgetRule:
             return "GPU-hours not read yet"
         due: list[ServerPod] = []
         for key, pod in pods.items():
+            if key in self.told and self._told_uid.get(key) != pod.uid:
+                del self.told[key]
+                self.stopping.discard(key)
             exhausted = self.exhausted(pod)
             if not exhausted or pod.user is None:
                 self.told.pop(key, None)  # room again, or gone: a later exhaustion tells anew
@@ -94,6 +100,7 @@ class BudgetRule:
             used = used_line(owner, hours.used, budget)
             if key not in self.told:
                 self.told[key] = now
+                self._told_uid[key] = pod.uid
                 if grace is None:
                     then = (
                         "new GPU servers are refused until room returns; "
@@ -131,10 +138,11 @@ class BudgetRule:
                         )
                     )
         results = await asyncio.gather(
-            *(self.stop(p.user or "", p.servername, "budget") for p in due)
+            *(self.stop(p.user or "", p.servername, "budget", p) for p in due)
         )
         errors = [r for r in results if r]
         self.told = {k: v for k, v in self.told.items() if k in pods}
+        self._told_uid = {k: v for k, v in self._told_uid.items() if k in self.told}
         self.stopping &= set(pods)
         if errors:
             raise RuntimeError(f"{len(errors)} stop(s) failed; first: {errors[0]}")

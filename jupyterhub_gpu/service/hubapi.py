@@ -132,6 +132,21 @@ class HubAPI:
             complete=all("servers" in u for u in users),
         )
 
+    async def server(self, user: str, name: str) -> dict[str, Any] | None:
+        """The user's server ``name`` as the hub describes it now (its model: ``started``,
+        ``pending``, ...); None when it is not running (or there is no such user)."""
+        call = f"/users/{quote(user, safe='')}"
+        try:
+            model = await self.call("GET", call)
+        except HubAPIError as e:
+            if e.status == 404:
+                return None
+            raise
+        if "servers" not in model:
+            # without read:servers the hub answers without them: nothing can be told
+            raise HubAPIError(f"GET {call}", 403, "the answer has no servers")
+        return (model.get("servers") or {}).get(name)
+
     async def stop_server(self, user: str, name: str) -> None:
         path = f"/users/{quote(user, safe='')}/server"
         if name:

@@ -457,7 +457,7 @@ class IdleServers:
                     f"({reading.signal})",
                     "idle_stop",
                 )
-            error = await self.stop(server.user, server.name, "idle")
+            error = await self.stop(server.user, server.name, "idle", candidate.pod)
             if error:
                 errors.append(error)
             else:

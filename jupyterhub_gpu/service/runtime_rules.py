@@ -12,17 +12,92 @@ only ever a delay after a restart, never a hastened stop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import Awaitable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from ..core.model import Policy
 from ..core.quantities import format_duration, format_gpus
 from . import rules
-from .state import ServiceState
+from .state import ServerPod, ServiceState
 from .views import Notice
 
-#: asks the hub to stop (user, server name) for a reason; the error in words, or None
-StopServer = Callable[[str, str, str], Awaitable[str | None]]
+
+class StopServer(Protocol):
+    """Asks the hub to stop (user, server name) for a reason, if it is still the server
+    whose ``pod`` the rule judged; the error in words, or None (stopped, or not sent)."""
+
+    def __call__(
+        self, user: str, name: str, reason: str, pod: ServerPod | None = None
+    ) -> Awaitable[str | None]: ...
+
+
+#: for a pod that does not say which start made it (made before the spawner wrote it
+#: down): how much later than the pod's creation the hub may say its server started
+#: and still be the start that made it. JupyterHub notes the start before the spawner
+#: makes the pod, but creationTimestamp is in whole seconds (rounded down) and the
+#: hub's clock and the API server's may differ a little (a server's stop not sent for
+#: a skew beyond this would be worse than a restart within it missed: such pods are
+#: only those made before an upgrade)
+SAME_SERVER_SLACK = 5.0
+
+
+def not_the_judged_server(
+    hub_server: Mapping[str, Any] | None,
+    pod: ServerPod,
+    pods_now: Mapping[str, ServerPod] | None,
+) -> str | None:
+    """Why the server the hub has now is not the one whose ``pod`` a rule judged, or
+    None when it is (pure). ``hub_server``: the hub's model of the user's server, asked
+    for right before the stop (None: none running); ``pods_now``: the server pods the
+    service sees now (None: its view may be behind).
+
+    JupyterHub stops a server by user and name, not by pod: after a failed stop and a
+    quick restart, or while the service's view of the pods is behind, that name may be
+    a new server. The signal that holds is the hub's own ``started``: the hub notes it
+    at every start of a server, the spawner writes it on the pod it makes
+    (``SPAWN_ANNOTATION``), and the hub answering right before the stop is the one
+    that will stop it. Equal, it is the start that made the judged pod, whatever the
+    watch has seen; anything else is another start. For a pod without it, the start
+    must not be later than the pod's creation (a restart is later), and the service's
+    own view, while current, must not show another pod of the server.
+    """
+    if hub_server is None:
+        return "the hub has no such server running now"
+    started = _parse_time(hub_server.get("started"))
+    made_by = _parse_time(pod.spawn_started)
+    if started is not None and made_by is not None:
+        if started == made_by:
+            return None
+        return (
+            f"the hub's server started at {started:%H:%M:%S} UTC, the judged pod {pod.key} "
+            f"was made by its start at {made_by:%H:%M:%S} UTC: it was started again since"
+        )
+    created = pod.created
+    if (
+        started is not None
+        and created is not None
+        and (started - created).total_seconds() > SAME_SERVER_SLACK
+    ):
+        return (
+            f"the hub's server started at {started:%H:%M:%S} UTC, after the judged pod "
+            f"{pod.key} was created ({created:%H:%M:%S} UTC): it was started again since"
+        )
+    if pods_now is not None and pod.uid:
+        now = [p for p in pods_now.values() if (p.user, p.servername) == (pod.user, pod.servername)]
+        if now and all(p.uid != pod.uid for p in now):
+            return (
+                f"its pod is now {now[0].key} (uid {now[0].uid}), not the judged one "
+                f"(uid {pod.uid}): it was started again since"
+            )
+    return None
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 class RuntimeRules:
@@ -95,8 +170,17 @@ class RuntimeRules:
                     kind="max_runtime_stop",
                 )
             )
+        # the pod each server was judged by (its runtime counts from the pod's start)
+        pods = {
+            (p.user, p.servername): p
+            for p in (state.server_pods or {}).values()
+            if p.charge is not None
+        }
         results = await asyncio.gather(
-            *(self.stop(s.user, s.name, "max_runtime") for s, _ in overdue)
+            *(
+                self.stop(s.user, s.name, "max_runtime", pods.get((s.user, s.name)))
+                for s, _ in overdue
+            )
         )
         errors += [r for r in results if r]
         return sum(1 for r in results if r is None)
@@ -129,7 +213,7 @@ class RuntimeRules:
                             kind="over_limit_stop",
                         )
                     )
-                error = await self.stop(pod.user, pod.servername, "over_limit")
+                error = await self.stop(pod.user, pod.servername, "over_limit", pod)
                 if error:
                     errors.append(error)
                 else:

@@ -39,6 +39,7 @@ from ..core.model import Policy
 from ..core.shaping import (
     GROUP_LABEL,
     PROFILE_LABEL,
+    SPAWN_ANNOTATION,
     charge_from_pod,
     namespace_for,
     of_another_hub,
@@ -72,6 +73,9 @@ class ServerPod:
     started: datetime | None = None
     #: the pod's uid (a delete names it, so a newer pod of the same name is never hit)
     uid: str | None = None
+    #: which of its server's starts made it: the hub's ``started`` of that start (None:
+    #: a pod made before the spawner wrote it down)
+    spawn_started: str | None = None
     #: a server started before the policy (none of its labels): the pod as the adoption
     #: rule reads it (``core.adoption``); its charge and GPU time follow from its user's
     #: groups, which ``ServiceState`` knows
@@ -134,6 +138,7 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         usage=usage,
         started=_timestamp(started),
         uid=metadata.get("uid"),
+        spawn_started=annotations.get(SPAWN_ANNOTATION),
         terminating=terminating(pod),
         disruption=_disruption(pod),
     )
