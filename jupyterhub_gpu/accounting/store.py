@@ -34,6 +34,7 @@ hub has one. Synchronous (SQLAlchemy Core); async callers run it in a thread.
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -141,13 +142,35 @@ def _greatest(*values: Any) -> Any:
     return largest
 
 
+#: how long a connection to a sqlite file waits for the other writer, in seconds
+_SQLITE_BUSY_WAIT = 10.0
+
+
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    """The hub and the service write the same file: readers never wait for a writer
+    (write-ahead log), and a writer waits, rather than fails, for the other."""
     cursor = connection.cursor()
-    # the hub and the service write the same file: readers never wait for a writer,
-    # a writer waits (rather than fails) for the other
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.close()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout={int(_SQLITE_BUSY_WAIT * 1000)}")
+        # The log mode is kept in the file, so only its first opener switches it. The
+        # switch needs the file to itself and sqlite reports "locked" at once, without
+        # its busy wait, when the other writer has it open: wait here instead.
+        deadline = time.monotonic() + _SQLITE_BUSY_WAIT
+        while cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            try:
+                mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e):
+                    raise
+                mode = str(e)
+            if mode != "wal":
+                if time.monotonic() > deadline:
+                    raise sqlite3.OperationalError(
+                        f"could not switch the file to write-ahead logging: {mode}"
+                    )
+                time.sleep(0.05)
+    finally:
+        cursor.close()
 
 
 def _insert_new(connection: Connection, rows: list[dict[str, Any]]) -> int:
@@ -236,31 +259,33 @@ def _add_revision(engine: Engine) -> None:
     """Bring a table of an earlier version up to this one: its ``revision`` column
     (0 in every existing row) and index. Safe when the hub and the service both
     start on it at once: on PostgreSQL one waits for the other (its ``IF NOT EXISTS``
-    does not hold against a concurrent create); elsewhere the second finds it done."""
+    does not hold against a concurrent create); elsewhere a step the other one did
+    first fails, and the upgrade is tried again from what is there."""
     dialect = engine.dialect.name
     index = next(i for i in usage.indexes if i.name == "ix_jupyterhub_gpu_usage_revision")
-    try:
-        with engine.begin() as connection:
-            if dialect == "postgresql":
-                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_UPGRADE_LOCK})")
-            columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
-            if "revision" not in columns:
-                connection.exec_driver_sql(
-                    f"ALTER TABLE {usage.name} ADD COLUMN revision BIGINT NOT NULL DEFAULT 0"
-                )
-            if dialect in ("postgresql", "sqlite"):
-                connection.exec_driver_sql(
-                    f"CREATE INDEX IF NOT EXISTS {index.name} ON {usage.name} (revision)"
-                )
-            else:
-                index.create(connection, checkfirst=True)
-    except SQLAlchemyError:
-        with engine.connect() as connection:
-            columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
-            indexes = {i["name"] for i in inspect(connection).get_indexes(usage.name)}
-        if "revision" not in columns or index.name not in indexes:
-            raise
-        # the other one did it first
+    for attempt in range(1, 6):
+        try:
+            with engine.begin() as connection:
+                if dialect == "postgresql":
+                    connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_UPGRADE_LOCK})")
+                columns = {c["name"] for c in inspect(connection).get_columns(usage.name)}
+                if "revision" not in columns:
+                    connection.exec_driver_sql(
+                        f"ALTER TABLE {usage.name} ADD COLUMN revision BIGINT NOT NULL DEFAULT 0"
+                    )
+                if dialect in ("postgresql", "sqlite"):
+                    connection.exec_driver_sql(
+                        f"CREATE INDEX IF NOT EXISTS {index.name} ON {usage.name} (revision)"
+                    )
+                else:
+                    index.create(connection, checkfirst=True)
+            return
+        except SQLAlchemyError:
+            # sqlite commits each schema change on its own: the other one may have
+            # added the column and not yet the index
+            if attempt == 5:
+                raise
+            time.sleep(0.1 * attempt)
 
 
 class UsageStore:
