@@ -228,11 +228,33 @@ async def stop_hub(hub: LocalHub, core) -> None:
     """
     try:
         if hub.process is not None and hub.process.poll() is None:
+            answers = {}
             for user in hub.users:
-                await api(hub, "DELETE", f"/users/{user}/server")
-            await wait_no_pods(core, hub.namespace)
+                answers[user] = (await api(hub, "DELETE", f"/users/{user}/server"))[0]
+            try:
+                await wait_no_pods(core, hub.namespace)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{await left_behind(hub, core, answers)}") from None
     finally:
         await asyncio.to_thread(hub.stop)
+
+
+async def left_behind(hub: LocalHub, core, answers: dict[str, int]) -> str:
+    """What a teardown found still there, and what the hub said of it: enough to tell
+    a stop the hub never made from a pod Kubernetes was slow to remove."""
+    lines = []
+    for pod in (await core.list_namespaced_pod(hub.namespace)).items:
+        meta = pod.metadata
+        lines.append(
+            f"pod {meta.name}: phase {pod.status.phase}, node {pod.spec.node_name},"
+            f" deletion {meta.deletion_timestamp}, finalizers {meta.finalizers}"
+        )
+        user = (meta.annotations or {}).get("hub.jupyter.org/username")
+        if user in answers:
+            lines.append(f"  the hub answered DELETE /users/{user}/server with {answers[user]}")
+        log = hub.log_path.read_text(errors="replace").splitlines()
+        lines += ["  " + line for line in log if meta.name in line or (user and user in line)][-15:]
+    return "\n".join(lines)
 
 
 @contextlib.asynccontextmanager
