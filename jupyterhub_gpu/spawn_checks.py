@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import jupyterhub
+from kubernetes_asyncio.client.rest import ApiException
 from tornado import web
 
 from .config.values import site_profile_list_error
 from .core.model import Policy, PolicyError
 from .core.selection import Malformed, Refused, Selection, select
+from .core.shaping import mount_collisions
+from .kube.client import exception_message
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner
@@ -130,6 +133,42 @@ def not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
     if JUPYTERHUB_COUNTS_REFUSALS and spawner.handler is not None:
         settings = spawner.handler.settings
         settings["failure_count"] = settings.get("failure_count", 0) - 1
+
+
+def refuse_mount_collisions(spawner: GPUKubeSpawner, policy: Policy, group: str) -> None:
+    """A dataset mounted where the chart's home (or a profile's volume) already is:
+    Kubernetes would refuse the pod; say which dataset and where, before anything
+    is reserved."""
+    problems = mount_collisions(policy.datasets_of(group), spawner.volumes, spawner.volume_mounts)
+    if problems:
+        spawner.log.error("GPU policy datasets collide with the server's volumes: %s", problems)
+        raise SpawnRefused(f"{problems[0]}; an admin must fix it", 500)
+
+
+async def refuse_missing_claims(
+    spawner: GPUKubeSpawner, policy: Policy, group: str, namespace: str
+) -> None:
+    """Each claim the group's datasets name must exist in the server's namespace: a
+    pod with a missing claim would wait in Pending until the start times out."""
+    for dataset in policy.datasets_of(group):
+        claim = dataset.claim
+        if claim is None:
+            continue
+        try:
+            with kubernetes_reachable():
+                await spawner.api.read_namespaced_persistent_volume_claim(claim, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise SpawnRefused(
+                    f"the dataset {dataset.display_name}'s PersistentVolumeClaim {claim} "
+                    f"could not be read in namespace {namespace}: {exception_message(e)}",
+                    503 if e.status >= 500 else 500,
+                ) from None
+            raise SpawnRefused(
+                f"the dataset {dataset.display_name} needs the PersistentVolumeClaim {claim} "
+                f"in namespace {namespace}, and there is none: nothing was started; an admin "
+                "must create the claim (or remove the dataset from the group)"
+            ) from None
 
 
 def unreachable(error: Exception) -> SpawnRefused:

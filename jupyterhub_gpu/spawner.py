@@ -67,6 +67,8 @@ from .spawn_checks import (
     kubernetes_reachable,
     not_a_hub_failure,
     refuse_a_site_profile_list,
+    refuse_missing_claims,
+    refuse_mount_collisions,
     selected,
     unreachable,
 )
@@ -347,6 +349,9 @@ class GPUKubeSpawner(KubeSpawner):
         namespace = namespace_for(policy, selection.group.name)
         if namespace:
             self.namespace = namespace
+        # the group's datasets: where they mount, and that their claims exist
+        refuse_mount_collisions(self, policy, selection.group.name)
+        await refuse_missing_claims(self, policy, selection.group.name, self.namespace)
         decision = await self._admit(policy, selection)
         self.gpu_selection = selection
         self.gpu_shape = shape(

@@ -67,15 +67,17 @@ class GPUPolicy(Configurable):
         ``image: {choices: [...]}``; the image option alone may add
         ``unlisted_choice: {validation_regex: ..., display_name: ...}`` so users
         can type an image, checked server-side against the whole regex),
-        ``default`` and ``kubespawner_override`` for anything the policy does not
-        account (volumes, environment, ...).
+        ``default``, ``interfaces`` (which of ``GPUPolicy.interfaces`` it can
+        open) and ``kubespawner_override`` for anything the policy does not
+        account (environment, ...; shared data is ``datasets``).
         """,
     ).tag(config=True)
 
     everyone = Dict(
         help="""
         What every authenticated user is offered, as a group named ``everyone``:
-        ``profiles``, and optionally ``quota``, ``limit``, ``per_user``, ``max_runtime``.
+        ``profiles``, and optionally ``quota``, ``limit``, ``per_user``,
+        ``max_runtime``, ``interfaces`` and ``datasets``.
         """,
     ).tag(config=True)
 
@@ -103,6 +105,10 @@ class GPUPolicy(Configurable):
         Fair share (with ``fair_share``): ``share`` (a number above 0, default
         1) is the group's weight among its siblings, the groups of the same
         parent (or the top-level groups); its members have equal shares of it.
+
+        What servers open and mount: ``interfaces`` (names from
+        ``GPUPolicy.interfaces``) and ``datasets`` (names from
+        ``GPUPolicy.datasets``; a server mounts its group's and its parents').
         """,
     ).tag(config=True)
 
@@ -139,6 +145,61 @@ class GPUPolicy(Configurable):
     def _first_come_first_served(self) -> None:
         # traitlets would make an unset Dict {}: unset is off, not "on with no settings"
         return None
+
+    interfaces = Dict(
+        help="""
+        What a server can open, by name: ``{display_name, url}``, where ``url``
+        is a path on the user's server, for example
+
+        .. code-block:: yaml
+
+            interfaces:
+              lab:    {display_name: JupyterLab, url: /lab}
+              vscode: {display_name: VS Code, url: /vscode/}
+
+        VS Code needs ``jupyter-vscode-proxy`` and code-server in the
+        single-user image; any other ``jupyter-server-proxy`` app is named by
+        its URL the same way. A group's or profile's ``interfaces: [lab,
+        vscode]`` says which of them its servers offer (both set: those in
+        both); where neither says, the first one here. With more than one, the
+        spawn form offers the choice as the option ``interface``, and the server
+        opens at its URL (its ``default_url``). A spawn naming an interface its
+        group does not offer is refused.
+
+        Unset (the default): the policy does not choose, and servers open at the
+        chart's ``singleuser.defaultUrl``.
+        """,
+    ).tag(config=True)
+
+    datasets = Dict(
+        help="""
+        Shared data the servers of some groups mount, by name. Each is one of
+
+        - ``nfs: {server, path}``: an NFS export, mounted inline, so it mounts
+          in any namespace;
+        - ``claim: <name>``: an existing PersistentVolumeClaim in the server's
+          namespace (with ``namespace_per_group``, each group's own namespace);
+        - ``csi: {driver, volume_attributes, fs_type}``: a CSI volume (Lustre,
+          GPFS, ...);
+
+        with ``mount_path`` (required, absolute) and ``read_only`` (default
+        false), and optionally ``display_name`` and ``description``:
+
+        .. code-block:: yaml
+
+            datasets:
+              imagenet: {nfs: {server: nfs.example.edu, path: /export/imagenet},
+                         mount_path: /data/imagenet, read_only: true}
+              scratch:  {claim: research-scratch, mount_path: /data/scratch}
+
+        A group's ``datasets: [imagenet, scratch]`` names what its servers mount
+        (its parents' datasets too). Nothing in a user's options adds or
+        changes a mount. A claim missing from a server's namespace refuses the
+        spawn with its name, and the GPU service reports it. Users' homes stay
+        the chart's (``singleuser.storage``); a dataset may not be mounted where
+        one of the chart's volumes is.
+        """,
+    ).tag(config=True)
 
     namespace_per_group = Bool(
         False,
@@ -249,6 +310,8 @@ class GPUPolicy(Configurable):
         "adopted_servers_group",
         "adopted_servers_preemptible",
         "fair_share",
+        "interfaces",
+        "datasets",
     )
     def _settings_changed(self, change) -> None:
         self._model = None  # the next read of ``model`` checks the new settings
@@ -273,6 +336,8 @@ class GPUPolicy(Configurable):
                     adopted_servers_group=self.adopted_servers_group,
                     adopted_servers_preemptible=self.adopted_servers_preemptible,
                     fair_share=self.fair_share,
+                    interfaces=self.interfaces,
+                    datasets=self.datasets,
                 )
             except PolicyError as e:
                 raise PolicyError(unknown + e.errors) from None

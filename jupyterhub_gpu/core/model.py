@@ -40,6 +40,9 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 _NAME = re.compile(r"^[a-z0-9A-Z]([a-z0-9A-Z_.-]{0,61}[a-z0-9A-Z])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
+_DNS_SUBDOMAIN = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 _MIG_PROFILE = re.compile(r"^([1-7])g\.\d+gb(\+me)?$")
 #: Keys a profile's kubespawner_override may not set: they would bypass accounting.
 ACCOUNTED_OVERRIDES = frozenset(
@@ -169,6 +172,52 @@ class Option:
 
 
 @dataclass(frozen=True)
+class Interface:
+    """What a server can open: JupyterLab, VS Code, any jupyter-server-proxy app; the
+    server opens at ``url`` (its ``default_url``, under the server's own prefix)."""
+
+    name: str
+    display_name: str
+    url: str
+
+
+#: what a server opens when the policy names no interfaces
+JUPYTERLAB = Interface("lab", "JupyterLab", "/lab")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Shared data a group's servers mount: an NFS export (inline, so it mounts in any
+    namespace), an existing PersistentVolumeClaim (``claim``, in the server's
+    namespace) or a CSI volume."""
+
+    name: str
+    display_name: str
+    description: str
+    mount_path: str
+    read_only: bool
+    #: the pod volume's source, as Kubernetes writes it: ``{"nfs": {...}}``,
+    #: ``{"persistentVolumeClaim": {...}}`` or ``{"csi": {...}}``
+    source: Mapping[str, Any]
+
+    @property
+    def claim(self) -> str | None:
+        """The PersistentVolumeClaim it needs in the server's namespace, if any."""
+        claim = self.source.get("persistentVolumeClaim")
+        return claim["claimName"] if claim else None
+
+    @property
+    def kind(self) -> str:
+        """``nfs``, ``claim`` or ``csi``."""
+        (source,) = self.source
+        return "claim" if source == "persistentVolumeClaim" else source
+
+    @property
+    def volume_name(self) -> str:
+        return "dataset-" + dns_label(self.name)
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     display_name: str
@@ -182,6 +231,8 @@ class Profile:
     options: Mapping[str, Option]
     default: bool
     kubespawner_override: Mapping[str, Any]
+    #: the interfaces it can open (None: any its group offers)
+    interfaces: tuple[str, ...] | None = None
 
 
 class Totals(Protocol):
@@ -308,6 +359,10 @@ class Group:
     #: fair-share weight among its siblings (the groups of the same parent, or the
     #: top-level groups); its members have equal shares of it
     share: float = 1.0
+    #: the interfaces its servers can open (None: the policy's first)
+    interfaces: tuple[str, ...] | None = None
+    #: the datasets its servers mount (with its parents')
+    datasets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -346,6 +401,10 @@ class Policy:
     adopted_servers_preemptible: bool = False
     #: fair share by recent GPU time (None: waiting lines are first come, first served)
     fair_share: FairShare | None = None
+    #: what servers can open; empty: not set, servers open at the chart's default URL
+    interfaces: Mapping[str, Interface] = field(default_factory=dict)
+    #: shared data, mounted into the servers of the groups that list it
+    datasets: Mapping[str, Dataset] = field(default_factory=dict)
     #: what selection.offers computes per (group, profile): a pure function of the
     #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -382,6 +441,26 @@ class Policy:
             current = group.parent
         return chain
 
+    def datasets_of(self, name: str) -> list[Dataset]:
+        """What the servers charged to group ``name`` mount: its parents' datasets, then
+        its own (a department's data is its labs' too); none for a dropped group."""
+        if self.find_group(name) is None:
+            return []
+        names = [d for g in reversed(self.ancestors(name)) for d in g.datasets]
+        return [self.datasets[d] for d in dict.fromkeys(names)]
+
+    def interfaces_of(self, group: Group, profile: Profile) -> tuple[Interface, ...]:
+        """What a server of ``profile`` charged to ``group`` can open, in the policy's
+        order: the profile's and the group's lists (each, where set); the policy's
+        first interface where neither is set; nothing when the policy names none."""
+        if not self.interfaces:
+            return ()
+        allowed = [n for n in self.interfaces if _offers(group.interfaces, n)]
+        allowed = [n for n in allowed if _offers(profile.interfaces, n)]
+        if group.interfaces is None and profile.interfaces is None:
+            allowed = allowed[:1]
+        return tuple(self.interfaces[n] for n in allowed)
+
     def charged_groups(self, name: str) -> list[str]:
         """The names of the groups a server charged to ``name`` counts for: the group
         and its parents; just ``name`` for a group the policy has since dropped (its
@@ -389,6 +468,10 @@ class Policy:
         if self.find_group(name) is None:
             return [name]
         return [g.name for g in self.ancestors(name)]
+
+
+def _offers(listed: tuple[str, ...] | None, name: str) -> bool:
+    return listed is None or name in listed
 
 
 # ---- parsing --------------------------------------------------------------------
@@ -622,6 +705,7 @@ _PROFILE_KEYS = {
     "options",
     "default",
     "kubespawner_override",
+    "interfaces",
 }
 
 
@@ -694,7 +778,11 @@ def _parse_unlisted(e: _Errors, path: str, option: str, raw: Any) -> tuple[str |
 
 
 def _parse_profile(
-    e: _Errors, name: str, raw: Any, flavors: Mapping[str, Flavor]
+    e: _Errors,
+    name: str,
+    raw: Any,
+    flavors: Mapping[str, Flavor],
+    interfaces: Mapping[str, Interface] | None = None,
 ) -> Profile | None:
     path = f"profiles.{name}"
     spec = e.mapping(path, raw)
@@ -763,6 +851,9 @@ def _parse_profile(
         options=options,
         default=bool(default),
         kubespawner_override=dict(override),
+        interfaces=_parse_names(
+            e, f"{path}.interfaces", spec.get("interfaces"), interfaces or {}, "interface"
+        ),
     )
 
 
@@ -788,6 +879,8 @@ def _parse_amounts(e: _Errors, path: str, raw: Any, flavors: Mapping[str, Flavor
 
 
 _GROUP_KEYS = {
+    "interfaces",
+    "datasets",
     "display_name",
     "profiles",
     "quota",
@@ -861,7 +954,14 @@ def _check_limit(e: _Errors, path: str, quota: Amounts, limit: Amounts) -> Amoun
 
 
 def _parse_group(
-    e: _Errors, path: str, name: str, raw: Any, profiles: Mapping[str, Profile], flavors
+    e: _Errors,
+    path: str,
+    name: str,
+    raw: Any,
+    profiles: Mapping[str, Profile],
+    flavors,
+    interfaces: Mapping[str, Interface] | None = None,
+    datasets: Mapping[str, Dataset] | None = None,
 ) -> Group | None:
     spec = e.mapping(path, raw)
     allowed = _GROUP_KEYS - (_EVERYONE_EXCLUDES if name == "everyone" else set())
@@ -936,7 +1036,163 @@ def _parse_group(
             e, f"{path}.directory_groups", spec.get("directory_groups")
         ),
         share=_parse_share(e, f"{path}.share", spec.get("share", 1)),
+        interfaces=_parse_names(
+            e, f"{path}.interfaces", spec.get("interfaces"), interfaces or {}, "interface"
+        ),
+        datasets=_parse_names(
+            e, f"{path}.datasets", spec.get("datasets"), datasets or {}, "dataset"
+        )
+        or (),
     )
+
+
+def _parse_names(
+    e: _Errors, path: str, raw: Any, known: Mapping[str, Any], what: str
+) -> tuple[str, ...] | None:
+    """A list naming some of ``known`` (a group's or profile's interfaces or datasets);
+    None when it is not set."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        e.add(path, f"expected a list of {what} names, got {raw!r}")
+        return None
+    names = []
+    for i, name in enumerate(raw):
+        if name not in known:
+            listed = ", ".join(known) or f"none defined: add GPUPolicy.{what}s"
+            e.add(f"{path}[{i}]", f"no {what} named {name!r} ({what}s: {listed})")
+        elif name in names:
+            e.add(f"{path}[{i}]", f"{name!r} is listed twice")
+        else:
+            names.append(name)
+    return tuple(names)
+
+
+#: a server-relative URL path, as JupyterHub's default_url takes it
+_URL_PATH = re.compile(r"^/(?!/)[^\s?#]*(\?[^\s#]*)?$")
+
+
+def _parse_interfaces(e: _Errors, raw: Any) -> dict[str, Interface]:
+    parsed = {}
+    for name, spec in e.mapping("interfaces", raw).items():
+        path = f"interfaces.{name}"
+        spec = e.mapping(path, spec)
+        e.keys(path, spec, {"display_name", "url"})
+        url = e.string(f"{path}.url", spec.get("url"), required=True)
+        if url is not None and (not _URL_PATH.match(url) or ".." in url.split("/")):
+            e.add(
+                f"{path}.url",
+                f"expected a path on the user's server such as /lab or /vscode/, got {url!r}",
+            )
+            url = None
+        if url is not None:
+            display = e.string(f"{path}.display_name", spec.get("display_name")) or str(name)
+            parsed[str(name)] = Interface(str(name), display, url)
+    return parsed
+
+
+_DATASET_KEYS = {"display_name", "description", "nfs", "claim", "csi", "mount_path", "read_only"}
+#: where a server's own files live in the single-user images: no dataset mounts there
+_RESERVED_MOUNTS = ("/", "/home", "/tmp", "/usr", "/etc", "/bin", "/lib", "/proc", "/sys", "/dev")
+
+
+def _parse_dataset(e: _Errors, name: str, raw: Any) -> Dataset | None:
+    path = f"datasets.{name}"
+    spec = e.mapping(path, raw)
+    e.keys(path, spec, _DATASET_KEYS)
+    given = [k for k in ("nfs", "claim", "csi") if k in spec]
+    if len(given) != 1:
+        e.add(
+            path,
+            "give exactly one of nfs: {server, path}, claim: <PersistentVolumeClaim name> or "
+            f"csi: {{driver, volume_attributes}} (got {', '.join(given) or 'none'})",
+        )
+        return None
+    read_only = spec.get("read_only", False)
+    if not isinstance(read_only, bool):
+        e.add(f"{path}.read_only", f"expected true or false, got {read_only!r}")
+        read_only = False
+    mount_path = e.string(f"{path}.mount_path", spec.get("mount_path"), required=True)
+    if mount_path is not None:
+        parts = mount_path.split("/")
+        if not mount_path.startswith("/") or ".." in parts or "" in parts[1:-1]:
+            e.add(
+                f"{path}.mount_path",
+                f"expected an absolute path such as /data/{name}, got {mount_path!r}",
+            )
+            mount_path = None
+        elif mount_path.rstrip("/") in _RESERVED_MOUNTS or mount_path == "/":
+            e.add(
+                f"{path}.mount_path",
+                f"{mount_path} would hide the image's own files: mount under /data or the like",
+            )
+            mount_path = None
+    kind = given[0]
+    source: dict[str, Any] | None = None
+    if kind == "nfs":
+        nfs = e.mapping(f"{path}.nfs", spec["nfs"])
+        e.keys(f"{path}.nfs", nfs, {"server", "path"})
+        server = e.string(f"{path}.nfs.server", nfs.get("server"), required=True)
+        export = e.string(f"{path}.nfs.path", nfs.get("path"), required=True)
+        if export is not None and not export.startswith("/"):
+            e.add(f"{path}.nfs.path", f"expected the export's absolute path, got {export!r}")
+        elif server and export:
+            source = {"nfs": {"server": server, "path": export, "readOnly": read_only}}
+    elif kind == "claim":
+        claim = e.string(f"{path}.claim", spec["claim"])
+        if claim is not None and not _DNS_SUBDOMAIN.match(claim):
+            e.add(f"{path}.claim", f"not a PersistentVolumeClaim name: {claim!r}")
+        elif claim is not None:
+            source = {"persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}
+    else:
+        csi = e.mapping(f"{path}.csi", spec["csi"])
+        e.keys(f"{path}.csi", csi, {"driver", "volume_attributes", "fs_type"})
+        driver = e.string(f"{path}.csi.driver", csi.get("driver"), required=True)
+        attributes = e.string_map(f"{path}.csi.volume_attributes", csi.get("volume_attributes"))
+        fs_type = e.string(f"{path}.csi.fs_type", csi.get("fs_type"))
+        if driver:
+            volume: dict[str, Any] = {"driver": driver, "readOnly": read_only}
+            if attributes:
+                volume["volumeAttributes"] = attributes
+            if fs_type:
+                volume["fsType"] = fs_type
+            source = {"csi": volume}
+    if source is None or mount_path is None:
+        return None
+    return Dataset(
+        name=str(name),
+        display_name=e.string(f"{path}.display_name", spec.get("display_name")) or str(name),
+        description=e.string(f"{path}.description", spec.get("description")) or "",
+        mount_path=mount_path.rstrip("/") or "/",
+        read_only=read_only,
+        source=source,
+    )
+
+
+def _check_dataset_mounts(
+    e: _Errors, policy_groups: Mapping[str, Group], every: Group, datasets: Mapping[str, Dataset]
+) -> None:
+    """Two datasets one server mounts may not share a mount path."""
+    for group in [*policy_groups.values(), every]:
+        chain = []
+        current: Group | None = group
+        while current is not None:
+            chain.append(current)
+            current = policy_groups.get(current.parent) if current.parent else None
+            if len(chain) > len(policy_groups) + 1:
+                return  # a parent cycle, reported on its own
+        seen: dict[str, str] = {}
+        path = "everyone" if group is every else f"groups.{group.name}"
+        for name in [d for g in reversed(chain) for d in g.datasets]:
+            dataset = datasets.get(name)
+            if dataset is None:
+                continue
+            other = seen.setdefault(dataset.mount_path, name)
+            if other != name:
+                e.add(
+                    f"{path}.datasets",
+                    f"datasets {other} and {name} are both mounted at {dataset.mount_path}",
+                )
 
 
 def _parse_share(e: _Errors, path: str, raw: Any) -> float:
@@ -1090,11 +1346,24 @@ def parse_policy(
     adopted_servers_group: Any = None,
     adopted_servers_preemptible: Any = False,
     fair_share: Any = None,
+    interfaces: Any = None,
+    datasets: Any = None,
     prefix: str = PREFIX,
 ) -> Policy:
     """Check every part of a policy; return the model or raise PolicyError with all problems."""
     e = _Errors(prefix)
     sched = _parse_scheduler(e, scheduler)
+    parsed_interfaces = _parse_interfaces(e, interfaces)
+    known_interfaces = {
+        **{str(n): None for n in e.mapping("interfaces", interfaces)},
+        **parsed_interfaces,
+    }
+    parsed_datasets = {}
+    for name, raw in e.mapping("datasets", datasets).items():
+        dataset = _parse_dataset(e, str(name), raw)
+        if dataset:
+            parsed_datasets[str(name)] = dataset
+    known_datasets = {**{str(n): None for n in e.mapping("datasets", datasets)}, **parsed_datasets}
     parsed_flavors = {}
     for name, raw in e.mapping("flavors", flavors).items():
         flavor = _parse_flavor(e, str(name), raw, sched.name)
@@ -1104,16 +1373,36 @@ def parse_policy(
     known_flavors = {str(n): parsed_flavors.get(str(n)) for n in e.mapping("flavors", flavors)}
     parsed_profiles = {}
     for name, raw in e.mapping("profiles", profiles).items():
-        profile = _parse_profile(e, str(name), raw, {k: v for k, v in known_flavors.items() if v})
+        profile = _parse_profile(
+            e, str(name), raw, {k: v for k, v in known_flavors.items() if v}, known_interfaces
+        )
         if profile:
             parsed_profiles[str(name)] = profile
-    every = _parse_group(e, "everyone", "everyone", everyone, parsed_profiles, parsed_flavors)
+    every = _parse_group(
+        e,
+        "everyone",
+        "everyone",
+        everyone,
+        parsed_profiles,
+        parsed_flavors,
+        known_interfaces,
+        known_datasets,
+    )
     parsed_groups = {}
     for name, raw in e.mapping("groups", groups).items():
         if name == "everyone":
             e.add("groups.everyone", "'everyone' is the top-level everyone: key, not a group")
             continue
-        group = _parse_group(e, f"groups.{name}", str(name), raw, parsed_profiles, parsed_flavors)
+        group = _parse_group(
+            e,
+            f"groups.{name}",
+            str(name),
+            raw,
+            parsed_profiles,
+            parsed_flavors,
+            known_interfaces,
+            known_datasets,
+        )
         if group:
             parsed_groups[str(name)] = group
     _check_parents(e, parsed_groups)
@@ -1148,6 +1437,9 @@ def parse_policy(
             f"expected true or false, got {adopted_servers_preemptible!r}",
         )
     parsed_fair_share = _parse_fair_share(e, fair_share)
+    if every is not None:
+        _check_dataset_mounts(e, parsed_groups, every, parsed_datasets)
+        _check_interfaces(e, parsed_interfaces, parsed_profiles, [*parsed_groups.values(), every])
     if e.items:
         raise PolicyError(e.items)
     assert every is not None
@@ -1164,7 +1456,32 @@ def parse_policy(
         adopted_servers_group=adopted_servers_group,
         adopted_servers_preemptible=adopted_servers_preemptible,
         fair_share=parsed_fair_share,
+        interfaces=parsed_interfaces,
+        datasets=parsed_datasets,
     )
+
+
+def _check_interfaces(
+    e: _Errors,
+    interfaces: Mapping[str, Interface],
+    profiles: Mapping[str, Profile],
+    groups: list[Group],
+) -> None:
+    """Every profile a group offers must open something there."""
+    if not interfaces:
+        return
+    for group in groups:
+        for name in group.profiles:
+            profile = profiles[name]
+            if group.interfaces is None or profile.interfaces is None:
+                continue
+            if not set(group.interfaces) & set(profile.interfaces):
+                path = "everyone" if group.name == "everyone" else f"groups.{group.name}"
+                e.add(
+                    f"{path}.interfaces",
+                    f"profile {name} opens {', '.join(profile.interfaces)} only, which "
+                    f"the group does not offer ({', '.join(group.interfaces)})",
+                )
 
 
 def dns_label(text: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from .admission import Ledger
 from .budgets import BudgetState, format_cap, format_hours, format_period, format_time
 from .capacity import FlavorCapacity
-from .model import Option, Policy
+from .model import Dataset, Option, Policy
 from .quantities import format_gpus
 from .selection import Offer
 
@@ -51,6 +51,9 @@ def profile_entry(
     if profile.gpu:
         lines.extend(budget_line(state) for state in budgets)
         lines.append(capacity_line(capacity, profile.gpu.flavor))
+    datasets = policy.datasets_of(group.name)
+    if datasets:
+        lines.append("data: " + ", ".join(dataset_words(d) for d in datasets))
     entry: dict[str, Any] = {
         "display_name": f"{group.display_name}: {profile.display_name}",
         "slug": offer.slug,
@@ -65,7 +68,21 @@ def profile_entry(
         entry["profile_options"] = {
             name: profile_option(option) for name, option in offer.options.items()
         }
+    if len(offer.interfaces) > 1:
+        entry.setdefault("profile_options", {})["interface"] = {
+            "display_name": "Open",
+            "choices": {
+                i.name: {"display_name": i.display_name, "default": n == 0}
+                for n, i in enumerate(offer.interfaces)
+            },
+        }
     return entry
+
+
+def dataset_words(dataset: Dataset) -> str:
+    """``ImageNet at /data/imagenet (read-only)``."""
+    read_only = " (read-only)" if dataset.read_only else ""
+    return f"{dataset.display_name} at {dataset.mount_path}{read_only}"
 
 
 def used_up_line(usable_again: float | None) -> str:

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from .model import Flavor, Group, Option, Policy, Profile
+from .model import Flavor, Group, Interface, Option, Policy, Profile
 
 #: Kinds where a server gets one share of a GPU, whatever the gpus option says.
 SHARED_KINDS = ("timeslice", "mps", "fraction")
 
 
+#: the options a form sends beside ``profile``
+CHOICES = ("gpus", "flavor", "image", "interface")
 #: what KubeSpawner's form sends for a typed-in image (``unlisted_choice``)
 UNLISTED_IMAGE = "image--unlisted-choice"
 #: longer than any image reference a registry accepts; never matched against the regex
@@ -101,6 +103,9 @@ class Offer:
     group: Group
     profile: Profile
     options: Mapping[str, Option]  # bounded by the caps
+    #: what its servers can open (empty: the policy names no interfaces); the first
+    #: is the default
+    interfaces: tuple[Interface, ...] = ()
 
     @property
     def slug(self) -> str:
@@ -118,6 +123,8 @@ class Selection:
     #: the options as the form would send them (choice keys, strings): what
     #: KubeSpawner's own profile handling is given instead of the raw input
     options: Mapping[str, str] = field(default_factory=dict)
+    #: what the server opens (None: the policy names no interfaces)
+    interface: Interface | None = None
 
     @property
     def slug(self) -> str:
@@ -218,7 +225,9 @@ def _group_offer(policy: Policy, group: Group, name: str) -> Offer | None:
         profile = policy.profiles[name]
         options = _bounded_options(policy, group, profile)
         fits = _fits_caps(policy, group, base_request(policy, profile))
-        policy.offer_cache[key] = Offer(group, profile, options) if fits or options else None
+        interfaces = policy.interfaces_of(group, profile)
+        offered = fits or options
+        policy.offer_cache[key] = Offer(group, profile, options, interfaces) if offered else None
     return policy.offer_cache[key]
 
 
@@ -255,6 +264,23 @@ def _choice(offer: Offer, name: str, raw: Any, default: Any) -> tuple[Any, str |
     raise Refused(f"{name}={shown(chosen)} is not a choice of {offer.slug} (choices: {allowed})")
 
 
+def _interface(offer: Offer, raw: Any) -> tuple[Interface | None, str | None]:
+    """What the server opens, and the choice key the form sends for it (None where
+    the form has no choice to make: one interface, or the default)."""
+    if raw is None:
+        return (offer.interfaces[0] if offer.interfaces else None), None
+    if not offer.interfaces:
+        raise Refused(f"profile {offer.slug} has no 'interface' option")
+    chosen = _choice_key("interface", raw)
+    for interface in offer.interfaces:
+        if interface.name == chosen:
+            return interface, (chosen if len(offer.interfaces) > 1 else None)
+    offered = ", ".join(i.name for i in offer.interfaces)
+    raise Refused(
+        f"interface {shown(chosen)} is not offered with {offer.slug} (offered: {offered})"
+    )
+
+
 def _unlisted_image(offer: Offer, image: Any) -> str:
     if not isinstance(image, str):
         raise Malformed(f"{UNLISTED_IMAGE}: expected an image name, got {shown(image)}")
@@ -289,14 +315,15 @@ def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Sel
         chosen = next((o for o in available if o.slug == slug), None)
         if chosen is None:
             raise Refused(f"profile {shown(slug)} is not offered to you")
-    forged = sorted(str(k) for k in options if k not in ("gpus", "flavor", "image", UNLISTED_IMAGE))
+    forged = sorted(str(k) for k in options if k not in (*CHOICES, UNLISTED_IMAGE))
     if forged:
         raise Refused(f"unknown option {shown(forged[0])}: only the form's choices are accepted")
+    interface, key = _interface(chosen, options.pop("interface", None))
+    canonical: dict[str, str] = {"interface": key} if key is not None else {}
     profile = chosen.profile
     for name in options:
         if name.removesuffix("--unlisted-choice") not in profile.options:
             raise Refused(f"profile {chosen.slug} has no {shown(name)} option")
-    canonical: dict[str, str] = {}
     flavor = None
     count = 0
     if profile.gpu:
@@ -317,4 +344,4 @@ def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Sel
             f"{profile.display_name} with {count} x {flavor.display_name if flavor else 'CPU'} "
             f"is more than {chosen.group.display_name} allows"
         )
-    return Selection(chosen.group, profile, flavor, count, image, request, canonical)
+    return Selection(chosen.group, profile, flavor, count, image, request, canonical, interface)

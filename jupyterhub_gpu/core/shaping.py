@@ -7,6 +7,7 @@ KubeSpawner's own traits), and the same code renders ``jupyterhub-gpu pod``.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from typing import Any
 
 from .admission import IN_QUOTA, Charge
 from .budgets import UsageRecord
-from .model import Flavor, Policy
+from .model import Dataset, Flavor, Policy
 from .objects import BURST_BANDS, NO_PREEMPTION_SUFFIX, namespace_for, priority_values
 from .schedulers import SCHEDULERS, scheduler_for
 from .selection import Request, Selection
@@ -61,6 +62,11 @@ class PodShape:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     resource_claims: list[dict[str, str]] = field(default_factory=list)
+    #: the group's datasets, as the pod's volumes and the notebook container's mounts
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    #: where the server opens (the chosen interface); None: the chart's default URL
+    default_url: str | None = None
 
 
 def _device_resources(flavor: Flavor, count: int) -> dict[str, str]:
@@ -141,6 +147,17 @@ def shape(
         result.priority_class_name = without_preemption(policy, result.priority_class_name)
     # the scheduler's name, and the group's queue as the scheduler reads it
     scheduler_for(policy).shape_pod(result, group, tier)
+    for dataset in policy.datasets_of(group.name):
+        result.volumes.append({"name": dataset.volume_name, **copy.deepcopy(dict(dataset.source))})
+        result.volume_mounts.append(
+            {
+                "name": dataset.volume_name,
+                "mountPath": dataset.mount_path,
+                "readOnly": dataset.read_only,
+            }
+        )
+    if selection.interface is not None:
+        result.default_url = selection.interface.url
     if flavor is None:
         return result
 
@@ -161,6 +178,39 @@ def shape(
             {"name": "gpu", "resourceClaimTemplateName": flavor.claim_template_name(count)}
         ]
     return result
+
+
+def mount_collisions(datasets: list[Dataset], volumes: Any, volume_mounts: Any) -> list[str]:
+    """Where the datasets' mounts would collide with a server's other volumes (the
+    chart's home, a profile's override): the same mount path, or the same volume
+    name. Kubernetes refuses such a pod; this says which dataset and where."""
+    taken_paths = {}
+    for mount in kubespawner_items(volume_mounts):
+        path = _get_field(mount, "mount_path", "mountPath")
+        if path:
+            taken_paths[str(path).rstrip("/") or "/"] = _get_field(mount, "name", "name")
+    taken_names = {_get_field(v, "name", "name") for v in kubespawner_items(volumes)}
+    problems = []
+    for dataset in datasets:
+        if dataset.mount_path in taken_paths:
+            problems.append(
+                f"the dataset {dataset.name} would be mounted at {dataset.mount_path}, where "
+                f"the volume {taken_paths[dataset.mount_path]!r} already is: give the "
+                "dataset another mount_path"
+            )
+        if dataset.volume_name in taken_names:
+            problems.append(
+                f"the dataset {dataset.name}'s volume name {dataset.volume_name!r} is "
+                "already a volume of the server's pod: rename one of them"
+            )
+    return problems
+
+
+def _get_field(node: Any, attribute: str, key: str) -> Any:
+    """A field of a KubeSpawner setting's item: a dict in either case, or a model."""
+    if isinstance(node, Mapping):
+        return node.get(key, node.get(attribute))
+    return getattr(node, attribute, None)
 
 
 def kubespawner_items(value: Any) -> list[Any]:
@@ -227,6 +277,8 @@ def merge_settings(current: Mapping[str, Any], pod_shape: PodShape) -> dict[str,
         settings["scheduler_name"] = pod_shape.scheduler_name
     if pod_shape.namespace:
         settings["namespace"] = pod_shape.namespace
+    if pod_shape.default_url:
+        settings["default_url"] = pod_shape.default_url
     return settings
 
 
@@ -249,6 +301,17 @@ def apply_to_pod(pod: Any, pod_shape: PodShape) -> Any:
     spec = _get(pod, "spec", "spec")
     if pod_shape.runtime_class_name:
         _put(spec, "runtime_class_name", "runtimeClassName", pod_shape.runtime_class_name)
+    if pod_shape.volumes:
+        volumes = _get(spec, "volumes", "volumes") or []
+        _put(spec, "volumes", "volumes", [*volumes, *(dict(v) for v in pod_shape.volumes)])
+        container = _get(spec, "containers", "containers")[0]
+        mounts = _get(container, "volume_mounts", "volumeMounts") or []
+        _put(
+            container,
+            "volume_mounts",
+            "volumeMounts",
+            [*mounts, *(dict(m) for m in pod_shape.volume_mounts)],
+        )
     claims = pod_shape.resource_claims
     if claims:
         _put(spec, "resource_claims", "resourceClaims", [dict(c) for c in claims])
