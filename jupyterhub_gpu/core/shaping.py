@@ -303,14 +303,14 @@ def apply_to_pod(pod: Any, pod_shape: PodShape) -> Any:
         _put(spec, "runtime_class_name", "runtimeClassName", pod_shape.runtime_class_name)
     if pod_shape.volumes:
         volumes = _get(spec, "volumes", "volumes") or []
-        _put(spec, "volumes", "volumes", [*volumes, *(dict(v) for v in pod_shape.volumes)])
+        _put(spec, "volumes", "volumes", [*volumes, *copy.deepcopy(pod_shape.volumes)])
         container = _get(spec, "containers", "containers")[0]
         mounts = _get(container, "volume_mounts", "volumeMounts") or []
         _put(
             container,
             "volume_mounts",
             "volumeMounts",
-            [*mounts, *(dict(m) for m in pod_shape.volume_mounts)],
+            [*mounts, *copy.deepcopy(pod_shape.volume_mounts)],
         )
     claims = pod_shape.resource_claims
     if claims:
