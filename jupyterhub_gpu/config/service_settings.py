@@ -238,6 +238,22 @@ class GPUService(Configurable):
         """,
     ).tag(config=True)
 
+    datasets_interval = Float(
+        60.0,
+        # a check every second at most: each reads every claim the policy names
+        min=1.0,
+        help="""
+        Seconds between checks that the PersistentVolumeClaims the groups'
+        datasets name (``GPUPolicy.datasets``, ``claim: <name>``) exist where
+        the groups' servers run. A missing claim is shown on the dashboard and
+        in ``api/usage``, and counted in the metric
+        ``jupyterhub_gpu_dataset_claim_missing``, at most this long after it
+        goes (or until this long after it is created). Each check reads every
+        claim the policy needs by name, one small request per claim and
+        namespace.
+        """,
+    ).tag(config=True)
+
 
 def service_setting_names() -> set[str]:
     """Every setting ``hub.config.GPUService`` may hold: the service's own and its

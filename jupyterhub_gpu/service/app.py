@@ -4,7 +4,8 @@ It reads the hub's policy where the hub reads it (in a z2jh hub pod the chart
 values through the chart's ``z2jh`` helper, elsewhere the hub's config file), so
 ``hub.config.GPUPolicy`` is one policy for hub and service. It watches
 Kubernetes (server pods for usage; nodes and bound pods for capacity), polls the
-hub's REST API for servers, applies the runtime rules, and serves the views.
+hub's REST API for servers, applies the runtime rules, checks that the claims
+the groups' datasets name exist, and serves the views.
 See docs/service.md for the z2jh configuration, the scopes and the RBAC.
 """
 
@@ -36,12 +37,14 @@ from ..config import service_settings
 from ..config.policy import GPUPolicy
 from ..config.values import service_setting_errors, spawner_setting
 from ..core.adoption import DEFAULT_COMPONENT
+from ..core.datasets import needed_claims
 from ..core.model import Group, PolicyError
 from ..kube.client import api_client, in_cluster_namespace
 from ..kube.reconciler import ReconcilePasses, Reconciler
 from ..kube.reflector import Reflector
 from . import handlers, metrics
 from .budget_rules import BudgetRule
+from .datasets import DatasetClaims, claim_reader
 from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
 from .idle import IdleServers, Prometheus
@@ -146,6 +149,8 @@ class GPUService(Application, service_settings.GPUService):
         self.orphan_pods = OrphanPods(
             self.state, self._delete_pod, self.orphan_grace, dry_run=self.reconcile_dry_run
         )
+        #: the claims the groups' datasets need, read once Kubernetes is set up
+        self.dataset_claims = DatasetClaims(self.policy, self.namespace, read=None)
 
     def load_hub_config(self, path: Path) -> str:
         """Read the hub's config into ``self.config``; where the policy came from, in words.
@@ -167,6 +172,7 @@ class GPUService(Application, service_settings.GPUService):
         snapshot.gpu_time = self.gpu_time.snapshot
         snapshot.idle = self.idle_servers.coverage
         snapshot.orphans = [orphan.to_json() for orphan in self.orphan_pods.orphans]
+        snapshot.datasets = self.dataset_claims.report
         return snapshot
 
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:
@@ -417,6 +423,9 @@ class GPUService(Application, service_settings.GPUService):
             self.add_periodic("idle servers", self.reclaim_idle, self.rules_interval)
         if self.reconcile_interval > 0:
             self.add_periodic("reconcile", self.reconcile, self.reconcile_interval)
+        if needed_claims(self.policy, self.namespace):
+            self.dataset_claims.read = claim_reader(self.kube)
+            self.add_periodic("dataset claims", self.dataset_claims.run, self.datasets_interval)
         url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         server = HTTPServer(self.make_app(), xheaders=True)
         server.listen(url.port or 80, self.ip or listen_address(url.hostname))

@@ -21,6 +21,12 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   ``idle_servers_without_dcgm_series``: those of them Prometheus had no series
   for (neither warned nor stopped). Absent while Prometheus does not answer
   or none is configured.
+- ``dataset_claim_missing`` {group, dataset, claim, namespace}: for each dataset of
+  a group that starts servers whose PersistentVolumeClaim the service has read, 1
+  when the claim is missing in the namespace the group's servers run in (every
+  spawn of the group is refused), 0 when it exists. Absent for datasets without a
+  claim (NFS, CSI) and for claims not read yet or whose last read failed (the
+  ``dataset claims`` task's failures say so)
 - ``servers_stopped_total`` {reason}: stops made by the runtime rules
 - ``accounting_up``, ``accounting_unwritten_servers``,
   ``accounting_oldest_unwritten_age_seconds``, ``accounting_last_write_timestamp_seconds``,
@@ -39,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.datasets import MISSING, OK
 from ..core.model import Policy
 from .views import Snapshot, shown_flavors
 
@@ -111,6 +118,12 @@ class ServiceCollector(Collector):
                     "server pods charged to the group that no hub server owns",
                     ["group"],
                 ),
+                (
+                    "dataset_claim_missing",
+                    "1 when the PersistentVolumeClaim a group's dataset needs is missing in "
+                    "the namespace its servers run in (its spawns are refused), 0 when found",
+                    ["group", "dataset", "claim", "namespace"],
+                ),
                 ("accounting_up", "1 while the usage database is written and read", []),
                 (
                     "accounting_unwritten_servers",
@@ -157,6 +170,13 @@ class ServiceCollector(Collector):
             gauges["group_servers"].add_metric([name], usage.servers)
             gauges["group_waiting"].add_metric([name], len(lines.get(name, ())))
             gauges["group_orphaned_server_pods"].add_metric([name], orphans.get(name, 0))
+        for states in snapshot.datasets.values():
+            for state in states:
+                if state.status in (MISSING, OK) and state.dataset.claim is not None:
+                    gauges["dataset_claim_missing"].add_metric(
+                        [state.group, state.dataset.name, state.dataset.claim, state.namespace],
+                        1.0 if state.missing else 0.0,
+                    )
         hours = snapshot.gpu_time.groups if snapshot.gpu_time is not None else {}
         for name, view in hours.items():
             gauges["group_gpu_hours_used"].add_metric([name], view.used)

@@ -41,6 +41,8 @@ margin:.3rem 0;font-size:.9rem}
 height:.8rem;border-radius:2px;margin-right:.25rem;vertical-align:-1px}
 .ranges a{margin-right:.6rem}.ranges b{margin-right:.6rem}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.datasets{margin:.6rem 0 0;padding:0;list-style:none;font-size:.85rem}
+.datasets li{margin:.2rem 0}.datasets code{font-size:.8rem}
 """
 
 #: stacked flavors' colours, in order; the lines' colours
@@ -109,8 +111,32 @@ def group_card(group: dict[str, Any]) -> str:
         parts.append(f'<div class="warn">{group["waiting"]} waiting for room</div>')
     if group["over_limit"]:
         parts.append(f'<div class="err">{escape(group["over_limit"])}</div>')
+    parts.append(datasets_list(group.get("datasets") or []))
     parts.append("</div>")
     return "".join(parts)
+
+
+def datasets_list(datasets: list[dict[str, Any]]) -> str:
+    """A group's datasets: what each is, where it is mounted, and a claim that is missing."""
+    if not datasets:
+        return ""
+    items = []
+    for dataset in datasets:
+        access = "read-only" if dataset["read_only"] else "read-write"
+        line = (
+            f"<b>{escape(dataset['display_name'])}</b> at <code>{escape(dataset['mount_path'])}"
+            f"</code> ({access})"
+        )
+        if dataset["description"]:
+            line += f' <span class="muted">{escape(dataset["description"])}</span>'
+        css = {"missing": "err", "unknown": "warn"}.get(dataset["status"], "")
+        if dataset["problem"]:
+            line += f'<div class="{css}">{escape(dataset["problem"])}</div>'
+        items.append(
+            f'<li data-dataset="{escape(dataset["name"])}" data-status="{dataset["status"]}">'
+            f"{line}</li>"
+        )
+    return f'<div class="muted">Datasets</div><ul class="datasets">{"".join(items)}</ul>'
 
 
 def capacity_section(capacity: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..core.admission import Ledger, Usage
 from ..core.capacity import FlavorCapacity
+from ..core.datasets import DatasetState
 from ..core.model import Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_gpus
 from ..core.selection import member_groups
@@ -130,6 +131,9 @@ class Snapshot:
     idle: Any = None
     #: server pods no hub server owns (``orphans.Orphan.to_json``), as last found
     orphans: Sequence[Mapping[str, Any]] = ()
+    #: per group, its datasets and whether their claims exist, as last read
+    #: (``datasets.DatasetClaims``); a group not in it shows no datasets
+    datasets: Mapping[str, Sequence[DatasetState]] = field(default_factory=dict)
 
     def lines(self) -> Mapping[str, Sequence[Server]]:
         """Per group, the spawns waiting in its line, oldest first."""
@@ -179,7 +183,12 @@ def _amount(used: Any, quota: Any, limit: Any, fmt) -> dict[str, Any]:
 
 
 def group_view(
-    policy: Policy, group: Group, usage: Usage, waiting: int, over_limit: str | None
+    policy: Policy,
+    group: Group,
+    usage: Usage,
+    waiting: int,
+    over_limit: str | None,
+    datasets: Sequence[DatasetState] = (),
 ) -> dict[str, Any]:
     quota, limit = group.quota, group.limit
     flavors = []
@@ -210,6 +219,8 @@ def group_view(
         "flavors": flavors,
         "waiting": waiting,
         "over_limit": over_limit,
+        # what its servers mount; a dataset whose claim is missing refuses every spawn
+        "datasets": [state.to_json() for state in datasets],
     }
 
 
@@ -282,6 +293,7 @@ def _group_view(
     usage = snapshot.ledger.usage(group.name)
     waiting = len(lines.get(group.name, ()))
     over_limit = snapshot.over_limit.get(group.name)
+    datasets = snapshot.datasets.get(group.name, ())
     # everything the view is made of: an unchanged group reuses its view object
     key = (
         usage.gpus,
@@ -291,12 +303,13 @@ def _group_view(
         tuple(sorted(usage.flavors.items())),
         waiting,
         over_limit,
+        tuple((state.dataset.name, state.status) for state in datasets),
     )
     if cache is not None:
         cached = cache.get(group.name)
         if cached is not None and cached[0] == key:
             return cached[1]
-    view = group_view(policy, group, usage, waiting, over_limit)
+    view = group_view(policy, group, usage, waiting, over_limit, datasets)
     if cache is not None:
         cache[group.name] = (key, view)
     return view
