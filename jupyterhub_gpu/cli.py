@@ -141,21 +141,71 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy(paths: list[str]) -> Any:
+    from .config.values import hub_config, load_values, policy_from_config
+
+    return policy_from_config(hub_config(load_values(paths)))
+
+
+def _opens_line(offer: Any) -> str:
+    """What a profile's servers open: ``lab (JupyterLab, /lab; the default), ...``."""
+    if not offer.interfaces:
+        return "opens: the chart's singleuser.defaultUrl (GPUPolicy.interfaces is not set)"
+    words = [f"{i.name} ({i.display_name}, {i.url})" for i in offer.interfaces]
+    if len(words) > 1:
+        words[0] = words[0][:-1] + "; the default)"
+    return "opens: " + ", ".join(words)
+
+
+def _source_words(dataset: Any, namespace: str | None) -> str:
+    """Where a dataset's data comes from, as an admin would look for it."""
+    if dataset.kind == "nfs":
+        nfs = dataset.source["nfs"]
+        return f"NFS {nfs['server']}:{nfs['path']}"
+    if dataset.kind == "claim":
+        where = f" in namespace {namespace}" if namespace else ""
+        return f"PersistentVolumeClaim {dataset.claim}{where}"
+    csi = dataset.source["csi"]
+    attributes = ", ".join(f"{k}={v}" for k, v in (csi.get("volumeAttributes") or {}).items())
+    return f"CSI driver {csi['driver']}" + (f" ({attributes})" if attributes else "")
+
+
+def _mounts_line(dataset: Any, namespace: str | None) -> str:
+    """``mounts /data/x (read-only): X, from NFS server:/export``."""
+    read_only = " (read-only)" if dataset.read_only else ""
+    return (
+        f"mounts {dataset.mount_path}{read_only}: {dataset.display_name}, "
+        f"from {_source_words(dataset, namespace)}"
+    )
+
+
 def cmd_profiles(args: argparse.Namespace) -> int:
+    from .core.objects import namespace_for
+    from .core.selection import offers
     from .offline import offered_profiles
 
-    profiles = offered_profiles(args.values, _groups(args.groups))
+    groups = _groups(args.groups)
+    profiles = offered_profiles(args.values, groups)
     if args.json:
         print(json.dumps(profiles, indent=2))
         return 0
     if not profiles:
         print("no profiles: a member of these groups cannot start a server")
         return 0
+    policy = _policy(args.values)
+    by_slug = {offer.slug: offer for offer in offers(policy, groups)}
     for entry in profiles:
+        offer = by_slug[entry["slug"]]
         print(f"{entry['slug']}: {entry['display_name']}")
         print(f"    {entry['description']}")
         for name, option in entry.get("profile_options", {}).items():
-            print(f"    {name}: {', '.join(option['choices'])}")
+            if name != "interface":  # the opens line says it, with where each opens
+                print(f"    {name}: {', '.join(option['choices'])}")
+        print(f"    {_opens_line(offer)}")
+        # a claim is looked up in the server's namespace: the group's own, or the hub's
+        namespace = namespace_for(policy, offer.group.name)
+        for dataset in policy.datasets_of(offer.group.name):
+            print(f"    {_mounts_line(dataset, namespace)}")
     return 0
 
 
@@ -178,7 +228,28 @@ def cmd_pod(args: argparse.Namespace) -> int:
     except SpawnRefused as e:
         raise UserError(f"refused: {e}") from None
     print(yaml.safe_dump(pod, sort_keys=False), end="")
+    _note_unchecked_claims(args.values, pod)
     return 0
+
+
+def _note_unchecked_claims(paths: list[str], pod: dict[str, Any]) -> None:
+    """The claims a pod's datasets need: there is no cluster here to look them up in,
+    and the hub refuses the spawn where one is missing (stderr: the pod stays YAML)."""
+    from .core.objects import namespace_for
+
+    group = pod["metadata"].get("labels", {}).get("gpu.jupyterhub.org/group")
+    if not group:
+        return
+    policy = _policy(paths)
+    claims = [d.claim for d in policy.datasets_of(group) if d.claim]
+    if claims:
+        namespace = namespace_for(policy, group)
+        where = f"namespace {namespace}" if namespace else "the hub's namespace"
+        print(
+            f"note: not checked offline: the PersistentVolumeClaim(s) {', '.join(claims)} "
+            f"must exist in {where}; the hub refuses the spawn where one does not",
+            file=sys.stderr,
+        )
 
 
 def cmd_manifests(args: argparse.Namespace) -> int:
@@ -296,7 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("--user", required=True)
     po.add_argument("--groups", default="", help="comma-separated JupyterHub groups")
     po.add_argument("--profile", help="the profile slug, <group>--<profile> (default: the default)")
-    po.add_argument("--option", action="append", default=[], help="KEY=VALUE, e.g. gpus=2")
+    po.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        help="KEY=VALUE, e.g. gpus=2 or interface=vscode (repeatable)",
+    )
     po.set_defaults(func=cmd_pod)
 
     m = sub.add_parser(
