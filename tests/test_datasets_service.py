@@ -1,0 +1,323 @@
+"""Datasets whose claim is missing, with a real hub, its GPU service and the local cluster.
+
+One hub for the module, its servers in its own namespace. ``research`` and
+``vision`` are labs of ``department``, which starts no servers of its own but
+lists the data every lab mounts (``dept-shared``, made before the hub starts).
+Each lab's own claim (``research-scratch``, ``vision-scratch``) is missing at
+first: the service reports it in ``api/usage``, its metrics and the dashboard,
+the hub refuses the lab's spawns naming it, and once a test creates the claim
+the report clears within the service's ``datasets_interval`` and the spawn
+starts a server that mounts it.
+
+The claims are plain PersistentVolumeClaim objects. The local cluster binds
+none (it runs no volume controller): a claim stays Pending, which is all the
+service and the hub's refusal look at. A server's pod can only be placed once
+its claims are bound, so the spawn test binds them the way a storage admin's
+pre-provisioned volume is bound: a PersistentVolume reserved for the claim,
+and the claim naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from hub_helpers import api, logged_in_opener, no_server, pod_json, ready, running_hub
+from jupyterhub_gpu.core.shaping import GROUP_LABEL
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from kube_helpers import eventually
+from test_service_hub import aget, usage, user_token, wait_for_service
+
+pytestmark = [pytest.mark.k8s, pytest.mark.hub]
+
+POLICY = {
+    "profiles": {"cpu": {"cpu": "100m", "memory": "128Mi"}},
+    "datasets": {
+        "imagenet": {
+            "display_name": "ImageNet",
+            # nothing mounts it in the local cluster (its pods are processes)
+            "nfs": {"server": "127.0.0.1", "path": "/export/imagenet"},
+            "mount_path": "/data/imagenet",
+            "read_only": True,
+        },
+        "shared": {
+            "display_name": "Department data",
+            "claim": "dept-shared",
+            "mount_path": "/data/shared",
+            "read_only": True,
+        },
+        "scratch": {
+            "display_name": "Research scratch",
+            "claim": "research-scratch",
+            "mount_path": "/data/scratch",
+        },
+        "vision": {"claim": "vision-scratch", "mount_path": "/data/vision"},
+    },
+    "groups": {
+        "department": {"datasets": ["shared"]},
+        "research": {
+            "parent": "department",
+            "profiles": ["cpu"],
+            "datasets": ["imagenet", "scratch"],
+        },
+        "vision": {"parent": "department", "profiles": ["cpu"], "datasets": ["vision"]},
+        "students": {"profiles": ["cpu"]},
+    },
+}
+#: the service's check, short for the test (default 60 s)
+INTERVAL = 2
+TOKEN_ISSUER = (
+    'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
+    '"services": ["demo-admin"]})\n'
+)
+MISSING_METRIC = "jupyterhub_gpu_dataset_claim_missing"
+
+
+def claim_body(name: str, volume: str | None = None) -> client.V1PersistentVolumeClaim:
+    return client.V1PersistentVolumeClaim(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PersistentVolumeClaimSpec(
+            access_modes=["ReadWriteMany"],
+            storage_class_name="",
+            volume_name=volume,
+            resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+        ),
+    )
+
+
+async def create_claim(core, namespace: str, name: str) -> None:
+    """A claim as an admin creates it; nothing binds it here, so it stays Pending."""
+    await core.create_namespaced_persistent_volume_claim(namespace, claim_body(name))
+
+
+async def create_bound_claim(core, namespace: str, name: str) -> None:
+    """A claim bound to a volume made for it (a pre-provisioned volume, as a storage
+    admin's): kube-scheduler places a pod only once its claims are bound. Without a
+    volume controller the claim says itself that its binding is complete."""
+    volume = f"{namespace}-{name}"
+    await core.create_persistent_volume(
+        client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=volume),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"},
+                access_modes=["ReadWriteMany"],
+                host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
+                storage_class_name="",
+                claim_ref=client.V1ObjectReference(namespace=namespace, name=name),
+            ),
+        )
+    )
+    body = claim_body(name, volume)
+    body.metadata.annotations = {"pv.kubernetes.io/bind-completed": "yes"}
+    await core.create_namespaced_persistent_volume_claim(namespace, body)
+
+
+async def remove_claims(core, namespace: str) -> None:
+    """Delete the namespace's claims and the volumes made for them. The API server gives
+    each claim the pvc-protection finalizer, which only a controller this cluster does
+    not run removes: without taking it off, the claims (and their namespace) would
+    never go."""
+    for claim in (await core.list_namespaced_persistent_volume_claim(namespace)).items:
+        name = claim.metadata.name
+        await core.patch_namespaced_persistent_volume_claim(
+            name, namespace, {"metadata": {"finalizers": None}}
+        )
+        try:
+            await core.delete_namespaced_persistent_volume_claim(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    for volume in (await core.list_persistent_volume()).items:
+        ref = volume.spec.claim_ref
+        if ref is not None and ref.namespace == namespace:
+            await core.patch_persistent_volume(
+                volume.metadata.name, {"metadata": {"finalizers": None}}
+            )
+            await core.delete_persistent_volume(volume.metadata.name)
+
+    async def gone() -> bool:
+        claims = (await core.list_namespaced_persistent_volume_claim(namespace)).items
+        volumes = [
+            v
+            for v in (await core.list_persistent_volume()).items
+            if v.spec.claim_ref is not None and v.spec.claim_ref.namespace == namespace
+        ]
+        return not claims and not volumes
+
+    await eventually(gone, f"the claims of {namespace} and their volumes to go")
+
+
+@pytest.fixture(scope="module")
+async def datasets_hub(local_cluster, core, priority_class_objects):
+    async with running_hub(
+        local_cluster,
+        core,
+        start=False,
+        users={"ann": ["research"], "vic": ["vision"], "bo": ["students"]},
+        admin_users=("root",),
+        policy=POLICY,
+        gpu_service=True,
+        service_settings={"datasets_interval": INTERVAL, "hub_poll_interval": 1},
+        extra_config=TOKEN_ISSUER + "c.KubeSpawner.http_timeout = 120\n",
+    ) as hub:
+        try:
+            # the department's data is there from the start, as a storage admin left it
+            await create_bound_claim(core, hub.namespace, "dept-shared")
+            await asyncio.to_thread(hub.start)
+            await wait_for_service(hub)
+            yield hub
+        finally:
+            # nothing here protects a claim in use: they may go before the servers
+            await remove_claims(core, hub.namespace)
+
+
+def datasets_of(view: dict, group: str) -> dict[str, dict]:
+    (found,) = [g for g in view["groups"] if g["name"] == group]
+    return {d["name"]: d for d in found["datasets"]}
+
+
+def metric(text: str, **labels: str) -> float | None:
+    """The value of the series of ``MISSING_METRIC`` with these labels, if there is one."""
+    for line in text.splitlines():
+        if not line.startswith(MISSING_METRIC + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if found == labels:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def metrics_text(hub: LocalHub) -> str:
+    # the demo-admin service's token has read:metrics, as a Prometheus would
+    status, _, body = await aget(hub.service_url + "metrics", hub.api_token)
+    assert status == 200, body
+    return body
+
+
+def dashboard(hub: LocalHub, user: str) -> str:
+    """The service's page as ``user``'s browser gets it: logged in at the hub, then OAuth."""
+    opener = logged_in_opener(hub.url, user, hub.password)
+    return opener.open(hub.service_url, timeout=60).read().decode()
+
+
+async def test_a_missing_claim_is_reported_until_it_is_created(datasets_hub, core):
+    hub = datasets_hub
+    root = await user_token(hub, "root")
+    scratch = {
+        "group": "research",
+        "dataset": "scratch",
+        "claim": "research-scratch",
+        "namespace": hub.namespace,
+    }
+
+    async def checked():
+        view, _ = await usage(hub, root)
+        return view if datasets_of(view, "research")["scratch"]["status"] != "unknown" else None
+
+    view = await eventually(checked, "the service's first check of the claims", within=60)
+    research = datasets_of(view, "research")
+    assert list(research) == ["shared", "imagenet", "scratch"]
+    assert research["scratch"] == {
+        "name": "scratch",
+        "display_name": "Research scratch",
+        "description": "",
+        "mount_path": "/data/scratch",
+        "read_only": False,
+        "kind": "claim",
+        "claim": "research-scratch",
+        "namespace": hub.namespace,
+        "missing": True,
+        "status": "missing",
+        "problem": f"claim research-scratch is missing in namespace {hub.namespace}: servers "
+        "of this group cannot start until an admin creates it (or removes the dataset from "
+        "the group)",
+    }
+    assert (research["shared"]["claim"], research["shared"]["missing"]) == ("dept-shared", False)
+    assert (research["imagenet"]["kind"], research["imagenet"]["missing"]) == ("nfs", False)
+    # the department starts no servers: its namespace needs no claim
+    assert datasets_of(view, "department")["shared"]["status"] == "not_needed"
+    tasks = {t["name"]: t for t in view["tasks"]}
+    assert "missing claim(s)" in tasks["dataset claims"]["last_result"]
+    assert f"{hub.namespace}/research-scratch" in tasks["dataset claims"]["last_result"]
+
+    # a member sees their own group's datasets, nothing of the others'
+    member, raw = await usage(hub, await user_token(hub, "bo"))
+    assert [g["name"] for g in member["groups"]] == ["students", "everyone"]
+    assert datasets_of(member, "students") == {}
+    for leaked in ("research-scratch", "vision-scratch", "dept-shared", "Research scratch"):
+        assert leaked not in raw
+    ann, _ = await usage(hub, await user_token(hub, "ann"))
+    assert [g["name"] for g in ann["groups"]] == ["research", "everyone"]
+    assert datasets_of(ann, "research")["scratch"]["missing"] is True
+
+    text = await metrics_text(hub)
+    assert metric(text, **scratch) == 1.0
+    shared = {**scratch, "dataset": "shared", "claim": "dept-shared"}
+    assert metric(text, **shared) == 0.0
+    assert metric(text, **{**shared, "group": "department"}) is None
+
+    page = await asyncio.to_thread(dashboard, hub, "root")
+    assert "<b>Research scratch</b> at <code>/data/scratch</code> (read-write)" in page
+    assert "<b>Department data</b> at <code>/data/shared</code> (read-only)" in page
+    assert "<b>ImageNet</b> at <code>/data/imagenet</code> (read-only)" in page
+    assert (
+        f'<div class="err">claim research-scratch is missing in namespace {hub.namespace}: '
+        "servers of this group cannot start" in page
+    )
+
+    await create_claim(core, hub.namespace, "research-scratch")
+
+    async def cleared():
+        view, _ = await usage(hub, root)
+        return view if not datasets_of(view, "research")["scratch"]["missing"] else None
+
+    # within the check's interval (and a scrape), with room for a loaded machine
+    view = await eventually(cleared, "the missing claim to clear", within=INTERVAL * 5)
+    assert datasets_of(view, "research")["scratch"]["status"] == "ok"
+    assert metric(await metrics_text(hub), **scratch) == 0.0
+    page = await asyncio.to_thread(dashboard, hub, "root")
+    assert "claim research-scratch is missing" not in page
+    assert "<b>Research scratch</b> at <code>/data/scratch</code> (read-write)" in page
+
+
+async def test_the_hub_refuses_a_spawn_whose_claim_is_missing_then_mounts_it_once_created(
+    datasets_hub, core
+):
+    hub = datasets_hub
+    status, body = await api(hub, "POST", "/users/vic/server", {"profile": "vision--cpu"})
+    assert status == 403, body
+    assert "vision-scratch" in body["message"], body
+    assert hub.namespace in body["message"], body
+    await asyncio.sleep(1)
+    pods = await core.list_namespaced_pod(hub.namespace, label_selector=f"{GROUP_LABEL}=vision")
+    assert pods.items == []
+    assert await no_server(hub, "vic")
+
+    await create_bound_claim(core, hub.namespace, "vision-scratch")
+    status, body = await api(hub, "POST", "/users/vic/server", {"profile": "vision--cpu"})
+    assert status in (201, 202), body
+    await eventually(lambda: ready(hub, "vic"), "vic's server to be ready", within=180)
+    pod = await pod_json(core, hub.namespace, "jupyter-vic")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    (notebook,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
+    mounts = {m["mountPath"]: m for m in notebook["volumeMounts"]}
+    # (the API server leaves a false readOnly out of what it stores)
+    assert volumes["dataset-vision"]["persistentVolumeClaim"] == {"claimName": "vision-scratch"}
+    assert volumes["dataset-shared"]["persistentVolumeClaim"] == {
+        "claimName": "dept-shared",
+        "readOnly": True,
+    }
+    assert mounts["/data/vision"] == {"name": "dataset-vision", "mountPath": "/data/vision"}
+    assert mounts["/data/shared"] == {
+        "name": "dataset-shared",
+        "mountPath": "/data/shared",
+        "readOnly": True,
+    }
+    # research's data is research's alone
+    assert "/data/scratch" not in mounts
+    assert json.dumps(pod).count("research-scratch") == 0
