@@ -87,6 +87,10 @@ def _policy_keys() -> str:
         "| `profiles.<name>.options` | `flavor`, `gpus`, `image` "
         "(each: `choices`, `display_name`) |"
     )
+    rows.append("| `interfaces.<name>` | `display_name`, `url` |")
+    rows.append(f"| `datasets.<name>` | {keys(model._DATASET_KEYS)} |")
+    rows.append("| `datasets.<name>.nfs` | `path`, `server` |")
+    rows.append("| `datasets.<name>.csi` | `driver`, `fs_type`, `volume_attributes` |")
     rows.append(f"| `groups.<name>` | {keys(model._GROUP_KEYS)} |")
     rows.append("| `everyone` | " + keys(model._GROUP_KEYS - model._EVERYONE_EXCLUDES) + " |")
     rows.append("| `quota`, `limit`, `per_user` | `cpu`, `flavors`, `gpus`, `memory`, `servers` |")
