@@ -53,6 +53,8 @@ async def render_pod(
     """The Pod manifest spawn would create, or ``SpawnRefused`` with the user's message."""
     config = hub_config(load_values(paths))
     policy_from_config(config)  # a policy error is reported as such, before anything else
+    # no cluster to ask whether the datasets' claims exist (the command says so)
+    config.GPUKubeSpawner.check_dataset_claims = False
     spawner = offline_spawner(config, user, groups)
     spawner.user_options = {**({"profile": profile} if profile else {}), **options}
     await spawner.load_user_options()

@@ -98,6 +98,19 @@ class GPUKubeSpawner(KubeSpawner):
         """,
     ).tag(config=True)
 
+    check_dataset_claims = Bool(
+        True,
+        help="""
+        Before a spawn, check that each PersistentVolumeClaim the group's
+        datasets name exists in the server's namespace, and refuse the spawn
+        naming a missing one (its pod would otherwise wait in Pending until the
+        start times out). Needs ``get`` on persistentvolumeclaims there, which
+        the chart grants in the hub's namespace and ``jupyterhub-gpu manifests``
+        renders for group namespaces. ``False``: not checked (``jupyterhub-gpu
+        pod``, which has no cluster to ask, says so).
+        """,
+    ).tag(config=True)
+
     queue_timeout = Float(
         24 * 3600.0,
         help="""
@@ -351,7 +364,8 @@ class GPUKubeSpawner(KubeSpawner):
             self.namespace = namespace
         # the group's datasets: where they mount, and that their claims exist
         refuse_mount_collisions(self, policy, selection.group.name)
-        await refuse_missing_claims(self, policy, selection.group.name, self.namespace)
+        if self.check_dataset_claims:
+            await refuse_missing_claims(self, policy, selection.group.name, self.namespace)
         decision = await self._admit(policy, selection)
         self.gpu_selection = selection
         self.gpu_shape = shape(

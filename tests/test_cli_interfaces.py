@@ -246,6 +246,34 @@ def test_a_reference_teams_pod_mounts_its_parents_models_and_opens_vs_code():
     assert env(pod)["JUPYTERHUB_DEFAULT_URL"] == "/vscode/"
 
 
+def test_pod_renders_a_claims_volume_and_names_the_claims_it_could_not_look_up():
+    vscode = ["--option", "interface=vscode"]
+    args = ["--user", "rita", "--groups", "research", "--profile", "research--research", *vscode]
+    result = cli("pod", *example("university"), *args)
+    assert result.returncode == 0, result.stderr
+    pod = yaml.safe_load(result.stdout)
+    assert pod["spec"]["volumes"] == [
+        {
+            "name": "dataset-research-datasets",
+            "persistentVolumeClaim": {"claimName": "research-datasets", "readOnly": True},
+        },
+        {
+            "name": "dataset-research-training",
+            "persistentVolumeClaim": {"claimName": "research-training", "readOnly": False},
+        },
+    ]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "dataset-research-datasets", "mountPath": "/data/datasets", "readOnly": True},
+        {"name": "dataset-research-training", "mountPath": "/data/training", "readOnly": False},
+    ]
+    assert env(pod)["JUPYTERHUB_DEFAULT_URL"] == "/vscode/"
+    assert result.stderr == (
+        "note: not checked offline: the PersistentVolumeClaim(s) research-datasets, "
+        "research-training must exist in the hub's namespace; the hub refuses the spawn "
+        "where one does not\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
