@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from jupyterhub_gpu.config.values import values_setup_errors
 from jupyterhub_gpu.core.admission import IN_QUOTA, Ledger
 from jupyterhub_gpu.core.model import PolicyError, parse_policy
 from jupyterhub_gpu.core.profiles import profile_entry
@@ -278,6 +279,10 @@ def test_a_volume_of_the_same_name_is_a_collision():
             f"{P}.datasets.d.mount_path: /home would hide the image's own files",
         ),
         (
+            {"datasets": {"d": {"claim": "a", "mount_path": "/opt/conda/lib/data"}}},
+            f"{P}.datasets.d.mount_path: /opt/conda/lib/data would hide the image's own files",
+        ),
+        (
             {"datasets": {"d": {"claim": "Not_A_Claim", "mount_path": "/data/d"}}},
             f"{P}.datasets.d.claim: not a PersistentVolumeClaim name: 'Not_A_Claim'",
         ),
@@ -319,3 +324,52 @@ def test_the_example_of_the_docs_is_valid():
     assert [d.kind for d in model.datasets.values()] == ["nfs", "claim", "csi", "nfs"]
     assert model.datasets["scratch"].claim == "research-scratch"
     assert model.datasets["imagenet"].claim is None
+
+
+def test_check_names_a_dataset_mounted_where_the_chart_mounts_a_volume():
+    values = {
+        "singleuser": {
+            "storage": {
+                "type": "static",
+                "homeMountPath": "/home/user",
+                "extraVolumeMounts": [{"name": "shm", "mountPath": "/data/shm"}],
+            }
+        },
+        "hub": {
+            "config": {
+                "KubeSpawner": {"volume_mounts": {"10-a": {"name": "a", "mountPath": "/data/a/"}}},
+                "GPUPolicy": {
+                    "datasets": {
+                        "home": {"claim": "h", "mount_path": "/home/user/"},
+                        "shm": {"claim": "s", "mount_path": "/data/shm"},
+                        "a": {"claim": "s", "mount_path": "/data/a"},
+                        # under the home, beside it or under the chart's mounts: fine
+                        "inside": {"claim": "s", "mount_path": "/home/user/data"},
+                        "beside": {"claim": "s", "mount_path": "/home/jovyan"},
+                    }
+                },
+            }
+        },
+    }
+    found = values_setup_errors(values)
+    assert [e.split(":")[0] for e in found] == [
+        f"{P}.datasets.home.mount_path",
+        f"{P}.datasets.shm.mount_path",
+        f"{P}.datasets.a.mount_path",
+    ]
+    assert found[0] == (
+        f"{P}.datasets.home.mount_path: /home/user/ is where singleuser.storage.homeMountPath "
+        "mounts a volume into every server (Kubernetes refuses a pod with two volumes at one "
+        "path): give the dataset another mount_path"
+    )
+    assert "singleuser.storage.extraVolumeMounts" in found[1]
+    assert "hub.config.KubeSpawner.volume_mounts" in found[2]
+    # without storage the chart's homes are not mounted: /home/jovyan is free
+    values["singleuser"] = {"storage": {"type": "none"}}
+    values["hub"]["config"]["GPUPolicy"]["datasets"] = {
+        "h": {"claim": "h", "mount_path": "/home/jovyan"}
+    }
+    assert values_setup_errors(values) == []
+    # the chart's default: a dynamic home at /home/jovyan
+    values["singleuser"] = {}
+    assert len(values_setup_errors(values)) == 1

@@ -179,8 +179,10 @@ class GPUPolicy(Configurable):
           in any namespace;
         - ``claim: <name>``: an existing PersistentVolumeClaim in the server's
           namespace (with ``namespace_per_group``, each group's own namespace);
-        - ``csi: {driver, volume_attributes, fs_type}``: a CSI volume (Lustre,
-          GPFS, ...);
+        - ``csi: {driver, volume_attributes, fs_type}``: an inline CSI volume,
+          for drivers that support ephemeral inline volumes (csi-driver-nfs,
+          for example); a driver that serves PersistentVolumes only (most
+          Lustre and GPFS drivers) needs a claim, named with ``claim:``;
 
         with ``mount_path`` (required, absolute) and ``read_only`` (default
         false), and optionally ``display_name`` and ``description``:

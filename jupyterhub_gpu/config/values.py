@@ -114,6 +114,7 @@ def setup_errors(
     chart's ``singleuser`` values, if any.
     """
     errors = site_gpu_resource_errors(sections, singleuser)
+    errors += dataset_mount_errors(sections, singleuser)
     if "GPUPolicy" in sections:
         errors += _user_namespace_errors(sections)
     jupyterhub = sections.get("JupyterHub") or {}
@@ -198,6 +199,51 @@ def values_setup_errors(values: Mapping[str, Any]) -> list[str]:
     singleuser = values.get("singleuser") or {}
     profile_list = singleuser.get("profileList") if isinstance(singleuser, Mapping) else None
     return setup_errors(sections if isinstance(sections, Mapping) else {}, profile_list, singleuser)
+
+
+def dataset_mount_errors(sections: Mapping[str, Any], singleuser: Any = None) -> list[str]:
+    """An error for each dataset mounted where the chart already mounts a volume into
+    every server: the users' homes (``singleuser.storage.homeMountPath``), the
+    chart's extra volume mounts or KubeSpawner's ``volume_mounts``. Kubernetes
+    refuses a pod with two volumes at one path, so every spawn would fail."""
+    policy = sections.get("GPUPolicy")
+    datasets = policy.get("datasets") if isinstance(policy, Mapping) else None
+    if not isinstance(datasets, Mapping):
+        return []
+    taken: dict[str, str] = {}
+
+    def mounts(path: str, items: Any) -> None:
+        listed = list(items.values()) if isinstance(items, Mapping) else items
+        if not isinstance(listed, list | tuple):
+            return
+        for item in listed:
+            if isinstance(item, Mapping) and isinstance(item.get("mountPath"), str):
+                taken.setdefault(item["mountPath"].rstrip("/") or "/", path)
+
+    storage = singleuser.get("storage") if isinstance(singleuser, Mapping) else None
+    if isinstance(storage, Mapping) or isinstance(singleuser, Mapping):
+        storage = storage if isinstance(storage, Mapping) else {}
+        # the chart's default storage is a dynamic claim per user at /home/jovyan
+        if storage.get("type", "dynamic") in ("dynamic", "static"):
+            home = storage.get("homeMountPath", "/home/jovyan")
+            if isinstance(home, str):
+                taken.setdefault(home.rstrip("/") or "/", "singleuser.storage.homeMountPath")
+        mounts("singleuser.storage.extraVolumeMounts", storage.get("extraVolumeMounts"))
+    for section in ("KubeSpawner", "GPUKubeSpawner"):
+        settings = sections.get(section)
+        if isinstance(settings, Mapping):
+            mounts(f"hub.config.{section}.volume_mounts", settings.get("volume_mounts"))
+    errors = []
+    for name, dataset in datasets.items():
+        path = dataset.get("mount_path") if isinstance(dataset, Mapping) else None
+        if isinstance(path, str) and (path.rstrip("/") or "/") in taken:
+            errors.append(
+                f"{PREFIX}.datasets.{name}.mount_path: {path} is where "
+                f"{taken[path.rstrip('/') or '/']} mounts a volume into every server "
+                "(Kubernetes refuses a pod with two volumes at one path): give the dataset "
+                "another mount_path"
+            )
+    return errors
 
 
 #: resource names that are GPUs whatever the policy's flavors say

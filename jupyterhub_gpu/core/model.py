@@ -1092,8 +1092,33 @@ def _parse_interfaces(e: _Errors, raw: Any) -> dict[str, Interface]:
 
 
 _DATASET_KEYS = {"display_name", "description", "nfs", "claim", "csi", "mount_path", "read_only"}
-#: where a server's own files live in the single-user images: no dataset mounts there
-_RESERVED_MOUNTS = ("/", "/home", "/tmp", "/usr", "/etc", "/bin", "/lib", "/proc", "/sys", "/dev")
+#: where a single-user image keeps its own files: a dataset mounted at or under one
+#: of these would hide the server's software (the home, /home/jovyan, is checked
+#: against the chart's volumes at start-up)
+_IMAGE_PATHS = (
+    "/usr",
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/opt/conda",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+    "/var/lib",
+    "/run",
+)
+#: directories a dataset may be under but not at
+_IMAGE_DIRECTORIES = ("/", "/home", "/tmp", "/opt", "/var")
+
+
+def _hides_image_files(mount_path: str) -> bool:
+    path = mount_path.rstrip("/") or "/"
+    return path in _IMAGE_DIRECTORIES or any(
+        path == top or path.startswith(top + "/") for top in _IMAGE_PATHS
+    )
 
 
 def _parse_dataset(e: _Errors, name: str, raw: Any) -> Dataset | None:
@@ -1121,7 +1146,7 @@ def _parse_dataset(e: _Errors, name: str, raw: Any) -> Dataset | None:
                 f"expected an absolute path such as /data/{name}, got {mount_path!r}",
             )
             mount_path = None
-        elif mount_path.rstrip("/") in _RESERVED_MOUNTS or mount_path == "/":
+        elif _hides_image_files(mount_path):
             e.add(
                 f"{path}.mount_path",
                 f"{mount_path} would hide the image's own files: mount under /data or the like",

@@ -51,8 +51,9 @@ DEFAULT_NODE_POOLS = Path(__file__).with_name("nodepools.yaml")
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 KEEP_FINALIZERS = "kwok.jupyterhub-gpu.dev/keep-finalizers"
 #: The controllers quota replenishment, namespace deletion, garbage collection,
-#: service accounts and node readiness need. Endpoint(-slice) controllers are left
-#: out: they reject loopback pod IPs.
+#: service accounts, node readiness and claims bound to volumes (home and dataset
+#: storage) need. Endpoint(-slice) controllers are left out: they reject loopback
+#: pod IPs.
 CONTROLLERS = (
     "namespace-controller",
     "garbage-collector-controller",
@@ -63,6 +64,7 @@ CONTROLLERS = (
     "taint-eviction-controller",
     "pod-garbage-collector-controller",
     "root-ca-certificate-publisher-controller",
+    "persistentvolume-binder-controller",
 )
 
 ProgressFn = Callable[[str], None]
