@@ -83,6 +83,7 @@ class LastStops:
                     "reason": row.reason,
                     "text": row.message,
                     "at": datetime.fromtimestamp(row.at, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "epoch": row.at,
                 }
             )
         return shown

@@ -86,6 +86,7 @@ USERS = {
     "eve": ["lab"],
     "fay": ["seminar"],
     "gus": ["short"],
+    "hal": ["lab"],
 }
 
 
@@ -294,6 +295,25 @@ async def test_a_used_up_budget_is_a_notification_shown_once(lab_hub, page):
     await eventually(budget_stop_shown, "the budget stop in the status bar", within=20)
     await asyncio.sleep(3)  # several polls (the rule interval is 1 s)
     assert await page.locator("text=is used up").count() == 0
+
+
+async def test_a_stop_nobody_announced_is_explained_after_it(lab_hub, page):
+    await start_server(lab_hub, "hal", "lab--one")
+    await open_lab(page, lab_hub, "hal")
+
+    async def shows_gpu():
+        return "H200" in await status_text(page)
+
+    await eventually(shows_gpu, "the status bar's GPU", within=30)
+    # an admin stops it through the hub: no notice came before, so JupyterLab learns
+    # why from the hub afterwards (the service recorded the stop)
+    status, body = await api(lab_hub, "DELETE", "/users/hal/server")
+    assert status in (202, 204), body
+    dialog = await page.wait_for_selector("text=Your server was stopped", timeout=60_000)
+    assert dialog is not None
+    body_text = await page.inner_text(".jp-Dialog")
+    assert "stopped through the hub (by you, an admin or a service)" in body_text, body_text
+    assert "Server unavailable or unreachable" not in await page.inner_text("body")
 
 
 # ---- the service unreachable, a budget running low, max_runtime approaching -----------

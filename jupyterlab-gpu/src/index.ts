@@ -102,6 +102,8 @@ class Model {
   /** the stop the last good answer said was next, and whether it was due */
   lastKnownStop: Stop | null = null;
   shownAfterStop = false;
+  /** when this page loaded (s): no stop before it can be this run's */
+  pageLoaded = Date.now() / 1000;
   changed: (() => void)[] = [];
   emit(): void {
     this.changed.forEach(f => f());
@@ -406,6 +408,9 @@ async function saveAll(app: JupyterFrontEnd, docManager: IDocumentManager): Prom
   return saved;
 }
 
+/** the after-stop title while nobody has said why */
+const UNANNOUNCED_TITLE = 'Your server has stopped';
+
 function afterStopMessage(): { title: string; text: string; what: string } {
   const service = model.reply?.service;
   const last = service?.last_stop;
@@ -432,10 +437,49 @@ function afterStopMessage(): { title: string; text: string; what: string } {
     return { title: 'Your server was stopped', text, what };
   }
   return {
-    title: 'Your server has stopped',
+    title: UNANNOUNCED_TITLE,
     text: 'This server is no longer running (stopped from the hub, by an admin, or by the cluster).',
     what: "The hub's home page says why, and starts it again."
   };
+}
+
+/** how long the hub's page is asked for the reason of a stop nobody announced (ms) */
+const HUB_REASON_WAIT = 30_000;
+
+/**
+ * The reason of a stop nobody announced while the server ran (an admin's, a
+ * preemption, an eviction), as the hub's home page shows it: the GPU service
+ * records every stop, and the hub page reads it. Same origin, with the hub's own
+ * login; asked again for a while, as the service records the stop a few seconds
+ * after the pod ends. Null when the page has none for this run of the server.
+ */
+async function reasonFromHub(): Promise<string | null> {
+  const server = PageConfig.getOption('hubServerName');
+  const started = model.reply?.service?.started ?? model.pageLoaded;
+  const deadline = Date.now() + HUB_REASON_WAIT;
+  while (Date.now() < deadline) {
+    try {
+      const response = await fetch(PageConfig.getOption('hubPrefix') + 'home', {
+        credentials: 'same-origin'
+      });
+      if (response.ok) {
+        const page = new DOMParser().parseFromString(await response.text(), 'text/html');
+        for (const found of Array.from(page.querySelectorAll('.jupyterhub-gpu-last-stop'))) {
+          const stop = found as HTMLElement;
+          const at = Number(stop.dataset.at);
+          if (stop.dataset.server === server && at >= started - 5 && stop.dataset.text) {
+            return stop.dataset.text;
+          }
+        }
+      }
+    } catch (reason) {
+      // the hub itself is unreachable: the generic words below say what is known
+      console.warn('GPU: could not read why the server stopped from the hub', reason);
+      return null;
+    }
+    await new Promise(resolve => window.setTimeout(resolve, 3000));
+  }
+  return null;
 }
 
 async function showAfterStop(): Promise<void> {
@@ -443,7 +487,15 @@ async function showAfterStop(): Promise<void> {
     return;
   }
   model.shownAfterStop = true;
-  const { title, text, what } = afterStopMessage();
+  let { title, text, what } = afterStopMessage();
+  if (title === UNANNOUNCED_TITLE) {
+    const reason = await reasonFromHub();
+    if (reason) {
+      title = 'Your server was stopped';
+      text = `${reason}.`;
+      what = 'Start it again from the hub when you need it.';
+    }
+  }
   const hub = model.reply?.service?.hub_url ?? PageConfig.getOption('hubPrefix') + 'home';
   const body = el('div', undefined, 'jp-GPUStatus-stopped');
   body.appendChild(el('p', text));
