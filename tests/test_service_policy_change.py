@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 
 import pytest
 
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
-from test_service_hub import start_server, usage, user_token, wait_for_service
+from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -112,3 +113,31 @@ async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
         return view["groups"][0]["over_limit"] is None
 
     await eventually(fits, "alpha back within its limit", within=30)
+
+
+async def test_a_server_whose_profile_a_policy_change_removed_is_told_it_runs_on(hub, core):
+    await start_server(hub, "ann", "alpha--small")
+    pod = await core.read_namespaced_pod("jupyter-ann", hub.namespace)
+    token = {e.name: e.value for e in pod.spec.containers[0].env}["JUPYTERHUB_API_TOKEN"]
+
+    async def answer() -> dict:
+        status, _, body = await aget(f"{hub.service_url}api/servers/ann/", token)
+        assert status == 200, body
+        return json.loads(body)
+
+    assert (await answer())["policy_change"] is None
+    # the admin replaces alpha's profile with another: the server runs on
+    hub.policy["profiles"]["large"] = {**POLICY["profiles"]["small"], "cpu": "200m"}
+    hub.policy["groups"]["alpha"]["profiles"] = ["large"]
+    await asyncio.to_thread(hub.restart)
+    await wait_for_service(hub)
+
+    async def told():
+        return (await answer())["policy_change"]
+
+    text = await eventually(told, "the server told of the policy change", within=30)
+    assert text == (
+        "The GPU policy no longer offers this server's profile (small) to Alpha: the server "
+        "runs on, but next time choose another profile"
+    )
+    assert await running(hub, "ann")

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..core.model import Budget, Group, Policy
 from ..core.quantities import format_duration, format_gpus
+from ..core.shaping import label_value
 from .gpu_time import HoursView
 from .state import ServerPod
 from .views import Server
@@ -169,6 +170,7 @@ def server_status(
         "dashboard_url": app.service_prefix,
         "hub_url": app.hub_prefix + "home",
         "rule_interval": app.rules_interval,
+        "policy_change": policy_change(policy, pod),
     }
     answer["notices"] = [
         {"at": n.at, "text": n.message, "kind": n.kind, "stop_at": n.stop_at}
@@ -203,6 +205,26 @@ def server_status(
     }
     answer["stops"] = scheduled_stops(app, group, server, pod)
     return answer
+
+
+def policy_change(policy: Policy, pod: ServerPod | None) -> str | None:
+    """Words for a server whose profile its group no longer offers, or whose group is
+    gone (the policy changed while it ran): it runs on, but cannot be started the
+    same way again. None for any other server."""
+    if pod is None or pod.charge is None or pod.before_policy is not None or not pod.profile:
+        return None
+    group = policy.find_group(pod.charge.group)
+    if group is None:
+        return (
+            f"The GPU policy no longer has this server's group ({pod.charge.group}): the "
+            "server runs on, but cannot be started again the same way"
+        )
+    if pod.profile not in {label_value(p) for p in group.profiles}:
+        return (
+            f"The GPU policy no longer offers this server's profile ({pod.profile}) to "
+            f"{group.display_name}: the server runs on, but next time choose another profile"
+        )
+    return None
 
 
 def scheduled_stops(

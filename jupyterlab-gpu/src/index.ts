@@ -76,6 +76,8 @@ interface ServiceAnswer {
   dashboard_url: string;
   hub_url: string;
   rule_interval: number;
+  /** the policy changed while the server ran: its profile (or group) is gone */
+  policy_change: string | null;
 }
 
 interface Settings {
@@ -382,10 +384,15 @@ function notify(seen: Seen, a: ServiceAnswer, settings: Settings): void {
       }
     }
   }
+  if (a.policy_change) {
+    const change = a.policy_change;
+    once(`policy:${change}`, () => Notification.warning(`${change}.`, { autoClose: false }));
+  }
   // a condition that no longer holds (the budget freed, the GPU in use again) is
   // forgotten, so it is told again if it comes back
   seen.keepOnly('budget-', live);
   seen.keepOnly('idle:', live);
+  seen.keepOnly('policy:', live);
 }
 
 /** Save every open document with unsaved changes; the names of those saved. */
