@@ -4,8 +4,9 @@ Scale (the target's): 100,000 users, 5,000 groups, 5,000 running servers charged
 the ledger, and a year of GPU usage records: each of the 5,000 servers' seats used
 a GPU for 2-10 hours every day, 1.8 million rows in a sqlite usage database, of which
 the hub holds the rows its budget windows reach (30 days).
+Every group offers two interfaces (a choice in its entries) and mounts two datasets.
 Per spawn, the policy does: the user's profile list (offers + entries with live
-quota and the budgets left), server-side validation of user_options (select), and
+quota, the budgets left and the datasets), server-side validation of user_options (select), and
 admission (the budget check of the group, its parents and the user, then the quota
 check and reservation; released again so the ledger stays at 5,000).
 
@@ -61,8 +62,23 @@ def build_policy(groups: int, budgets: bool = True, fair_share: bool = False):
             },
         },
         everyone={"profiles": ["cpu"]},
+        # what a server opens and mounts: two interfaces (a choice in every GPU entry)
+        # and a dataset of every group's own beside one they all share
+        interfaces={
+            "lab": {"display_name": "JupyterLab", "url": "/lab"},
+            "vscode": {"display_name": "VS Code", "url": "/vscode/"},
+        },
+        datasets={
+            "shared": {"nfs": {"server": "nfs", "path": "/shared"}, "mount_path": "/data/shared"},
+            **{
+                f"d{i:04d}": {"claim": f"data-{i}", "mount_path": f"/data/g{i:04d}"}
+                for i in range(groups)
+            },
+        },
         groups={
             f"g{i:04d}": {
+                "interfaces": ["lab", "vscode"],
+                "datasets": ["shared", f"d{i:04d}"],
                 "quota": {"gpus": 40, "cpu": 400},
                 "limit": {"gpus": 60},
                 "per_user": {
