@@ -748,3 +748,43 @@ def test_a_servers_group_comes_from_its_pod_even_when_the_hub_answered_first():
     assert [s.group for s in state.servers] == [None]  # no pod listed yet
     state.server_pods_listed({"ns/a": server_pod(pod_json("a", "ann", "alpha", 1))})
     assert [s.group for s in state.servers] == ["alpha"]
+
+
+def test_the_dashboards_line_is_in_the_order_the_hub_lets_servers_go_with_fair_share():
+    from jupyterhub_gpu.service.fair_share import FairShareSnapshot, Owner, fair_lines
+
+    policy = parse_policy(
+        fair_share={"half_life": "1d", "max_wait": "1h"},
+        flavors={"h200": {"kind": "gpu"}},
+        profiles={"gpu": {"gpu": {"flavor": "h200"}}},
+        groups={"lab": {"quota": {"gpus": 1}, "profiles": ["gpu"]}},
+    )
+    now = datetime(2026, 11, 25, 12, tzinfo=UTC)
+
+    def waiting(user: str, minutes_ago: float) -> Server:
+        started = now - timedelta(minutes=minutes_ago)
+        return Server(user, "", "lab", "gpu", started, False, "spawn", has_pod=False)
+
+    # arrival order: bob (6 GPU-hours lately), cy (1), dee (none), eve (9, but waited
+    # past max_wait)
+    line = [waiting("eve", 70), waiting("bob", 10), waiting("cy", 5), waiting("dee", 1)]
+    users = {
+        ("bob", "lab"): Owner(6.0, 0.25, 0.4, 0.4),
+        ("cy", "lab"): Owner(1.0, 0.25, 0.1, 0.1),
+        ("eve", "lab"): Owner(9.0, 0.25, 0.5, 0.5),
+    }
+    fair = FairShareSnapshot(86400, 3600, {"lab": Owner(16.0, 1.0, 1.0, 1.0)}, users)
+    ordered = fair_lines(policy, fair, {"lab": line}, now.timestamp())
+    assert [s.user for s in ordered["lab"]] == ["eve", "dee", "cy", "bob"]
+    # the positions the dashboard and api/usage show follow it
+    snapshot = Snapshot(Ledger(), line, None, waiting=ordered)
+    view = usage_view(policy, snapshot, Viewer("root", admin=True), now)
+    positions = {s["user"]: s["queue_position"] for s in view["servers"]}
+    assert positions == {"eve": 1, "dee": 2, "cy": 3, "bob": 4}
+    # without fair share (or before the service's first read): arrival order
+    assert [s.user for s in fair_lines(policy, None, {"lab": line}, now.timestamp())["lab"]] == [
+        "eve",
+        "bob",
+        "cy",
+        "dee",
+    ]

@@ -45,6 +45,7 @@ from ..kube.reflector import Reflector
 from . import handlers, metrics
 from .budget_rules import BudgetRule
 from .datasets import DatasetClaims, claim_reader
+from .fair_share import fair_lines
 from .gpu_time import GPUTime
 from .hubapi import HubAPI, HubAPIError
 from .idle import IdleServers, Prometheus
@@ -173,6 +174,13 @@ class GPUService(Application, service_settings.GPUService):
         snapshot.idle = self.idle_servers.coverage
         snapshot.orphans = [orphan.to_json() for orphan in self.orphan_pods.orphans]
         snapshot.datasets = self.dataset_claims.report
+        # with fair share, each group's line in the order the hub lets it go
+        snapshot.waiting = fair_lines(
+            self.policy,
+            getattr(snapshot.gpu_time, "fair_share", None),
+            snapshot.lines(),
+            time.time(),
+        )
         return snapshot
 
     def view(self, viewer: Viewer, **paging: int) -> dict[str, Any]:

@@ -13,18 +13,23 @@ import math
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.budgets import UsageRecord
 from ..core.fairshare import (
     FairShareBook,
     Standing,
+    Waiter,
     format_duration_days,
     format_usage,
+    line_order,
     standings,
     usage_since,
 )
 from ..core.model import Group, Policy
+
+if TYPE_CHECKING:
+    from .views import Server
 
 #: how far back "how it changed" looks
 CHANGE_OVER = 86400.0
@@ -57,6 +62,48 @@ class FairShareSnapshot:
     max_wait: int
     groups: dict[str, Owner]
     users: dict[tuple[str, str], Owner]  # (user, group)
+
+
+def fair_lines(
+    policy: Policy,
+    fair: FairShareSnapshot | None,
+    lines: Mapping[str, Sequence[Server]],
+    now: float,
+) -> dict[str, list[Server]]:
+    """Each group's waiting line in the order the hub lets its servers go with fair
+    share (``core.fairshare.line_order``): those that waited ``max_wait`` first, then
+    by usage per share from the top-level group down and the member's own usage,
+    arrival breaking ties. Without fair share (or before the first read), arrival
+    order as given."""
+    if fair is None or policy.fair_share is None:
+        return {group: list(line) for group, line in lines.items()}
+
+    def usage_per_share(name: str) -> float:
+        owner = fair.groups.get(name)
+        found = policy.find_group(name)
+        return (owner.usage if owner else 0.0) / (found.share if found else 1.0)
+
+    ordered = {}
+    for group, line in lines.items():
+        levels = [usage_per_share(name) for name in reversed(policy.charged_groups(group))]
+        waiters = []
+        for seq, server in enumerate(line):
+            member = fair.users.get((server.user, group))
+            waiters.append(
+                Waiter(
+                    key=server.label,
+                    user=server.user,
+                    group=group,
+                    chain=tuple(policy.charged_groups(group)),
+                    arrived=server.started.timestamp() if server.started else now,
+                    seq=seq,
+                    standing=(*levels, member.usage if member else 0.0),
+                )
+            )
+        by_key = {w.key: s for w, s in zip(waiters, line, strict=True)}
+        order = line_order(waiters, now, policy.fair_share.max_wait)
+        ordered[group] = [by_key[w.key] for w in order]
+    return ordered
 
 
 def _owners(now: Mapping[Any, Standing], then: Mapping[Any, Standing]) -> dict[Any, Owner]:
