@@ -9,12 +9,12 @@ the hub refuses the lab's spawns naming it, and once a test creates the claim
 the report clears within the service's ``datasets_interval`` and the spawn
 starts a server that mounts it.
 
-The claims are plain PersistentVolumeClaim objects. The local cluster binds
-none (it runs no volume controller): a claim stays Pending, which is all the
-service and the hub's refusal look at. A server's pod can only be placed once
-its claims are bound, so the spawn test binds them the way a storage admin's
-pre-provisioned volume is bound: a PersistentVolume reserved for the claim,
-and the claim naming it.
+The claims are PersistentVolumeClaim objects. The report's claim matches no
+volume and stays Pending: its existence is all the service and the hub's refusal
+look at. A server's pod can only be placed once its claims are bound, so the
+spawn test binds them as a storage admin's pre-provisioned volume is bound: a
+PersistentVolume reserved for the claim, and the claim naming it. The third test
+runs the service with a service account that may not read claims.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import re
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
+from test_service_failures import service_account_kubeconfig
 
 from hub_helpers import api, logged_in_opener, no_server, pod_json, ready, running_hub
 from jupyterhub_gpu.core.shaping import GROUP_LABEL
@@ -91,15 +92,20 @@ def claim_body(name: str, volume: str | None = None) -> client.V1PersistentVolum
 
 
 async def create_claim(core, namespace: str, name: str) -> None:
-    """A claim as an admin creates it; nothing binds it here, so it stays Pending."""
+    """A claim as an admin creates it; no volume here matches it, so it stays Pending."""
     await core.create_namespaced_persistent_volume_claim(namespace, claim_body(name))
 
 
 async def create_bound_claim(core, namespace: str, name: str) -> None:
     """A claim bound to a volume made for it (a pre-provisioned volume, as a storage
-    admin's): kube-scheduler places a pod only once its claims are bound. Without a
-    volume controller the claim says itself that its binding is complete."""
+    admin's): kube-scheduler places a pod only once its claims are bound. Bound both
+    ways from the start (the claim names the volume and says its binding is complete,
+    the volume's claimRef has the claim's uid), so it holds with or without a volume
+    controller in the cluster."""
     volume = f"{namespace}-{name}"
+    body = claim_body(name, volume)
+    body.metadata.annotations = {"pv.kubernetes.io/bind-completed": "yes"}
+    claim = await core.create_namespaced_persistent_volume_claim(namespace, body)
     await core.create_persistent_volume(
         client.V1PersistentVolume(
             metadata=client.V1ObjectMeta(name=volume),
@@ -108,13 +114,12 @@ async def create_bound_claim(core, namespace: str, name: str) -> None:
                 access_modes=["ReadWriteMany"],
                 host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
                 storage_class_name="",
-                claim_ref=client.V1ObjectReference(namespace=namespace, name=name),
+                claim_ref=client.V1ObjectReference(
+                    namespace=namespace, name=name, uid=claim.metadata.uid
+                ),
             ),
         )
     )
-    body = claim_body(name, volume)
-    body.metadata.annotations = {"pv.kubernetes.io/bind-completed": "yes"}
-    await core.create_namespaced_persistent_volume_claim(namespace, body)
 
 
 async def remove_claims(core, namespace: str) -> None:
@@ -174,6 +179,21 @@ async def datasets_hub(local_cluster, core, priority_class_objects):
         finally:
             # nothing here protects a claim in use: they may go before the servers
             await remove_claims(core, hub.namespace)
+
+
+async def why_not_running(core, namespace: str) -> str:
+    """The pods, claims and events of ``namespace``: why a server did not come up."""
+    lines = []
+    for pod in (await core.list_namespaced_pod(namespace)).items:
+        conditions = [(c.type, c.status, c.reason, c.message) for c in pod.status.conditions or []]
+        lines.append(f"pod {pod.metadata.name}: {pod.status.phase} {conditions}")
+    for claim in (await core.list_namespaced_persistent_volume_claim(namespace)).items:
+        lines.append(
+            f"claim {claim.metadata.name}: {claim.status.phase}, volume {claim.spec.volume_name}"
+        )
+    for event in (await core.list_namespaced_event(namespace)).items:
+        lines.append(f"event {event.involved_object.name}: {event.reason}: {event.message}")
+    return "\n".join(lines)
 
 
 def datasets_of(view: dict, group: str) -> dict[str, dict]:
@@ -301,7 +321,10 @@ async def test_the_hub_refuses_a_spawn_whose_claim_is_missing_then_mounts_it_onc
     await create_bound_claim(core, hub.namespace, "vision-scratch")
     status, body = await api(hub, "POST", "/users/vic/server", {"profile": "vision--cpu"})
     assert status in (201, 202), body
-    await eventually(lambda: ready(hub, "vic"), "vic's server to be ready", within=180)
+    try:
+        await eventually(lambda: ready(hub, "vic"), "vic's server to be ready", within=180)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{await why_not_running(core, hub.namespace)}") from None
     pod = await pod_json(core, hub.namespace, "jupyter-vic")
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     (notebook,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
@@ -321,3 +344,86 @@ async def test_the_hub_refuses_a_spawn_whose_claim_is_missing_then_mounts_it_onc
     # research's data is research's alone
     assert "/data/scratch" not in mounts
     assert json.dumps(pod).count("research-scratch") == 0
+
+
+async def test_without_rbac_to_read_claims_the_check_says_what_to_grant_then_recovers(
+    local_cluster, kube, core, priority_class_objects, tmp_path
+):
+    """The service with a service account that reads pods in the hub's namespace and
+    nothing else: the claims are not known (not reported missing), the task names the
+    claim and the grant; once granted, the next check finds the missing claim."""
+    kubeconfig = tmp_path / "hub.kubeconfig"
+    async with running_hub(
+        local_cluster,
+        core,
+        start=False,
+        users={"ann": ["research"]},
+        admin_users=("root",),
+        policy=POLICY,
+        gpu_service=True,
+        service_kubeconfig=kubeconfig,
+        service_settings={"datasets_interval": INTERVAL, "hub_poll_interval": 1},
+        extra_config=TOKEN_ISSUER,
+    ) as hub:
+        await service_account_kubeconfig(kube, core, local_cluster, hub.namespace, kubeconfig)
+        await asyncio.to_thread(hub.start)
+        await wait_for_service(hub)
+        root = await user_token(hub, "root")
+
+        async def failed():
+            view, _ = await usage(hub, root)
+            task = {t["name"]: t for t in view["tasks"]}.get("dataset claims", {})
+            return view if task.get("consecutive_failures") else None
+
+        view = await eventually(failed, "the check of the claims to fail", within=60)
+        error = {t["name"]: t for t in view["tasks"]}["dataset claims"]["last_error"]
+        assert "dataset claim(s) not read" in error
+        assert f"reading PersistentVolumeClaim {hub.namespace}/" in error
+        assert "HTTP 403: grant the hub's service account get on persistentvolumeclaims" in error
+        scratch = datasets_of(view, "research")["scratch"]
+        assert (scratch["status"], scratch["missing"]) == ("unknown", False)
+        assert "not known" in scratch["problem"]
+        text = await metrics_text(hub)
+        assert MISSING_METRIC + "{" not in text
+
+        # the grant z2jh's hub Role has in the hub's namespace
+        rbac = client.RbacAuthorizationV1Api(kube)
+        await rbac.create_namespaced_role(
+            hub.namespace,
+            {
+                "metadata": {"name": "claims"},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "resources": ["persistentvolumeclaims"],
+                        "verbs": ["get"],
+                    }
+                ],
+            },
+        )
+        await rbac.create_namespaced_role_binding(
+            hub.namespace,
+            {
+                "metadata": {"name": "claims"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "claims",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": hub.namespace}],
+            },
+        )
+
+        async def found_missing():
+            view, _ = await usage(hub, root)
+            return view if datasets_of(view, "research")["scratch"]["missing"] else None
+
+        view = await eventually(found_missing, "the claim to be read after the grant", within=30)
+        assert {t["name"]: t for t in view["tasks"]}["dataset claims"]["ok"] is True
+        scratch = {
+            "group": "research",
+            "dataset": "scratch",
+            "claim": "research-scratch",
+            "namespace": hub.namespace,
+        }
+        assert metric(await metrics_text(hub), **scratch) == 1.0
