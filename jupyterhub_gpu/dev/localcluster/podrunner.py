@@ -18,6 +18,24 @@ The Jupyter Docker Stacks images start ``jupyterhub-singleuser`` when they are
 given no command and a hub token (``start-notebook.py``); the runner does the
 same, so stock KubeSpawner pods run unchanged.
 
+Every server runs from this machine's Python environment, as if every image
+were the same one. When code-server is installed (``jupyterhub_gpu.dev.codeserver``,
+looked up at each start) its folder is on the server's PATH and the server's home
+gets the offline config an image with VS Code would carry, so
+``jupyter-vscode-proxy`` serves VS Code at ``/vscode/``.
+
+Volumes: a container's mounts are made visible in the server's home, which is
+also its working and root directory, since the process cannot mount anything.
+For each ``volumeMount`` of the first container whose volume is a ``hostPath``,
+an ``nfs`` volume of a loopback server (127.0.0.0/8: the export's path is a
+folder on this machine), or a ``persistentVolumeClaim`` bound to a
+PersistentVolume of either kind, ``<home>/<mountPath without its leading />``
+(``subPath`` appended to the source) is a symlink to that folder: a dataset
+mounted at ``/data/imagenet`` is ``data/imagenet`` in the file browser. It is not
+read-only even where the mount says so (a symlink cannot be), and an existing
+file or folder of the user's at that place is left alone (the mount is skipped,
+with a warning in the runner's log). Every other volume stays simulated.
+
 Run by the local cluster as ``python -m jupyterhub_gpu.dev.localcluster.podrunner``.
 """
 
@@ -35,7 +53,8 @@ import shutil
 import signal
 import sys
 import urllib.parse
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("jupyterhub_gpu.podrunner")
@@ -66,6 +85,8 @@ class LocalProcess:
     process: asyncio.subprocess.Process
     home: Path
     grace: float
+    #: the symlinks standing in for its mounts, removed when it ends
+    links: list[Path] = field(default_factory=list)
 
 
 def container_argv(container: dict, env: dict[str, str], allowed: tuple[str, ...]) -> list[str]:
@@ -122,13 +143,104 @@ def bind_to_pod_ip(argv: list[str], env: dict[str, str], pod_ip: str) -> tuple[l
     return out, env
 
 
+def _is_loopback(server: str | None) -> bool:
+    if server == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(server or "") in _LOOPBACK
+    except ValueError:
+        return False  # a host name: another machine's export
+
+
+def volume_folder(source: Mapping) -> str | None:
+    """The local folder a volume source is, if it is one on this machine: a
+    ``hostPath``, or an ``nfs`` export of a loopback server."""
+    if "hostPath" in source:
+        return source["hostPath"]["path"]
+    nfs = source.get("nfs")
+    if nfs and _is_loopback(nfs.get("server")):
+        return nfs["path"]
+    return None
+
+
+def local_mounts(
+    container: Mapping, volumes: list[Mapping], bound: Mapping[str, Mapping]
+) -> list[tuple[str, str]]:
+    """(place in the home, local folder) for each of the container's mounts the runner
+    links; ``bound``: claim name -> the spec of the PersistentVolume it is bound to."""
+    by_name = {v["name"]: v for v in volumes}
+    found = []
+    for mount in container.get("volumeMounts") or []:
+        volume = by_name.get(mount["name"])
+        if volume is None:
+            continue
+        claim = volume.get("persistentVolumeClaim")
+        folder = volume_folder(bound.get(claim["claimName"], {}) if claim else volume)
+        place = mount["mountPath"].strip("/")
+        if folder is None or not place or ".." in place.split("/"):
+            continue
+        if mount.get("subPath"):
+            folder = os.path.join(folder, mount["subPath"])
+        found.append((place, folder))
+    return found
+
+
+def link_mounts(home: Path, mounts: list[tuple[str, str]]) -> list[Path]:
+    """Make each mount a symlink in ``home``; the links made. A user's own file or
+    folder at that place is left alone, with a warning."""
+    links = []
+    for place, folder in mounts:
+        link = home / place
+        if link.is_symlink():
+            link.unlink()  # an earlier start's (a runner killed outright leaves them)
+        elif link.exists():
+            log.warning(
+                "%s is the user's own, not linked to %s (the volume mounted there): "
+                "move it away to see the volume",
+                link,
+                folder,
+            )
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(folder)
+        links.append(link)
+    return links
+
+
+def unlink_mounts(home: Path, links: list[Path]) -> None:
+    """Remove the links, and the folders made only to hold them once they are empty."""
+    for link in links:
+        if link.is_symlink():
+            link.unlink()
+        parent = link.parent
+        while parent != home and parent.is_relative_to(home):
+            try:
+                parent.rmdir()
+            except OSError:
+                break  # not empty: the user's files, or another mount's link
+            parent = parent.parent
+
+
 class PodRunner:
-    def __init__(self, api, workdir: Path, allowed: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        api,
+        workdir: Path,
+        allowed: tuple[str, ...],
+        tools: Callable[[], Path | None] | None = None,
+    ) -> None:
+        """``tools``: the folder holding code-server, if installed, asked at each start
+        (default: the cached install, ``codeserver.installed_bin_dir``)."""
         from kubernetes_asyncio import client
 
         self.core = client.CoreV1Api(api)
         self.workdir = workdir
         self.allowed = allowed
+        if tools is None:
+            from ..codeserver import installed_bin_dir
+
+            tools = installed_bin_dir
+        self.tools = tools
         self.running: dict[str, LocalProcess] = {}
         self.skipped: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -141,6 +253,37 @@ class PodRunner:
 
     async def _config_map(self, namespace: str, name: str) -> dict[str, str]:
         return dict((await self.core.read_namespaced_config_map(name, namespace)).data or {})
+
+    async def bound_volumes(self, pod: dict, container: dict) -> dict[str, dict]:
+        """Claim name -> the spec of the PersistentVolume it is bound to, for the claims
+        the container mounts (as the kubelet finds what to mount)."""
+        from kubernetes_asyncio.client import ApiException
+
+        mounted = {m["name"] for m in container.get("volumeMounts") or []}
+        namespace = pod["metadata"]["namespace"]
+        bound: dict[str, dict] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            claim = volume.get("persistentVolumeClaim")
+            if not claim or volume["name"] not in mounted:
+                continue
+            name = claim["claimName"]
+            try:
+                found = await self.core.read_namespaced_persistent_volume_claim(name, namespace)
+                if not found.spec.volume_name:
+                    continue  # not bound: the scheduler would not have placed the pod
+                volume_object = await self.core.read_persistent_volume(found.spec.volume_name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                log.info(
+                    "%s/%s: claim %s or its volume is gone: not linked",
+                    namespace,
+                    pod["metadata"]["name"],
+                    name,
+                )
+                continue
+            bound[name] = self.core.api_client.sanitize_for_serialization(volume_object.spec)
+        return bound
 
     async def pod_env(self, pod: dict, container: dict) -> dict[str, str]:
         ns = pod["metadata"]["namespace"]
@@ -218,12 +361,23 @@ class PodRunner:
             (home / ".jupyter" / "jupyter_server_config.json").write_text(
                 json.dumps({"ServerApp": {"allow_root": True}})
             )
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        tools: dict[str, str] = {}
+        code_server = self.tools()
+        if code_server is not None:
+            from ..codeserver import offline_setup
+
+            path = f"{code_server}{os.pathsep}{path}"
+            tools = offline_setup(home)
+        bound = await self.bound_volumes(pod, container)
+        links = link_mounts(home, local_mounts(container, pod["spec"].get("volumes") or [], bound))
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PATH": path,
             "LANG": "C.UTF-8",
             "HOME": str(home),
             "JUPYTER_CONFIG_DIR": str(home / ".jupyter"),
             "HOSTNAME": pod["metadata"]["name"],
+            **tools,
             **pod_env,
         }
         log_path = self._log_path(key)
@@ -239,7 +393,7 @@ class PodRunner:
                 start_new_session=True,
             )
         grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 30)
-        self.running[key] = LocalProcess(key, process, home, min(grace, 10))
+        self.running[key] = LocalProcess(key, process, home, min(grace, 10), links)
         log.info("%s: started %s on %s (pid %s)", key, argv[0], pod_ip, process.pid)
         task = asyncio.create_task(self._report_exit(key, pod))
         self._tasks.add(task)
@@ -256,6 +410,7 @@ class PodRunner:
         del self.running[key]
         self.skipped.add(key)  # never restart: restartPolicy is Never for hub pods
         log.info("%s: process exited with %s; marking the pod finished", key, code)
+        unlink_mounts(local.home, local.links)
         self._remove_pod_home(local.home)
         meta = pod["metadata"]
         container = pod["spec"]["containers"][0]
@@ -320,6 +475,7 @@ class PodRunner:
             await local.process.wait()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)  # anything the server left in its group
+        unlink_mounts(local.home, local.links)
         self._remove_pod_home(local.home)
         log.info("%s: stopped", key)
 
