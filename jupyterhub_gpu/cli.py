@@ -277,7 +277,8 @@ def cmd_manifests(args: argparse.Namespace) -> int:
 def _demo_servers_can_run() -> None:
     """The demo's servers run on this machine: ``jupyterhub-singleuser`` opening
     JupyterLab. Without them every spawn would end in the hub's own error; say so
-    before anything starts."""
+    before anything starts. code-server, for VS Code, is installed (once) here too;
+    if it cannot be, the demo says why and runs without it."""
     missing = [
         what
         for what, found in (
@@ -291,6 +292,23 @@ def _demo_servers_can_run() -> None:
             f"the demo's servers run {' and '.join(missing)} on this machine, which "
             "is not installed: pip install 'jupyterhub-gpu[demo]'"
         )
+    # VS Code: code-server (npm, built once and cached) behind jupyter-vscode-proxy. Without
+    # it the rest of the demo runs, and a server opened with VS Code answers 404 at /vscode/
+    from .dev import codeserver
+    from .dev.localcluster.build import BuildError
+
+    def say(text: str) -> None:
+        print(f"jupyterhub-gpu demo: {text}", file=sys.stderr, flush=True)
+
+    if importlib.util.find_spec("jupyter_vscode_proxy") is None:
+        say(
+            "VS Code will not open in the demo's servers: jupyter-vscode-proxy is not "
+            "installed (pip install 'jupyterhub-gpu[demo]')"
+        )
+    try:
+        codeserver.ensure_code_server(say)
+    except BuildError as e:
+        say(f"VS Code will not open in the demo's servers (the rest of the demo runs): {e}")
 
 
 def _demo_lab_extension() -> None:

@@ -23,7 +23,7 @@ from demo_helpers import Demo, api
 from hub_helpers import page_as
 from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.quantities import parse_quantity
-from jupyterhub_gpu.dev.demo import plan_demo
+from jupyterhub_gpu.dev.demo import plan_demo, stand_in_claims
 from jupyterhub_gpu.dev.localcluster.cluster import free_port
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
 from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
@@ -78,6 +78,33 @@ async def running_pod(demo: Demo, user: str) -> tuple[dict, dict]:
         )
 
 
+async def claim_phases(demo: Demo, claims: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The phase of each (namespace, claim), once none is Pending any more."""
+    from kubernetes_asyncio import client
+
+    if not claims:
+        return {}
+
+    async with client.ApiClient(await load_configuration(demo.kubeconfig)) as api_client:
+        core = client.CoreV1Api(api_client)
+
+        async def settled():
+            phases = {
+                (ns, name): (
+                    await core.read_namespaced_persistent_volume_claim(name, ns)
+                ).status.phase
+                for ns, name in claims
+            }
+            return phases if "Pending" not in phases.values() else None
+
+        return await eventually(settled, "the stand-in claims to bind", within=60)
+
+
+def user_group(plan, user: str) -> str:
+    (group,) = plan.users[user]
+    return group
+
+
 @pytest.mark.k8s
 @pytest.mark.hub
 @pytest.mark.parametrize("example", list(GPU_SERVER))
@@ -118,6 +145,16 @@ async def test_a_demo_of_an_examples_values_offers_what_profiles_says_and_runs_a
         if plan.policy.scheduler.name == "kai":  # the pod names KAI; a stand-in placed it
             assert pod["spec"]["schedulerName"] == "kai-scheduler"
             assert pod["metadata"]["labels"]["kai.scheduler/queue"]
+        # the claims the groups' datasets name: empty stand-ins, bound, where servers run
+        assert await claim_phases(demo, stand_in_claims(plan.policy)) == {
+            claim: "Bound" for claim in stand_in_claims(plan.policy)
+        }
+        claims = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod["spec"].get("volumes") or []
+            if "persistentVolumeClaim" in v
+        }
+        assert claims == {d.claim for d in plan.policy.datasets_of(user_group(plan, user))} - {None}
     finally:
         demo.make_sure_it_is_gone()
 

@@ -13,7 +13,12 @@ configured from ``hub.config`` the way z2jh does, and the GPU service at
 password. GPU time is recorded in a usage database in the demo's state folder;
 for the built-in example (and values with an ``idle`` rule) a simulated NVIDIA
 DCGM exporter reports the servers' GPU use to a local Prometheus, which the
-service's idle rule asks (``GPUService.prometheus_url``). Prints the URL, the
+service's idle rule asks (``GPUService.prometheus_url``). Datasets: the exports of
+a loopback NFS server are folders the demo makes in its state folder (with a README
+and a sample file), and each claim a group's servers mount is an empty stand-in,
+bound to a PersistentVolume of an empty folder there; the pod runner links both
+into the servers' homes at their mount paths. VS Code (code-server, installed by
+``jupyterhub-gpu demo`` before it starts) opens where the policy offers it. Prints the URL, the
 logins, an admin API token and what to try; Ctrl-C (or SIGTERM, or closing the
 terminal) stops the hub, its servers, Prometheus, the exporter and the cluster,
 and removes their folders; what a demo killed outright left, the next demo removes.
@@ -41,12 +46,14 @@ import yaml
 from ..config.values import checked_values
 from ..core.budgets import BudgetState, format_cap, format_period
 from ..core.manifests import desired_objects
-from ..core.model import Budget, Group, Policy
+from ..core.model import Budget, Dataset, Group, Interface, Policy
+from ..core.objects import all_groups
 from ..core.profiles import budget_line
 from ..core.quantities import format_duration
 from ..core.selection import base_request, offers
 from ..core.shaping import namespace_for
 from ..kube.reconciler import Reconciler
+from . import codeserver
 from .dcgm_exporter import SimulatedDCGMExporter
 from .ldap import GROUPS, PEOPLE, LocalDirectory, SlapdMissing
 from .localcluster import build, crds
@@ -60,6 +67,7 @@ from .localcluster.cluster import (
 )
 from .localcluster.hub import LocalHub
 from .localcluster.nodepools import NodePoolError, read_node_pools, render_nodes
+from .localcluster.podrunner import is_loopback_server
 from .localcluster.policy_pools import node_pools_for, without_nodes
 from .prometheus import LocalPrometheus, PrometheusNotFound, prometheus_binary
 
@@ -91,6 +99,12 @@ USAGE_DATABASE = "jupyterhub-gpu-usage.sqlite"
 #: seconds between Prometheus's scrapes of the simulated DCGM exporter (each scrape
 #: lists the cluster's pods and nodes: more often would only cost CPU)
 SCRAPE_INTERVAL = 5.0
+#: in the demo cluster's state folder: the folders serving loopback NFS exports
+#: (``nfs/<server><path>``) and those behind the stand-in claims (``claims/<ns>/<claim>``)
+NFS_FOLDER = "nfs"
+CLAIMS_FOLDER = "claims"
+#: the label of the PersistentVolumes and claims the demo stands in
+STAND_IN_LABEL = {"jupyterhub-gpu.local/stand-in": "true"}
 
 
 class DemoError(RuntimeError):
@@ -309,6 +323,7 @@ def plan_demo(
             "GPU time: the demo's usage database in its state folder instead of "
             f"hub.config.GPUPolicy.accounting_url ({policy_values['accounting_url']})"
         )
+    notes += dataset_notes(policy)
     policy_scheduler = policy.scheduler.name
     runs = policy_scheduler in build.SCHEDULER_COMPONENTS
     names = {f.scheduler_name for f in policy.flavors.values() if f.scheduler_name}
@@ -494,6 +509,169 @@ def stand_in_objects(policy: Policy) -> list[dict[str, Any]]:
     return objects
 
 
+# ---- datasets: loopback NFS exports and stand-in claims ------------------------------
+
+
+def loopback_exports(policy: Policy) -> list[Dataset]:
+    """The NFS datasets of a server on this machine, which the demo serves itself."""
+    return [
+        d
+        for d in policy.datasets.values()
+        if d.kind == "nfs" and is_loopback_server(d.source["nfs"]["server"])
+    ]
+
+
+def stand_in_claims(policy: Policy) -> list[tuple[str, str]]:
+    """(namespace, claim) for each claim a group's servers mount, in the namespace
+    they run in: the hub's, or the group's own with ``namespace_per_group``."""
+    found = {
+        (namespace_for(policy, group.name) or HUB_NAMESPACE, dataset.claim): None
+        for group in all_groups(policy)
+        for dataset in policy.datasets_of(group.name)
+        if dataset.claim
+    }
+    return sorted(found)
+
+
+def dataset_notes(policy: Policy) -> list[str]:
+    """What the demo does with the policy's datasets, one line each."""
+    notes = []
+    exports = loopback_exports(policy)
+    if exports:
+        notes.append(
+            "datasets: the demo serves the exports of loopback NFS servers ("
+            + ", ".join(f"{d.name}: {_export(d)}" for d in exports)
+            + ") from folders it makes in its state folder, with a README and a sample file"
+        )
+    claims = stand_in_claims(policy)
+    if claims:
+        notes.append(
+            "datasets: empty stand-in PersistentVolumeClaims "
+            + ", ".join(f"{claim} (namespace {namespace})" for namespace, claim in claims)
+            + ", each bound to a PersistentVolume of an empty folder in the demo's state "
+            "folder (on a real cluster they are the storage team's)"
+        )
+    elsewhere = [
+        d
+        for d in policy.datasets.values()
+        if d.kind == "csi" or (d.kind == "nfs" and d not in exports)
+    ]
+    if elsewhere:
+        notes.append(
+            "datasets: not reached, their mounts simulated (servers do not see them): "
+            + ", ".join(f"{d.name} ({_source_words(d)})" for d in elsewhere)
+        )
+    return notes
+
+
+def _export(dataset: Dataset) -> str:
+    nfs = dataset.source["nfs"]
+    return f"{nfs['server']}:{nfs['path']}"
+
+
+def _source_words(dataset: Dataset) -> str:
+    if dataset.kind == "nfs":
+        return f"NFS {_export(dataset)}"
+    if dataset.kind == "csi":
+        return f"CSI {dataset.source['csi']['driver']}"
+    return f"claim {dataset.claim}"
+
+
+#: what the demo puts in each loopback NFS export it serves
+SAMPLE_CSV = "image,label\nimg-0001.png,cat\nimg-0002.png,dog\nimg-0003.png,cat\n"
+
+
+def serve_loopback_exports(
+    policy_values: dict[str, Any], policy: Policy, root: Path
+) -> dict[str, Any]:
+    """``policy_values`` (hub.config.GPUPolicy) with each loopback NFS export's path
+    the folder under ``root`` that serves it, made with a README and a sample file.
+    A values file cannot name a folder of this machine's per-run state folder."""
+    exports = loopback_exports(policy)
+    if not exports:
+        return policy_values
+    datasets = dict(policy_values["datasets"])
+    for dataset in exports:
+        nfs = dataset.source["nfs"]
+        folder = root / nfs["server"] / nfs["path"].lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        read_only = ", read-only" if dataset.read_only else ""
+        (folder / "README.md").write_text(
+            f"# {dataset.display_name}\n\n"
+            f"The NFS export {_export(dataset)}, stood in for by `jupyterhub-gpu demo`\n"
+            f"with this folder of its state folder:\n{folder}\n\n"
+            f"Servers of the groups that mount the dataset {dataset.name} have it at "
+            f"{dataset.mount_path}{read_only}:\nin the demo, {dataset.mount_path.lstrip('/')} "
+            "in the home (a link). It is removed when the demo stops.\n"
+        )
+        (folder / "sample.csv").write_text(SAMPLE_CSV)
+        spec = dict(datasets[dataset.name])
+        spec["nfs"] = {**spec["nfs"], "path": str(folder)}
+        datasets[dataset.name] = spec
+    return {**policy_values, "datasets": datasets}
+
+
+def claim_objects(namespace: str, claim: str, folder: Path) -> tuple[dict, dict]:
+    """A PersistentVolume of ``folder`` (hostPath) bound to an empty claim ``claim``."""
+    name = f"demo-{namespace}-{claim}"[:253]
+    metadata = {"labels": dict(STAND_IN_LABEL)}
+    size = {"storage": "1Gi"}
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, **metadata},
+        "spec": {
+            "capacity": size,
+            "accessModes": ["ReadWriteMany"],
+            # no class: bound to this claim alone, never provisioned
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(folder), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    claim_object = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace, **metadata},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": name,
+            "resources": {"requests": size},
+        },
+    }
+    return volume, claim_object
+
+
+async def create_stand_in_claims(api, policy: Policy, root: Path) -> list[str]:
+    """The claims the policy's groups mount, each bound to a volume of an empty folder
+    under ``root``; what it created. A claim already there is left as it is."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api)
+    created = []
+    for namespace, claim in stand_in_claims(policy):
+        folder = root / namespace / claim
+        folder.mkdir(parents=True, exist_ok=True)
+        volume, claim_object = claim_objects(namespace, claim, folder)
+        try:
+            await core.read_namespaced_persistent_volume_claim(claim, namespace)
+            continue
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        try:
+            await core.create_persistent_volume(volume)
+        except ApiException as e:
+            if e.status != 409:  # left by an earlier claim of that name: bind it again
+                raise
+        await core.create_namespaced_persistent_volume_claim(namespace, claim_object)
+        created.append(f"PersistentVolumeClaim/{namespace}/{claim}")
+    return created
+
+
 async def reconcile_once(
     cluster: LocalCluster, policy: Policy, crds_of: str | None = None
 ) -> list[str]:
@@ -521,9 +699,11 @@ async def reconcile_once(
                     raise
             created.append(f"{obj['kind']}/{obj['metadata']['name']}")
         report = await Reconciler(api, hub_namespace=HUB_NAMESPACE).reconcile(policy)
-    if not report.ok:
-        raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
-    return created + report.created
+        if not report.ok:
+            raise DemoError(f"the cluster refused objects the policy needs: {report.summary()}")
+        # in the namespaces the reconciler made
+        claims = await create_stand_in_claims(api, policy, cluster.state.path / CLAIMS_FOLDER)
+    return created + report.created + claims
 
 
 # ---- running it -------------------------------------------------------------------
@@ -710,6 +890,50 @@ def _lab_step(plan: DemoPlan) -> _Step | None:
     return None
 
 
+def _vscode_offer(plan: DemoPlan) -> tuple[Group, str, Interface] | None:
+    """The first group offering VS Code (an interface served at /vscode/), the
+    display name of the first profile it offers it with, and the interface."""
+    for group in plan.policy.groups.values():
+        for offer in offers(plan.policy, [group.name]):
+            for interface in offer.interfaces if offer.group is group else ():
+                if interface.url.rstrip("/") == "/vscode":
+                    return group, offer.profile.display_name, interface
+    return None
+
+
+def vscode_section(plan: DemoPlan, hub: LocalHub) -> str:
+    """The banner's lines on VS Code and the data its explorer shows, where the
+    policy offers VS Code."""
+    offer = _vscode_offer(plan)
+    if offer is None:
+        return ""
+    group, profile, interface = offer
+    name, url = interface.display_name, interface.url
+    if codeserver.installed_bin_dir() is None:
+        return (
+            f"  {name}: code-server is not installed on this machine (the demo said why as "
+            f"it started): servers opened with {name} answer 404 at {url}\n\n"
+        )
+    exports = loopback_exports(plan.policy)
+    seen = [
+        f"{d.display_name} in {d.mount_path.lstrip('/')}"
+        for d in plan.policy.datasets_of(group.name)
+        if d in exports or d.claim
+    ]
+    user = f"{group.name.lower()}-1"
+    text = (
+        f'{name} in the browser: as {user}, start "{profile}" with Open: {name}. The server '
+        f"opens at {hub.url}/user/{user}{url}: code-server {codeserver.version()}, installed "
+        "on this machine and served by jupyter-vscode-proxy (on a real cluster, the image's: "
+        "images/singleuser/Dockerfile.vscode)"
+        + (f"; its explorer shows {', '.join(seen)}." if seen else ".")
+    )
+    lines = textwrap.wrap(
+        text, width=88, initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False
+    )
+    return "\n".join(lines) + "\n\n"
+
+
 def scheduler_line(plan: DemoPlan, cluster: LocalCluster) -> str:
     """The banner's lines saying which scheduler runs for real."""
     name = plan.policy.scheduler.name
@@ -771,6 +995,7 @@ def banner(
         + logins
         + f"  usage dashboard: {hub.service_url}\n"
         + walkthrough(plan, hub, metrics)
+        + vscode_section(plan, hub)
         + f"  REST API as an admin (the demo-admin service's token):\n"
         f"    export JUPYTERHUB_API_URL={hub.url}/hub/api\n"
         f"    export JUPYTERHUB_API_TOKEN={hub.api_token}\n"
@@ -909,7 +1134,9 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
         # the demo's cluster, in its state folder (an absolute path: the hub and the
         # service each read it)
         policy_values = {
-            **plan.policy_values,
+            **serve_loopback_exports(
+                plan.policy_values, plan.policy, cluster.state.path / NFS_FOLDER
+            ),
             "accounting_url": f"sqlite:///{cluster.state.path / USAGE_DATABASE}",
         }
         service_settings = dict(plan.service_settings)

@@ -143,7 +143,8 @@ def bind_to_pod_ip(argv: list[str], env: dict[str, str], pod_ip: str) -> tuple[l
     return out, env
 
 
-def _is_loopback(server: str | None) -> bool:
+def is_loopback_server(server: str | None) -> bool:
+    """An NFS server on this machine: ``localhost`` or a loopback address."""
     if server == "localhost":
         return True
     try:
@@ -158,7 +159,7 @@ def volume_folder(source: Mapping) -> str | None:
     if "hostPath" in source:
         return source["hostPath"]["path"]
     nfs = source.get("nfs")
-    if nfs and _is_loopback(nfs.get("server")):
+    if nfs and is_loopback_server(nfs.get("server")):
         return nfs["path"]
     return None
 
