@@ -158,6 +158,7 @@ def built():
 SAME_WORKER_AS = {
     "tests/test_demo_values.py": "tests/test_demo.py",
     "tests/test_demo_scheduler.py": "tests/test_demo.py",
+    "tests/test_demo_vscode.py": "tests/test_demo.py",
 }
 
 #: rough seconds a test takes: one that starts a hub (or the demo) is slow, one that
