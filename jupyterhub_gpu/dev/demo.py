@@ -45,6 +45,7 @@ import yaml
 
 from ..config.values import checked_values
 from ..core.budgets import BudgetState, format_cap, format_period
+from ..core.fairshare import format_duration_days
 from ..core.manifests import desired_objects
 from ..core.model import Budget, Dataset, Group, Interface, Policy
 from ..core.objects import all_groups
@@ -835,6 +836,87 @@ def _group_step(plan: DemoPlan, group: Group, metrics: GPUMetrics | None) -> _St
     return step
 
 
+#: the GPU-hours the built-in example's two members of a GPU group are given as history
+#: (ended ``HISTORY_ENDED_AGO`` seconds before the demo starts): fair share has
+#: something to weigh from the first minute
+FAIR_SHARE_HISTORY = (2.0, 0.25)
+#: before the shortest budget window of the built-in example (an hour): the history
+#: weighs in fair share, and no budget counts it
+HISTORY_ENDED_AGO = 3 * 3600
+
+
+def _history_group(plan: DemoPlan) -> Group | None:
+    """The group whose members get a fair-share history: with fair share on and the
+    built-in example only (a site's own values are for rehearsing its own numbers), the
+    first group offering GPU profiles."""
+    if plan.policy.fair_share is None or plan.values_files != [DEMO_VALUES]:
+        return None
+    return next((g for g in plan.policy.groups.values() if _first_gpu_server(plan, g)), None)
+
+
+def seed_fair_share_history(plan: DemoPlan, url: str, now: float) -> list[str]:
+    """Earlier GPU time of ``<group>-1`` (more) and ``<group>-2`` (less) in the usage
+    database at ``url``, as rows a day of real use would leave; what was written, in
+    words (nothing without ``_history_group``)."""
+    from ..accounting.store import UsageStore
+    from ..core.budgets import UsageRecord
+
+    group = _history_group(plan)
+    if group is None:
+        return []
+    profile = next(o.profile for o in offers(plan.policy, [group.name]) if o.profile.gpu)
+    assert profile.gpu is not None
+    ended = now - HISTORY_ENDED_AGO
+    records, said = [], []
+    for n, hours in enumerate(FAIR_SHARE_HISTORY, 1):
+        user = f"{group.name.lower()}-{n}"
+        records.append(
+            UsageRecord(
+                uid=f"demo-history-{user}",
+                key=f"demo-history/jupyter-{user}",
+                user=user,
+                group=group.name,
+                profile=profile.name,
+                flavor=profile.gpu.flavor,
+                gpus=1.0,
+                started=ended - hours * 3600,
+                last_seen=ended,
+                ended=ended,
+            )
+        )
+        said.append(f"{user} {hours:g} GPU-hours")
+    store = UsageStore(url)
+    try:
+        store.open(records, now=now)
+    finally:
+        store.dispose()
+    return [f"fair share: an earlier day of {group.display_name} stood in ({', '.join(said)})"]
+
+
+def _fair_share_step(plan: DemoPlan) -> _Step | None:
+    group = _history_group(plan)
+    if group is None or plan.policy.fair_share is None:
+        return None
+    heavy, light = (f"{group.name.lower()}-{n}" for n in (1, 2))
+    half_life = format_duration_days(plan.policy.fair_share.half_life)
+    text = (
+        f"Fair share (half-life {half_life}): {heavy} held a GPU {FAIR_SHARE_HISTORY[0]:g} "
+        f"hours a few hours ago, {light} {FAIR_SHARE_HISTORY[1]:g}. Each sees their "
+        f'standing on the spawn form ("{group.display_name} fair share: you used ... x '
+        'your share") and on the dashboard, where admin sees every group and member by '
+        "standing. Their over-quota servers get PriorityClasses by standing, so the "
+        "heaviest users' bursts are preempted first"
+    )
+    if plan.policy.when_full == "wait":
+        text += f", and in a full group's line {light} goes before {heavy}."
+    else:
+        text += (
+            ". With when_full: wait (your own values), whoever used less goes first in a "
+            "full group's line."
+        )
+    return [text]
+
+
 def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> str:
     """What to try with GPU time (budgets, showback, idle reclaim), for this policy."""
     steps = [
@@ -844,6 +926,8 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
     ]
     if (lab := _lab_step(plan)) is not None:
         steps.append(lab)
+    if (fair := _fair_share_step(plan)) is not None:
+        steps.append(fair)
     if not steps:
         return ""
     steps.append(
@@ -1139,6 +1223,8 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
             ),
             "accounting_url": f"sqlite:///{cluster.state.path / USAGE_DATABASE}",
         }
+        for line in seed_fair_share_history(plan, policy_values["accounting_url"], time.time()):
+            say(line)
         service_settings = dict(plan.service_settings)
         metrics: GPUMetrics | None = None
         if plan.gpu_metrics:
