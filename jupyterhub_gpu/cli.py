@@ -306,6 +306,8 @@ def _demo_servers_can_run() -> None:
             "installed (pip install 'jupyterhub-gpu[demo]')"
         )
     try:
+        if codeserver.installed_bin_dir() is None:
+            codeserver.install_missing_packages(say)
         codeserver.ensure_code_server(say)
     except BuildError as e:
         say(f"VS Code will not open in the demo's servers (the rest of the demo runs): {e}")

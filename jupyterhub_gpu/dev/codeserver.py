@@ -123,6 +123,31 @@ def missing_prerequisites() -> list[str]:
     return missing
 
 
+#: the Debian packages behind ``missing_prerequisites``' commands and headers
+_PACKAGES = {"g++": "g++", "make": "make", "rg": "ripgrep"}
+
+
+def install_missing_packages(say: ProgressFn) -> None:
+    """As root on a Debian machine, apt-get the packages the install lacks (as the
+    test command does for its own), so a newcomer's first demo needs no manual step;
+    elsewhere nothing happens, and the install names what to get."""
+    packages = [p for command, p in _PACKAGES.items() if not shutil.which(command)]
+    if not Path("/usr/include/gssapi/gssapi.h").exists():
+        packages.append("libkrb5-dev")
+    if not packages or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    say(f"installing Debian's {', '.join(packages)} for code-server's build")
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.run(install, capture_output=True, env=env).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env)
+        result = subprocess.run(install, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            raise build.BuildError(
+                f"apt-get install {' '.join(packages)} failed: {result.stderr.strip()[-300:]}"
+            )
+
+
 def _node_headers(node: str) -> Path | None:
     """The Node.js installation whose ``include/node`` node-gyp builds against (so it
     never downloads headers), when the headers are there."""
