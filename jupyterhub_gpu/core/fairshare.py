@@ -44,7 +44,7 @@ Pure: no I/O; times are epoch seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .budgets import UsageRecord
@@ -342,16 +342,25 @@ class FairShareBook:
         usage per share from the top-level group down, then the member's usage (lower
         first). Siblings share a parent, so at the first level two servers differ, their
         groups are measured against the same siblings."""
-        levels = self.policy.charged_groups(group)
-        key = [
-            self.group_usage(name, now, running) / self._share(name) for name in reversed(levels)
-        ]
-        key.append(self.member_usage(user, group, now, running))
-        return tuple(key)
+        return line_key(
+            self.policy,
+            group,
+            lambda name: self.group_usage(name, now, running),
+            self.member_usage(user, group, now, running),
+        )
 
-    def _share(self, name: str) -> float:
-        found = self.policy.find_group(name)
-        return found.share if found is not None else 1.0
+
+def line_key(
+    policy: Policy, group: str, group_usage: Callable[[str], float], member_usage: float
+) -> tuple[float, ...]:
+    """What orders a waiting server charged to ``group`` (``FairShareBook.order_key``),
+    from each level's decayed usage (``group_usage``) and its member's."""
+    key = []
+    for name in reversed(policy.charged_groups(group)):
+        found = policy.find_group(name)
+        key.append(group_usage(name) / (found.share if found is not None else 1.0))
+    key.append(member_usage)
+    return tuple(key)
 
 
 # ---- the line -------------------------------------------------------------------------

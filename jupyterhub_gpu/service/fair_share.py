@@ -22,6 +22,7 @@ from ..core.fairshare import (
     Waiter,
     format_duration_days,
     format_usage,
+    line_key,
     line_order,
     standings,
     usage_since,
@@ -78,14 +79,12 @@ def fair_lines(
     if fair is None or policy.fair_share is None:
         return {group: list(line) for group, line in lines.items()}
 
-    def usage_per_share(name: str) -> float:
+    def group_usage(name: str) -> float:
         owner = fair.groups.get(name)
-        found = policy.find_group(name)
-        return (owner.usage if owner else 0.0) / (found.share if found else 1.0)
+        return owner.usage if owner else 0.0
 
     ordered = {}
     for group, line in lines.items():
-        levels = [usage_per_share(name) for name in reversed(policy.charged_groups(group))]
         waiters = []
         for seq, server in enumerate(line):
             member = fair.users.get((server.user, group))
@@ -97,7 +96,7 @@ def fair_lines(
                     chain=tuple(policy.charged_groups(group)),
                     arrived=server.started.timestamp() if server.started else now,
                     seq=seq,
-                    standing=(*levels, member.usage if member else 0.0),
+                    standing=line_key(policy, group, group_usage, member.usage if member else 0.0),
                 )
             )
         by_key = {w.key: s for w, s in zip(waiters, line, strict=True)}
