@@ -9,6 +9,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 
 T = TypeVar("T")
@@ -62,7 +65,6 @@ async def created_once_quota_admits(
     refusal whose message has ``lagging`` (by default: the copy has no status yet; pass
     "exceeded quota" when room was just freed) is retried within a bound, any other raises.
     """
-    from kubernetes_asyncio.client import ApiException
 
     async def attempt():
         try:
@@ -145,8 +147,6 @@ async def user_pod(core, namespace: str, user: str):
 async def taken_away(core, pod) -> bool:
     """``pod`` is being deleted, or gone (a pod of its name may have replaced it): what a
     preemption does to its victim."""
-    from kubernetes_asyncio.client import ApiException
-
     try:
         now = await core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
     except ApiException as e:
@@ -154,3 +154,84 @@ async def taken_away(core, pod) -> bool:
             return True
         raise
     return now.metadata.uid != pod.metadata.uid or now.metadata.deletion_timestamp is not None
+
+
+# ---- claims and the volumes they bind to ---------------------------------------
+
+
+def claim_body(name: str, volume: str | None = None) -> client.V1PersistentVolumeClaim:
+    return client.V1PersistentVolumeClaim(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PersistentVolumeClaimSpec(
+            access_modes=["ReadWriteMany"],
+            storage_class_name="",
+            volume_name=volume,
+            resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+        ),
+    )
+
+
+async def create_claim(core, namespace: str, name: str) -> None:
+    """A claim as an admin creates it; no volume here matches it, so it stays Pending."""
+    await core.create_namespaced_persistent_volume_claim(namespace, claim_body(name))
+
+
+async def create_bound_claim(core, namespace: str, name: str) -> None:
+    """A claim bound to a volume made for it (a pre-provisioned volume, as a storage
+    admin's): kube-scheduler places a pod only once its claims are bound. Bound both
+    ways from the start (the claim names the volume and says its binding is complete,
+    the volume's claimRef has the claim's uid), so it holds with or without a volume
+    controller in the cluster."""
+    volume = f"{namespace}-{name}"
+    body = claim_body(name, volume)
+    body.metadata.annotations = {"pv.kubernetes.io/bind-completed": "yes"}
+    claim = await core.create_namespaced_persistent_volume_claim(namespace, body)
+    await core.create_persistent_volume(
+        client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=volume),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"},
+                access_modes=["ReadWriteMany"],
+                host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
+                storage_class_name="",
+                claim_ref=client.V1ObjectReference(
+                    namespace=namespace, name=name, uid=claim.metadata.uid
+                ),
+            ),
+        )
+    )
+
+
+async def remove_claims(core, namespace: str) -> None:
+    """Delete the namespace's claims and the volumes made for them. The API server gives
+    each claim the pvc-protection finalizer, which only a controller this cluster does
+    not run removes: without taking it off, the claims (and their namespace) would
+    never go."""
+    for claim in (await core.list_namespaced_persistent_volume_claim(namespace)).items:
+        name = claim.metadata.name
+        await core.patch_namespaced_persistent_volume_claim(
+            name, namespace, {"metadata": {"finalizers": None}}
+        )
+        try:
+            await core.delete_namespaced_persistent_volume_claim(name, namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    for volume in (await core.list_persistent_volume()).items:
+        ref = volume.spec.claim_ref
+        if ref is not None and ref.namespace == namespace:
+            await core.patch_persistent_volume(
+                volume.metadata.name, {"metadata": {"finalizers": None}}
+            )
+            await core.delete_persistent_volume(volume.metadata.name)
+
+    async def gone() -> bool:
+        claims = (await core.list_namespaced_persistent_volume_claim(namespace)).items
+        volumes = [
+            v
+            for v in (await core.list_persistent_volume()).items
+            if v.spec.claim_ref is not None and v.spec.claim_ref.namespace == namespace
+        ]
+        return not claims and not volumes
+
+    await eventually(gone, f"the claims of {namespace} and their volumes to go")

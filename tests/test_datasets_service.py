@@ -25,13 +25,12 @@ import re
 
 import pytest
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client import ApiException
 from test_service_failures import service_account_kubeconfig
 
 from hub_helpers import api, logged_in_opener, no_server, pod_json, ready, running_hub
 from jupyterhub_gpu.core.shaping import GROUP_LABEL
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from kube_helpers import eventually
+from kube_helpers import create_bound_claim, create_claim, eventually, remove_claims
 from test_service_hub import aget, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -77,84 +76,6 @@ TOKEN_ISSUER = (
     '"services": ["demo-admin"]})\n'
 )
 MISSING_METRIC = "jupyterhub_gpu_dataset_claim_missing"
-
-
-def claim_body(name: str, volume: str | None = None) -> client.V1PersistentVolumeClaim:
-    return client.V1PersistentVolumeClaim(
-        metadata=client.V1ObjectMeta(name=name),
-        spec=client.V1PersistentVolumeClaimSpec(
-            access_modes=["ReadWriteMany"],
-            storage_class_name="",
-            volume_name=volume,
-            resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
-        ),
-    )
-
-
-async def create_claim(core, namespace: str, name: str) -> None:
-    """A claim as an admin creates it; no volume here matches it, so it stays Pending."""
-    await core.create_namespaced_persistent_volume_claim(namespace, claim_body(name))
-
-
-async def create_bound_claim(core, namespace: str, name: str) -> None:
-    """A claim bound to a volume made for it (a pre-provisioned volume, as a storage
-    admin's): kube-scheduler places a pod only once its claims are bound. Bound both
-    ways from the start (the claim names the volume and says its binding is complete,
-    the volume's claimRef has the claim's uid), so it holds with or without a volume
-    controller in the cluster."""
-    volume = f"{namespace}-{name}"
-    body = claim_body(name, volume)
-    body.metadata.annotations = {"pv.kubernetes.io/bind-completed": "yes"}
-    claim = await core.create_namespaced_persistent_volume_claim(namespace, body)
-    await core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=volume),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "1Gi"},
-                access_modes=["ReadWriteMany"],
-                host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
-                storage_class_name="",
-                claim_ref=client.V1ObjectReference(
-                    namespace=namespace, name=name, uid=claim.metadata.uid
-                ),
-            ),
-        )
-    )
-
-
-async def remove_claims(core, namespace: str) -> None:
-    """Delete the namespace's claims and the volumes made for them. The API server gives
-    each claim the pvc-protection finalizer, which only a controller this cluster does
-    not run removes: without taking it off, the claims (and their namespace) would
-    never go."""
-    for claim in (await core.list_namespaced_persistent_volume_claim(namespace)).items:
-        name = claim.metadata.name
-        await core.patch_namespaced_persistent_volume_claim(
-            name, namespace, {"metadata": {"finalizers": None}}
-        )
-        try:
-            await core.delete_namespaced_persistent_volume_claim(name, namespace)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-    for volume in (await core.list_persistent_volume()).items:
-        ref = volume.spec.claim_ref
-        if ref is not None and ref.namespace == namespace:
-            await core.patch_persistent_volume(
-                volume.metadata.name, {"metadata": {"finalizers": None}}
-            )
-            await core.delete_persistent_volume(volume.metadata.name)
-
-    async def gone() -> bool:
-        claims = (await core.list_namespaced_persistent_volume_claim(namespace)).items
-        volumes = [
-            v
-            for v in (await core.list_persistent_volume()).items
-            if v.spec.claim_ref is not None and v.spec.claim_ref.namespace == namespace
-        ]
-        return not claims and not volumes
-
-    await eventually(gone, f"the claims of {namespace} and their volumes to go")
 
 
 @pytest.fixture(scope="module")

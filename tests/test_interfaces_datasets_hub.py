@@ -15,7 +15,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hub_helpers import api, pod_json, ready
-from kube_helpers import eventually
+from kube_helpers import create_bound_claim, eventually, remove_claims
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -74,49 +74,35 @@ Z2JH_STORAGE = {
 }
 
 
-async def bound_claim(core, namespace: str, name: str) -> None:
-    """A claim bound by the controller-manager to a volume made for it, as a storage
-    admin's would be: kube-scheduler places no pod whose claim is unbound."""
-    volume = f"{namespace}-{name}"
+async def volume_for_home(core, namespace: str, claim: str) -> None:
+    """A volume made for a home claim KubeSpawner is about to make (as z2jh's dynamic
+    storage gets one from its provisioner): the cluster's volume binder binds them,
+    and kube-scheduler places no pod whose claim is unbound."""
+    volume = f"{namespace}-{claim}"
     await core.create_persistent_volume(
         client.V1PersistentVolume(
             metadata=client.V1ObjectMeta(name=volume),
             spec=client.V1PersistentVolumeSpec(
                 capacity={"storage": "10Gi"},
-                access_modes=["ReadWriteOnce", "ReadOnlyMany"],
+                access_modes=["ReadWriteOnce"],
                 host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
                 storage_class_name="",
-                claim_ref=client.V1ObjectReference(namespace=namespace, name=name),
+                claim_ref=client.V1ObjectReference(namespace=namespace, name=claim),
                 persistent_volume_reclaim_policy="Retain",
             ),
         )
     )
-    if name.startswith("claim-"):
-        return  # KubeSpawner makes the home claim itself
-    await core.create_namespaced_persistent_volume_claim(
-        namespace,
-        client.V1PersistentVolumeClaim(
-            metadata=client.V1ObjectMeta(name=name),
-            spec=client.V1PersistentVolumeClaimSpec(
-                access_modes=["ReadWriteOnce"],
-                storage_class_name="",
-                volume_name=volume,
-                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
-            ),
-        ),
-    )
 
 
 @pytest.fixture
-async def volumes_made(core):
-    """The PersistentVolumes a test makes, deleted after it (they are cluster-wide)."""
-    made: list[str] = []
-    yield made
-    volumes = (await core.list_persistent_volume()).items
-    for volume in volumes:
-        ref = volume.spec.claim_ref
-        if ref is not None and ref.namespace in made:
-            await core.delete_persistent_volume(volume.metadata.name)
+async def claims_removed(core):
+    """The namespaces whose claims and volumes go after the test, once its hub is gone
+    (requested first, so torn down last): volumes are cluster-wide, and a claim's
+    protection finalizer would keep its namespace for ever."""
+    namespaces: list[str] = []
+    yield namespaces
+    for namespace in namespaces:
+        await remove_claims(core, namespace)
 
 
 def volumes_and_mounts(pod: dict) -> tuple[dict, dict]:
@@ -129,18 +115,22 @@ def volumes_and_mounts(pod: dict) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("storage", ["dynamic", "static"])
 async def test_a_research_server_opens_its_interface_and_mounts_its_datasets_beside_the_home(
-    hub_factory, core, volumes_made, storage
+    claims_removed, hub_factory, core, storage
 ):
     hub = await hub_factory(
         users={"ann": ["research"], "bo": ["students"]},
         policy=POLICY,
         extra_config=Z2JH_STORAGE[storage],
     )
-    volumes_made.append(hub.namespace)
+    claims_removed.append(hub.namespace)
     home = "claim-ann" if storage == "dynamic" else "home-nfs"
-    homes = ["claim-ann", "claim-bo"] if storage == "dynamic" else ["home-nfs"]
-    for claim in (*homes, "research-training", "course-data"):
-        await bound_claim(core, hub.namespace, claim)
+    if storage == "dynamic":
+        for claim in ("claim-ann", "claim-bo"):
+            await volume_for_home(core, hub.namespace, claim)
+    else:
+        await create_bound_claim(core, hub.namespace, home)
+    for claim in ("research-training", "course-data"):
+        await create_bound_claim(core, hub.namespace, claim)
 
     status, body = await api(
         hub, "POST", "/users/ann/server", {"profile": "research--small", "interface": "vscode"}
