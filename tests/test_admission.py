@@ -270,3 +270,39 @@ def test_a_group_allowed_no_servers_is_offered_nothing():
         },
     )
     assert offers(policy, ["frozen", "one-each"]) == []
+
+
+def test_a_groups_own_when_full_decides_for_its_members_and_its_subgroups():
+    policy = parse_policy(
+        flavors={"h200": {"kind": "gpu"}},
+        profiles={"p": {"gpu": {"flavor": "h200"}}},
+        groups={
+            "uni": {"quota": {"gpus": 2}, "when_full": "wait"},
+            "course": {"parent": "uni", "quota": {"gpus": 1}, "profiles": ["p"]},
+            "exam": {
+                "parent": "uni",
+                "quota": {"gpus": 2},
+                "profiles": ["p"],
+                "when_full": "refuse",
+            },
+            "other": {"quota": {"gpus": 1}, "profiles": ["p"]},
+        },
+    )
+    assert policy.when_full == "refuse"
+    assert [policy.when_full_of(g) for g in ("uni", "course", "exam", "other")] == [
+        "wait",
+        "wait",  # its parent's
+        "refuse",  # its own, though its parent waits
+        "refuse",  # the policy's
+    ]
+    ledger = Ledger()
+    one = Request(gpus=Fraction(1), cpu=0, memory=0, devices=(("h200", 1),))
+    assert ledger.admit(policy, "ns/c1", "c1", policy.group("course"), one).admitted
+    # course's own cap: its parent's setting makes it wait
+    assert ledger.admit(policy, "ns/c2", "c2", policy.group("course"), one).outcome == "wait"
+    assert ledger.admit(policy, "ns/e1", "e1", policy.group("exam"), one).admitted
+    # uni's cap (2) is reached: exam's own setting refuses, course's inherited one waits
+    refused = ledger.admit(policy, "ns/e2", "e2", policy.group("exam"), one)
+    assert (refused.outcome, refused.level) == ("refuse", "uni")
+    assert ledger.admit(policy, "ns/o1", "o1", policy.group("other"), one).admitted
+    assert ledger.admit(policy, "ns/o2", "o2", policy.group("other"), one).outcome == "refuse"

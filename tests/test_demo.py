@@ -26,7 +26,7 @@ import pytest
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from browser import log_in
-from demo_helpers import Demo, cmdline, processes_under, still_running
+from demo_helpers import Demo, api, cmdline, processes_under, still_running
 from hub_helpers import logged_in_opener
 from jupyterhub_gpu.dev.demo import DEMO_VALUES, plan_demo
 from jupyterhub_gpu.dev.localcluster import sockets
@@ -348,6 +348,92 @@ async def test_student_reaches_jupyterlab_and_the_second_student_is_refused(brow
         text = await page.inner_text("body")
         assert "Students" in text
         assert "research" not in text.lower()
+
+
+async def server_state(demo: Demo, token: str, user: str, name: str = "") -> str:
+    """``running``, ``waiting`` (a spawn still pending) or ``none``, as the hub says."""
+    status, model = await asyncio.to_thread(api, demo, token, "GET", f"/users/{user}")
+    assert status == 200, model
+    server = model["servers"].get(name)
+    if server is None:
+        return "none"
+    return "running" if server["ready"] else "waiting" if server["pending"] == "spawn" else "?"
+
+
+async def becomes(demo: Demo, token: str, user: str, state: str, name: str = "") -> None:
+    async def there():
+        return await server_state(demo, token, user, name) == state
+
+    await eventually(
+        there, f"{user}'s server {name!r} to be {state}", within=SPAWN_TIMEOUT_MS / 1000
+    )
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_research_members_wait_for_the_a100_and_who_used_less_goes_first(browser, demo):
+    """The walkthrough's line: research-1 (2 GPU-hours yesterday) holds research's one
+    A100 and asks for it again; research-2 (0.25) asks after, and starts first."""
+    words = " ".join(demo.output.split())
+    assert "The line: Research may hold one NVIDIA A100 40GB at a time" in words
+    token = printed(demo, r"^\s+export JUPYTERHUB_API_TOKEN=(\w+)$")
+    a100 = {"profile": "research--research", "flavor": "a100"}
+    second = None
+    try:
+        status, body = await asyncio.to_thread(
+            api, demo, token, "POST", "/users/research-1/server", a100
+        )
+        assert status in (201, 202), body
+        await becomes(demo, token, "research-1", "running")
+        # a named server asks for the A100 again: it waits, first in line
+        second = asyncio.create_task(
+            asyncio.to_thread(api, demo, token, "POST", "/users/research-1/servers/second", a100)
+        )
+        await becomes(demo, token, "research-1", "waiting", "second")
+        async with logged_in(browser, demo, "research-2") as page:
+            assert "Research fair share: you used" in await page.inner_text("#spawn_form")
+            await page.check("#profile-item-research--research")
+            await page.select_option(
+                "select[name='profile-option-research--research--flavor']", "a100"
+            )
+            await page.click("#spawn_form button[type=submit]")
+            # asked second, first in line: the spawn page says so and why
+            await page.locator(
+                "#progress-message",
+                has_text="position 1 of 2: you used less GPU time recently than others waiting",
+            ).wait_for(timeout=SPAWN_TIMEOUT_MS)
+            status, body = await asyncio.to_thread(
+                api, demo, token, "DELETE", "/users/research-1/server"
+            )
+            assert status in (202, 204), body
+            try:
+                await page.wait_for_url(
+                    f"{demo.url}/user/research-2/lab**", timeout=SPAWN_TIMEOUT_MS
+                )
+            except PlaywrightTimeout:
+                raise AssertionError(await what_went_wrong(page, demo)) from None
+        assert await server_state(demo, token, "research-1", "second") == "waiting"
+        status, body = await asyncio.to_thread(
+            api, demo, token, "DELETE", "/users/research-2/server"
+        )
+        assert status in (202, 204), body
+        await becomes(demo, token, "research-1", "running", "second")  # its turn now
+        status, body = await second
+        assert status in (201, 202), body
+    finally:
+        if second is not None:
+            await asyncio.wait({second})  # its request answered, whatever became of it
+        for path, body in (
+            ("/users/research-1/server", None),
+            ("/users/research-2/server", None),
+            ("/users/research-1/servers/second", {"remove": True}),
+        ):
+            await asyncio.to_thread(api, demo, token, "DELETE", path, body)
+
+        async def no_research_pods():
+            return [p for p in await user_pods(demo) if "research" in p] == []
+
+        await eventually(no_research_pods, "research's pods to go", within=120)
 
 
 # ---- what runs: processes and their listening sockets, from /proc ----------------

@@ -5,6 +5,7 @@ walkthrough says what to look at. The demo itself runs in test_demo.py."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.fairshare import FairShareBook, read_window
@@ -43,11 +44,31 @@ def test_the_built_in_examples_research_members_have_different_standings(tmp_pat
     assert hours_view(records, research.user_budget, now, ()).used == 0
 
 
-def test_the_walkthrough_says_where_standings_show_and_what_wait_would_do():
-    (text,) = _fair_share_step(plan_demo([]))
-    assert text.startswith("Fair share (half-life 1d): research-1 held a GPU 2 hours")
-    assert "Research fair share: you used ... x your share" in text
-    assert "With when_full: wait (your own values), whoever used less goes first" in text
+def test_the_walkthrough_says_where_standings_show_and_how_to_see_the_line():
+    standings, line = _fair_share_step(plan_demo([]))
+    assert standings.startswith("Fair share (half-life 1d): research-1 held a GPU 2 hours")
+    assert "Research fair share: you used ... x your share" in standings
+    # the line the demo test walks through (test_demo.py), with the flavor research
+    # may hold one of at a time and the profile that offers it
+    assert line.startswith(
+        "The line: Research may hold one NVIDIA A100 40GB at a time and waits for it. "
+        "As research-1, start a Research server on it (it runs), then a named server"
+    )
+    assert "research-2's starts though it asked second" in line
+
+
+def test_without_a_group_that_waits_the_walkthrough_shows_no_line():
+    plan = plan_demo([])
+    research = plan.policy.groups["research"]
+    refusing = replace(
+        plan,
+        policy=replace(
+            plan.policy,
+            groups={**plan.policy.groups, "research": replace(research, when_full=None)},
+        ),
+    )
+    assert refusing.policy.when_full_of("research") == "refuse"
+    assert len(_fair_share_step(refusing)) == 1
 
 
 def test_a_sites_own_values_get_no_invented_history(tmp_path):

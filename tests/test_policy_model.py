@@ -95,7 +95,7 @@ def test_every_error_is_reported_not_just_the_first():
         profiles={"p": {"gpu": {"flavor": "nope"}, "memory": "lots"}},
         groups={
             "a": {"profiles": ["missing"], "parent": "ghost"},
-            "b": {"quota": {"gpus": 4}, "limit": {"gpus": 2}},
+            "b": {"quota": {"gpus": 4}, "limit": {"gpus": 2}, "when_full": "queue"},
         },
         when_full="panic",
     )
@@ -108,6 +108,7 @@ def test_every_error_is_reported_not_just_the_first():
         f"{P}.groups.a.profiles[0]: no profile named 'missing'",
         f"{P}.groups.a.parent: no group named 'ghost'",
         f"{P}.groups.b.limit.gpus: must be >= quota.gpus",
+        f"{P}.groups.b.when_full: expected refuse or wait, got 'queue'",
         f"{P}.when_full: expected refuse or wait, got 'panic'",
     ]
     for message in expected:

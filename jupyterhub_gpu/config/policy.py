@@ -106,6 +106,10 @@ class GPUPolicy(Configurable):
         1) is the group's weight among its siblings, the groups of the same
         parent (or the top-level groups); its members have equal shares of it.
 
+        ``when_full`` (``refuse`` or ``wait``) is what its members' spawns do
+        when a cap is reached, its own or a parent's; unset, its parent's
+        setting applies, else ``GPUPolicy.when_full``.
+
         What servers open and mount: ``interfaces`` (names from
         ``GPUPolicy.interfaces``) and ``datasets`` (names from
         ``GPUPolicy.datasets``; a server mounts its group's and its parents').
@@ -120,6 +124,10 @@ class GPUPolicy(Configurable):
         with the numbers, or ``wait`` in line until capacity frees (the spawn
         page shows its position): first come, first served, or with
         ``fair_share`` whoever used less GPU time recently first.
+
+        A group's own ``when_full`` overrides this for its members (and its
+        subgroups'), so a course can refuse at once while research waits.
+        A spawn over a per-user cap is always refused: only the user can free it.
         """,
     ).tag(config=True)
 

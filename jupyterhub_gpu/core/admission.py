@@ -145,7 +145,7 @@ class Ledger:
                 )
             over_limit = _exceeded(level.display_name, self.usage(level.name), request, level.limit)
             if over_limit:
-                outcome = "wait" if policy.when_full == "wait" else "refuse"
+                outcome = "wait" if policy.when_full_of(group.name) == "wait" else "refuse"
                 return Decision(outcome, reason=over_limit, level=level.name)
             if _exceeded(level.display_name, self.usage(level.name), request, level.quota):
                 tier = OVER_QUOTA

@@ -363,6 +363,9 @@ class Group:
     interfaces: tuple[str, ...] | None = None
     #: the datasets its servers mount (with its parents')
     datasets: tuple[str, ...] = ()
+    #: what its members' spawns do when a cap (its own or a parent's) is reached:
+    #: "refuse" or "wait"; None: its parent's setting, else ``GPUPolicy.when_full``
+    when_full: str | None = None
 
 
 @dataclass(frozen=True)
@@ -440,6 +443,15 @@ class Policy:
             chain.append(group)
             current = group.parent
         return chain
+
+    def when_full_of(self, name: str) -> str:
+        """What a spawn charged to group ``name`` does when a cap is reached, its own
+        or a parent's: the nearest ``when_full`` the group and its parents set, else
+        the policy's (a course refuses at once while research waits in line)."""
+        for group in self.ancestors(name):
+            if group.when_full is not None:
+                return group.when_full
+        return self.when_full
 
     def datasets_of(self, name: str) -> list[Dataset]:
         """What the servers charged to group ``name`` mount: its parents' datasets, then
@@ -896,6 +908,7 @@ _GROUP_KEYS = {
     "idle",
     "directory_groups",
     "share",
+    "when_full",
 }
 
 
@@ -1043,7 +1056,19 @@ def _parse_group(
             e, f"{path}.datasets", spec.get("datasets"), datasets or {}, "dataset"
         )
         or (),
+        when_full=_parse_when_full(e, f"{path}.when_full", spec.get("when_full")),
     )
+
+
+WHEN_FULL = ("refuse", "wait")
+
+
+def _parse_when_full(e: _Errors, path: str, raw: Any) -> str | None:
+    """``refuse`` or ``wait``; None (not set) where ``raw`` is None."""
+    if raw is not None and raw not in WHEN_FULL:
+        e.add(path, f"expected refuse or wait, got {raw!r}")
+        return None
+    return raw
 
 
 def _parse_names(
@@ -1431,7 +1456,7 @@ def parse_policy(
         if group:
             parsed_groups[str(name)] = group
     _check_parents(e, parsed_groups)
-    if when_full not in ("refuse", "wait"):
+    if when_full not in WHEN_FULL:
         e.add("when_full", f"expected refuse or wait, got {when_full!r}")
     if not isinstance(namespace_per_group, bool):
         e.add("namespace_per_group", f"expected true or false, got {namespace_per_group!r}")

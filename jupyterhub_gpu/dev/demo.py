@@ -47,7 +47,7 @@ from ..config.values import checked_values
 from ..core.budgets import BudgetState, format_cap, format_period
 from ..core.fairshare import format_duration_days
 from ..core.manifests import desired_objects
-from ..core.model import Budget, Dataset, Group, Interface, Policy
+from ..core.model import Budget, Dataset, Flavor, Group, Interface, Policy, Profile
 from ..core.objects import all_groups
 from ..core.profiles import budget_line
 from ..core.quantities import format_duration
@@ -905,16 +905,40 @@ def _fair_share_step(plan: DemoPlan) -> _Step | None:
         f'standing on the spawn form ("{group.display_name} fair share: you used ... x '
         'your share") and on the dashboard, where admin sees every group and member by '
         "standing. Their over-quota servers get PriorityClasses by standing, so the "
-        "heaviest users' bursts are preempted first"
+        "heaviest users' bursts are preempted first."
     )
-    if plan.policy.when_full == "wait":
-        text += f", and in a full group's line {light} goes before {heavy}."
-    else:
-        text += (
-            ". With when_full: wait (your own values), whoever used less goes first in a "
-            "full group's line."
-        )
-    return [text]
+    line = _waiting_line(plan, group)
+    if line is None:
+        return [text]
+    profile, flavor = line
+    return [
+        text,
+        f"The line: {group.display_name} may hold one {flavor.display_name} at a time "
+        "and waits for it. "
+        f"As {heavy}, start a {profile.display_name} server on it (it runs), then a named "
+        "server on it too: it waits. "
+        f'As {light}, start one on it: the spawn page says "position 1 of 2: you used '
+        f"less GPU time recently than others waiting\". Stop {heavy}'s first server: "
+        f"{light}'s starts though it asked second, and {heavy}'s waits on.",
+    ]
+
+
+def _waiting_line(plan: DemoPlan, group: Group) -> tuple[Profile, Flavor] | None:
+    """A profile of ``group`` whose flavor the group may hold one of at a time, and that
+    flavor, where the group's spawns wait when full: two members asking for it stand in
+    one line (None where there is none)."""
+    if plan.policy.when_full_of(group.name) != "wait":
+        return None
+    for name, cap in group.limit.flavors.items():
+        if cap != 1:
+            continue
+        for profile_name in group.profiles:
+            profile = plan.policy.profiles[profile_name]
+            flavor_option = profile.options.get("flavor")
+            choices = dict(flavor_option.choices).values() if flavor_option else ()
+            if profile.gpu is not None and name in (profile.gpu.flavor, *choices):
+                return profile, plan.policy.flavors[name]
+    return None
 
 
 def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> str:
