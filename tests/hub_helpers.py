@@ -231,6 +231,8 @@ async def stop_hub(hub: LocalHub, core) -> None:
             answers = {}
             for user in hub.users:
                 answers[user] = await stop_server(hub, user)
+                for name in await named_servers(hub, user):
+                    await stop_server(hub, user, name)
             try:
                 await wait_no_pods(core, hub.namespace)
             except AssertionError as e:
@@ -239,13 +241,20 @@ async def stop_hub(hub: LocalHub, core) -> None:
         await asyncio.to_thread(hub.stop)
 
 
-async def stop_server(hub: LocalHub, user: str, within: float = 60) -> int:
-    """DELETE the user's server, as a user presses Stop again while the hub says it
-    cannot: JupyterHub gives a spawn it interrupts one second to end, then answers
-    500 ("pending spawn") and stops nothing. The hub's last answer."""
+async def named_servers(hub: LocalHub, user: str) -> list[str]:
+    """The names of the user's named servers the hub has (none without named servers)."""
+    status, model = await api(hub, "GET", f"/users/{user}")
+    return [name for name in model["servers"] if name] if status == 200 else []
+
+
+async def stop_server(hub: LocalHub, user: str, name: str = "", within: float = 60) -> int:
+    """DELETE the user's server (``name``: a named one), as a user presses Stop again
+    while the hub says it cannot: JupyterHub gives a spawn it interrupts one second to
+    end, then answers 500 ("pending spawn") and stops nothing. The hub's last answer."""
+    path = f"/users/{user}/servers/{name}" if name else f"/users/{user}/server"
     deadline = time.monotonic() + within
     while True:
-        status, _ = await api(hub, "DELETE", f"/users/{user}/server")
+        status, _ = await api(hub, "DELETE", path)
         if status < 500 or time.monotonic() > deadline:
             return status
         await asyncio.sleep(2)

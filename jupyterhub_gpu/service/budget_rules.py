@@ -26,7 +26,7 @@ from .gpu_time import GPUTime, HoursView
 from .runtime_rules import StopServer
 from .state import ServerPod, ServiceState
 from .tasks import RetryAtInterval
-from .views import Notice
+from .views import Notice, server_label
 
 
 class BudgetsNotApplied(RetryAtInterval):
@@ -104,11 +104,14 @@ class BudgetRule:
                 if grace is None:
                     then = (
                         "new GPU servers are refused until room returns; "
-                        f"{pod.user}'s server keeps running"
+                        f"{server_label(pod.user or '', pod.servername)}'s server keeps running"
                     )
                 else:
                     at = datetime.fromtimestamp(now + grace, UTC).strftime("%H:%M:%S UTC")
-                    then = f"{pod.user}'s server stops at {at} (in {format_duration(grace)})"
+                    then = (
+                        f"{server_label(pod.user or '', pod.servername)}'s server stops at "
+                        f"{at} (in {format_duration(grace)})"
+                    )
                 self.state.notice(
                     Notice(
                         at=datetime.fromtimestamp(now, UTC),
@@ -128,7 +131,8 @@ class BudgetRule:
                     self.state.notice(
                         Notice(
                             at=datetime.fromtimestamp(now, UTC),
-                            text=f"Stopping {pod.user}'s server: {used}, and the "
+                            text=f"Stopping {server_label(pod.user or '', pod.servername)}'s "
+                            f"server: {used}, and the "
                             f"{format_duration(grace)} grace after the notice is over",
                             group=pod.charge.group if pod.charge else None,
                             user=pod.user,

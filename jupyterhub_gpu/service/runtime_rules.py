@@ -20,7 +20,7 @@ from ..core.model import Policy
 from ..core.quantities import format_duration, format_gpus
 from . import rules
 from .state import ServerPod, ServiceState
-from .views import Notice
+from .views import Notice, server_label
 
 
 class StopServer(Protocol):
@@ -203,7 +203,8 @@ class RuntimeRules:
                     state.notice(
                         Notice(
                             at=now,
-                            text=f"Stopping {pod.user}'s server in {group} "
+                            text=f"Stopping {server_label(pod.user, pod.servername)}'s "
+                            f"server in {group} "
                             f"({format_gpus(charge.request.gpus)} GPUs): the group stayed over "
                             f"its limit for {grace}",
                             group=group,

@@ -92,7 +92,13 @@ class Server:
 
     @property
     def label(self) -> str:
-        return f"{self.user}/{self.name}" if self.name else self.user
+        return server_label(self.user, self.name)
+
+
+def server_label(user: str, name: str) -> str:
+    """``ann`` for a user's default server, ``ann/b`` for their named server ``b``:
+    what notices call a server, so a user with several knows which one."""
+    return f"{user}/{name}" if name else user
 
 
 @dataclass(frozen=True)
