@@ -175,18 +175,22 @@ async def main(
         f"user{u:06d}": rng.sample(sorted(policy.groups), rng.choice((1, 1, 2, 3)))
         for u in range(users)
     }
-    # 5,000 running servers in the ledger
+    # with fair share, a second hub's policy
+    fair_policy = build_policy(groups, budgets=days > 0, fair_share=True)
+    # 5,000 running servers in the ledger; both hubs have had the same spawns, so what
+    # each keeps of its policy's offers is as warm as the other's
     ledger = Ledger()
     names = list(membership)
     for s in range(servers):
         user = names[s % users]
-        selection = select(policy, membership[user], {"profile": f"{membership[user][0]}--cpu"})
+        options = {"profile": f"{membership[user][0]}--cpu"}
+        selection = select(policy, membership[user], options)
+        select(fair_policy, membership[user], options)
         ledger.admit(policy, f"ns/running-{s}", user, selection.group, selection.request)
     assert len(ledger.charges) == servers
 
     # the hub's usage book, read from a year of records as the hub reads it at start;
-    # with fair share, a second hub's, which also keeps the decayed usage
-    fair_policy = build_policy(groups, budgets=days > 0, fair_share=True)
+    # with fair share, the second hub's, which also keeps the decayed usage
     admission = SpawnAdmission.empty_cluster()
     admission.ledger = ledger
     fair_admission = SpawnAdmission.empty_cluster()
