@@ -540,7 +540,11 @@ class SpawnAdmission:
 
     def _ordered(self, policy: Policy, now: float) -> list[Waiter]:
         """The waiting servers in the order they go, kept ``ORDER_KEPT`` seconds while
-        nobody joins or leaves (every waiter reads the same order)."""
+        nobody joins or leaves (every waiter reads the same order).
+
+        Each waiter's standing is kept as long: a join orders the line again, but
+        works out only the newcomer's standing, so a storm of spawns into a long line
+        costs a sort each, not every waiter's standing each."""
         kept = self._order
         if kept is not None and kept[0] == self._line_version and 0 <= now - kept[1] < ORDER_KEPT:
             return kept[2]
@@ -549,7 +553,9 @@ class SpawnAdmission:
             book = self.fair_book(policy)
             running = self.ledger.charges
             for w in self.waiters.values():
-                w.standing = book.order_key(w.user, w.group, now, running)
+                if w.standing_at is None or not 0 <= now - w.standing_at < ORDER_KEPT:
+                    w.standing = book.order_key(w.user, w.group, now, running)
+                    w.standing_at = now
         ordered = line_order(self.waiters.values(), now, fair.max_wait if fair else None)
         self._order = (self._line_version, now, ordered)
         return ordered

@@ -197,3 +197,32 @@ async def test_the_spawn_form_shows_the_users_and_groups_standing(config):
         in (entry["description"])
     )
     assert entry["description"].endswith("Lab 3.00 x its share")
+
+
+async def test_usage_counted_while_waiting_reorders_the_line_within_a_second(config):
+    ann, bob, cy = (spawner(config, u) for u in ("ann", "bob", "cy"))
+    used(bob, "lab", 2, hours_ago=0.5, hours=1)
+    await ann.load_user_options()
+    bob_waits = asyncio.create_task(bob.load_user_options())
+    cy_waits = asyncio.create_task(cy.load_user_options())
+    await in_line(cy, "position 1 of 2: you used less GPU time recently")
+    # a join orders the line again, working out the newcomer's standing only: the
+    # others' stand for up to a second
+    book = ADMISSION.fair
+    asked = []
+    order_key = book.order_key
+    book.order_key = lambda user, *rest: asked.append(user) or order_key(user, *rest)
+    dee = spawner(config, "dee")
+    dee_waits = asyncio.create_task(dee.load_user_options())
+    await in_line(dee, "position 2 of 3")  # used nothing, as cy: behind cy, who came first
+    assert asked == ["dee"]
+    # cy's earlier server is counted now (3 GPU-hours): a second on, the line says so
+    used(cy, "lab", 6, hours_ago=0.1, hours=0.5)
+    CLOCK[0] += 1
+    await in_line(cy, "position 3 of 3")
+    await in_line(bob, "position 2 of 3")
+    await in_line(dee, "position 1 of 3")
+    assert sorted(asked[1:]) == ["bob", "cy", "dee"]
+    for waits in (bob_waits, cy_waits, dee_waits):
+        waits.cancel()
+    await asyncio.gather(bob_waits, cy_waits, dee_waits, return_exceptions=True)

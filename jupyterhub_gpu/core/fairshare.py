@@ -381,6 +381,8 @@ class Waiter:
     blocked_on: str | None = None
     #: what orders it (``FairShareBook.order_key``; empty: first come, first served)
     standing: tuple[float, ...] = field(default=())
+    #: when ``standing`` was worked out (None: not yet)
+    standing_at: float | None = None
 
     def waited_long(self, now: float, max_wait: float | None) -> bool:
         return max_wait is not None and now - self.arrived >= max_wait
