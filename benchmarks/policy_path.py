@@ -12,9 +12,11 @@ check and reservation; released again so the ledger stays at 5,000).
 
 With fair share on (``fair_share: {half_life: 7d, max_wait: 30m}``, the same spawns
 again): the hub also reads ten half-lives of rows (70 days) into its fair-share book,
-and each spawn adds the user's and group's standing to its GPU entries and orders a
-line of 20 waiting servers afresh (the hub keeps that order a second; here it is
-recomputed every spawn: the worst case).
+and each spawn adds the user's and group's standing to its GPU entries and joins a
+line of 20 waiting servers (``--waiting``), as every spawn does in the hub: the line
+is ordered again, working out the newcomer's standing and each other waiter's once a
+second. A third row makes every waiter's standing be worked out at each join (what
+the hub did before it kept them), side by side.
 
 Beside it, in the same process and run: stock KubeSpawner's own handling of a
 static profile list of the same size (10,000 profiles: 5,000 groups x 2), i.e.
@@ -23,6 +25,7 @@ static profile list of the same size (10,000 profiles: 5,000 groups x 2), i.e.
 ``profile_list``.
 
 Run: python benchmarks/policy_path.py [--spawns N] [--users N] [--groups N] [--servers N]
+[--days N] [--waiting N]
 """
 
 from __future__ import annotations
@@ -157,7 +160,13 @@ def year_of_usage(path: str, policy, membership: dict, servers: int, days: int, 
 
 
 async def main(
-    spawns: int, stock_spawns: int, users: int, groups: int, servers: int, days: int
+    spawns: int,
+    stock_spawns: int,
+    users: int,
+    groups: int,
+    servers: int,
+    days: int,
+    waiting: int = 20,
 ) -> None:
     import tempfile
 
@@ -218,7 +227,7 @@ async def main(
         loaded = len(admission.usage.records)
         print(f"usage: {days * servers:,} rows written in {wrote:.0f} s")
     # 20 servers waiting, in random groups, whose order each fair-share spawn recomputes
-    for w in range(20):
+    for w in range(waiting):
         user = rng.choice(names)
         fair_admission.waiters[f"ns/waiting-{w}"] = Waiter(
             f"ns/waiting-{w}",
@@ -230,7 +239,9 @@ async def main(
             membership[user][0],
         )
 
-    def spawn_path(hub, hub_policy, i: int, user: str) -> tuple[list, object, object]:
+    def spawn_path(
+        hub, hub_policy, i: int, user: str, afresh: bool = False
+    ) -> tuple[list, object, object]:
         book, now = hub.usage, hub.clock()
         groups_of_user = membership[user]
         options = {"profile": f"{groups_of_user[0]}--gpu", "gpus": "2", "flavor": "shared"}
@@ -255,9 +266,20 @@ async def main(
                         hub_policy.fair_share.half_life,
                     )
                 )
-            hub._order = None  # the worst case: the line's order made afresh
-            me = next(iter(hub.waiters.values()))
+            # the spawn joins the line, as every spawn does (so the line is ordered
+            # again), and leaves it once decided
+            group = groups_of_user[0]
+            me = Waiter(
+                f"ns/new-{i}", user, group, tuple(hub_policy.charged_groups(group)), now, -1
+            )
+            if afresh:  # every standing worked out again, as before they were kept
+                for w in hub.waiters.values():
+                    w.standing_at = None
+            hub.waiters[me.key] = me
+            hub._line_version += 1
             place(me, hub._ordered(hub_policy, now))
+            del hub.waiters[me.key]
+            hub._line_version += 1
         selection = select(hub_policy, groups_of_user, options)
         over = budget_refusal(
             hub_policy, book, user, selection.group, float(selection.request.gpus), now, ledger
@@ -268,15 +290,17 @@ async def main(
 
     ours: list[float] = []
     ours_fair: list[float] = []
+    ours_afresh: list[float] = []
     refused = 0
     for i in range(spawns):
         user = rng.choice(names)
-        for hub, hub_policy, samples in (
-            (admission, policy, ours),
-            (fair_admission, fair_policy, ours_fair),
+        for hub, hub_policy, samples, afresh in (
+            (admission, policy, ours, False),
+            (fair_admission, fair_policy, ours_fair, False),
+            (fair_admission, fair_policy, ours_afresh, True),
         ):
             t0 = time.perf_counter()
-            listed, decision, over = spawn_path(hub, hub_policy, i, user)
+            listed, decision, over = spawn_path(hub, hub_policy, i, user, afresh)
             samples.append(time.perf_counter() - t0)
             assert listed
             assert decision.admitted
@@ -312,13 +336,9 @@ async def main(
     print("|---|---|---|---|")
     budgets = f"budgets over {loaded:,} records" if days else "no budgets"
     print(row(f"jupyterhub-gpu: profile list + validation + admission ({budgets})", ours))
-    print(
-        row(
-            f"the same with fair share on (standings; a line of {len(fair_admission.waiters)} "
-            "ordered afresh)",
-            ours_fair,
-        )
-    )
+    line = len(fair_admission.waiters)
+    print(row(f"the same with fair share on (standings; joining a line of {line})", ours_fair))
+    print(row("  the same, every waiter's standing worked out at each join", ours_afresh))
     print(row(f"stock KubeSpawner: static list of {2 * groups:,} profiles", stock))
     print(f"ratio of p99 (stock / ours): {percentile(stock, 99) / percentile(ours, 99):.1f}")
 
@@ -335,7 +355,18 @@ if __name__ == "__main__":
     parser.add_argument(
         "--days", type=int, default=365, help="days of usage records (0: no budgets)"
     )
+    parser.add_argument(
+        "--waiting", type=int, default=20, help="servers waiting in line (fair share)"
+    )
     args = parser.parse_args()
     asyncio.run(
-        main(args.spawns, args.stock_spawns, args.users, args.groups, args.servers, args.days)
+        main(
+            args.spawns,
+            args.stock_spawns,
+            args.users,
+            args.groups,
+            args.servers,
+            args.days,
+            args.waiting,
+        )
     )
