@@ -315,6 +315,8 @@ class Amounts:
 
 
 WHEN_EXHAUSTED = ("warn", "stop")
+#: what a spawn does when a cap is reached (``GPUPolicy.when_full``, a group's)
+WHEN_FULL = ("refuse", "wait")
 
 
 @dataclass(frozen=True)
@@ -1058,9 +1060,6 @@ def _parse_group(
         or (),
         when_full=_parse_when_full(e, f"{path}.when_full", spec.get("when_full")),
     )
-
-
-WHEN_FULL = ("refuse", "wait")
 
 
 def _parse_when_full(e: _Errors, path: str, raw: Any) -> str | None:

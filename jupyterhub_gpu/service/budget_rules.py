@@ -98,20 +98,15 @@ class BudgetRule:
             grace = min((b.grace for b in stopping), default=None)
             owner, budget, hours = exhausted[0]
             used = used_line(owner, hours.used, budget)
+            whose = f"{server_label(pod.user, pod.servername)}'s server"
             if key not in self.told:
                 self.told[key] = now
                 self._told_uid[key] = pod.uid
                 if grace is None:
-                    then = (
-                        "new GPU servers are refused until room returns; "
-                        f"{server_label(pod.user or '', pod.servername)}'s server keeps running"
-                    )
+                    then = f"new GPU servers are refused until room returns; {whose} keeps running"
                 else:
                     at = datetime.fromtimestamp(now + grace, UTC).strftime("%H:%M:%S UTC")
-                    then = (
-                        f"{server_label(pod.user or '', pod.servername)}'s server stops at "
-                        f"{at} (in {format_duration(grace)})"
-                    )
+                    then = f"{whose} stops at {at} (in {format_duration(grace)})"
                 self.state.notice(
                     Notice(
                         at=datetime.fromtimestamp(now, UTC),
@@ -131,8 +126,7 @@ class BudgetRule:
                     self.state.notice(
                         Notice(
                             at=datetime.fromtimestamp(now, UTC),
-                            text=f"Stopping {server_label(pod.user or '', pod.servername)}'s "
-                            f"server: {used}, and the "
+                            text=f"Stopping {whose}: {used}, and the "
                             f"{format_duration(grace)} grace after the notice is over",
                             group=pod.charge.group if pod.charge else None,
                             user=pod.user,
