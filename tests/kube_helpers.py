@@ -187,18 +187,32 @@ async def create_bound_claim(core, namespace: str, name: str) -> None:
     body.metadata.annotations = {"pv.kubernetes.io/bind-completed": "yes"}
     claim = await core.create_namespaced_persistent_volume_claim(namespace, body)
     await core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=volume),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "1Gi"},
-                access_modes=["ReadWriteMany"],
-                host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
-                storage_class_name="",
-                claim_ref=client.V1ObjectReference(
-                    namespace=namespace, name=name, uid=claim.metadata.uid
-                ),
-            ),
-        )
+        volume_body(volume, namespace, name, "1Gi", "ReadWriteMany", uid=claim.metadata.uid)
+    )
+
+
+def volume_body(
+    volume: str,
+    namespace: str,
+    claim: str,
+    capacity: str,
+    access_mode: str,
+    *,
+    uid: str | None = None,
+    reclaim_policy: str | None = None,
+) -> client.V1PersistentVolume:
+    """A hostPath volume made for ``claim`` in ``namespace`` (with the claim's ``uid``:
+    bound from the start; without it: for the cluster's volume binder to bind)."""
+    return client.V1PersistentVolume(
+        metadata=client.V1ObjectMeta(name=volume),
+        spec=client.V1PersistentVolumeSpec(
+            capacity={"storage": capacity},
+            access_modes=[access_mode],
+            host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
+            storage_class_name="",
+            claim_ref=client.V1ObjectReference(namespace=namespace, name=claim, uid=uid),
+            persistent_volume_reclaim_policy=reclaim_policy,
+        ),
     )
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kubernetes_asyncio import client
 
 from hub_helpers import api, pod_json, ready
-from kube_helpers import create_bound_claim, eventually, remove_claims
+from kube_helpers import create_bound_claim, eventually, remove_claims, volume_body
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -80,17 +79,7 @@ async def volume_for_home(core, namespace: str, claim: str) -> None:
     and kube-scheduler places no pod whose claim is unbound."""
     volume = f"{namespace}-{claim}"
     await core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=volume),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "10Gi"},
-                access_modes=["ReadWriteOnce"],
-                host_path=client.V1HostPathVolumeSource(path=f"/srv/{volume}"),
-                storage_class_name="",
-                claim_ref=client.V1ObjectReference(namespace=namespace, name=claim),
-                persistent_volume_reclaim_policy="Retain",
-            ),
-        )
+        volume_body(volume, namespace, claim, "10Gi", "ReadWriteOnce", reclaim_policy="Retain")
     )
 
 
