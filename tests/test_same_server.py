@@ -124,8 +124,8 @@ def test_without_the_start_on_the_pod_the_services_view_shows_a_new_pod():
 
 
 async def test_a_new_pod_of_a_server_told_of_its_used_up_budget_is_told_anew():
-    """The budget rule remembers whom it told by pod name: a server started again (a
-    new pod of the same name) gets its own notice and grace, not the old pod's."""
+    """The budget rule remembers whom it told by pod: a server started again (a new
+    pod of the same name) gets its own notice and grace, not the old pod's."""
     policy = parse_policy(
         flavors={"h200": {"kind": "gpu"}},
         profiles={"small": {"gpu": {"flavor": "h200"}}},
@@ -157,7 +157,7 @@ async def test_a_new_pod_of_a_server_told_of_its_used_up_budget_is_told_anew():
     old = pod_of("A")
     state.server_pods_listed({old.key: old})
     await rule.run()
-    assert rule.told == {old.key: clock[0]}
+    assert rule.scheduled_stop(old) == (clock[0] + 60, "course")
     clock[0] += 61
     await rule.run()
     assert stopped == ["A"]
@@ -166,7 +166,7 @@ async def test_a_new_pod_of_a_server_told_of_its_used_up_budget_is_told_anew():
     state.server_pods_listed({new.key: new})
     await rule.run()
     assert stopped == ["A"]
-    assert rule.told == {new.key: clock[0]}
+    assert rule.scheduled_stop(new) == (clock[0] + 60, "course")
     told = [n.text for n in state.notices if n.text.startswith("GPU budget used up")]
     assert len(told) == 2
     clock[0] += 61

@@ -211,7 +211,7 @@ def service_like(state: ServiceState, events: ServerEvents):
         state=state,
         server_events=events,
         gpu_time=SimpleNamespace(snapshot=SimpleNamespace(current=True, groups={}, users={})),
-        budget_rule=SimpleNamespace(told={}),
+        budget_rule=SimpleNamespace(scheduled_stop=lambda pod: None),
         idle_servers=SimpleNamespace(warned={}),
         service_prefix="/services/gpu/",
         hub_prefix="/hub/",

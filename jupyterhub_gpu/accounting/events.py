@@ -9,7 +9,13 @@ back when it starts, so a server's JupyterLab is told why it last stopped after
 a service or hub restart; the hub reads a user's last stops for its home and
 spawn pages.
 
-Two tables beside the usage table, in the same database, created by whichever
+What a server running on a used-up budget was told is kept too, one row per
+server pod and budget: when it was told and the stop it announced. The budget
+rule reads it at every run, so a restarted service neither tells a server again
+with a fresh grace nor forgets a stop it announced; the row goes when the pod
+goes or the budget has room again.
+
+Three tables beside the usage table, in the same database, created by whichever
 of hub and service comes first (on PostgreSQL under the same advisory lock as
 the usage table's upgrade; on sqlite the second retries while the first
 creates). Rows older than the retention (a year by default) are pruned by the
@@ -37,10 +43,13 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..core.budgets import BudgetKey, Told
 from .store import _UPGRADE_LOCK, AccountingUnavailable, UsageStore
 
 metadata = MetaData()
@@ -72,6 +81,22 @@ stops = Table(
     Column("at", Float, nullable=False),
     Index("ix_jupyterhub_gpu_stops_at", "at"),
     Index("ix_jupyterhub_gpu_stops_server", "user", "server", "at"),
+)
+
+budget_told = Table(
+    "jupyterhub_gpu_budget_told",
+    metadata,
+    # the server pod's uid (its namespace/name if it has none): a server started
+    # again is a new pod, told anew
+    Column("pod", String(320), primary_key=True),
+    # the budget: its group, and the member for a member's own budget ("" a group's)
+    Column("budget_group", String(255), primary_key=True),
+    Column("budget_member", String(255), primary_key=True),
+    Column("user", String(255), nullable=False),
+    Column("server", String(255), nullable=False),
+    Column("told_at", Float, nullable=False),  # epoch seconds
+    Column("stop_at", Float),  # the stop announced; None: a warn budget's notice
+    Column("stop_said_at", Float),  # when the server was told it is being stopped
 )
 
 #: how long notices and stops are kept (seconds)
@@ -212,3 +237,102 @@ class EventStore:
             ]
 
         return self._guarded("be read", work)
+
+
+@dataclass(frozen=True)
+class ToldRow:
+    """What one server pod was told of one used-up budget (``budget_told``)."""
+
+    pod: str  # the pod's uid, or its namespace/name
+    user: str
+    server: str
+    told: Told
+
+
+class BudgetToldStore:
+    """What servers were told of used-up budgets, in the usage database."""
+
+    def __init__(self, events: EventStore) -> None:
+        self.events = events
+
+    def read(self) -> list[ToldRow]:
+        """Every row (one per server pod and used-up budget: a few per server at most)."""
+
+        def work(connection: Connection) -> list[ToldRow]:
+            return [
+                ToldRow(
+                    r.pod,
+                    r.user,
+                    r.server,
+                    Told((r.budget_group, r.budget_member), r.told_at, r.stop_at, r.stop_said_at),
+                )
+                for r in connection.execute(select(budget_told))
+            ]
+
+        return self.events._guarded("be read (what servers were told of budgets)", work)
+
+    def write(
+        self,
+        tell: Iterable[ToldRow],
+        forget: Iterable[tuple[str, BudgetKey]],
+        forget_pods: Iterable[str],
+        stop_said: Iterable[tuple[str, BudgetKey, float]],
+    ) -> set[tuple[str, BudgetKey]]:
+        """In one transaction: drop the rows of ``forget`` ((pod, budget)) and of the pods
+        in ``forget_pods``, add ``tell`` where no row is there yet, note ``stop_said``.
+        Returns the (pod, budget) of the rows added: a row already there (another
+        process told first) is left as it is, and its notice is not given again."""
+        tell, forget, forget_pods = list(tell), list(forget), list(forget_pods)
+        stop_said = list(stop_said)
+        table = budget_told
+        dialect = self.events.usage.engine.dialect.name
+
+        def work(connection: Connection) -> set[tuple[str, BudgetKey]]:
+            for pod, (group, member) in forget:
+                connection.execute(
+                    delete(table).where(
+                        table.c.pod == pod,
+                        table.c.budget_group == group,
+                        table.c.budget_member == member,
+                    )
+                )
+            for chunk in range(0, len(forget_pods), 500):
+                connection.execute(
+                    delete(table).where(table.c.pod.in_(forget_pods[chunk : chunk + 500]))
+                )
+            added = set()
+            for row in tell:
+                group, member = row.told.key
+                values = dict(
+                    pod=row.pod,
+                    budget_group=group,
+                    budget_member=member,
+                    user=row.user,
+                    server=row.server,
+                    told_at=row.told.at,
+                    stop_at=row.told.stop_at,
+                    stop_said_at=row.told.stop_said,
+                )
+                if connection.execute(_insert_new(dialect, values)).rowcount:
+                    added.add((row.pod, row.told.key))
+            for pod, (group, member), at in stop_said:
+                connection.execute(
+                    update(table)
+                    .where(
+                        table.c.pod == pod,
+                        table.c.budget_group == group,
+                        table.c.budget_member == member,
+                    )
+                    .values(stop_said_at=at)
+                )
+            return added
+
+        return self.events._guarded("record what servers were told of budgets", work)
+
+
+def _insert_new(dialect: str, values: dict[str, Any]) -> Any:
+    """An insert of ``values`` into ``budget_told`` that adds nothing where the row is
+    there already (two processes telling at once: the first's stands). The usage
+    database is PostgreSQL or sqlite (``UsageStore``)."""
+    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return dialect_insert(budget_told).values(values).on_conflict_do_nothing()

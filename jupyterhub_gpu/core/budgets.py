@@ -706,3 +706,90 @@ def budget_refusal(
                 "each may run once it is used up"
             )
     return None
+
+
+# ---- what a server running on used-up budgets is told, and when it stops ------------------
+
+#: a budget by who owns it: (group, "") for a group's own, (group, member) for a
+#: member's own budget in that group
+BudgetKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class UsedUp:
+    """A used-up budget a running server counts against."""
+
+    key: BudgetKey
+    owner: str  # "research", or "alice in research"
+    budget: Budget
+    used: float  # GPU-equivalent-hours in its window
+
+    @property
+    def stops(self) -> bool:
+        return self.budget.when_exhausted == "stop"
+
+
+@dataclass(frozen=True)
+class Told:
+    """What one server was told of one used-up budget: when, and the stop it announced
+    (None: a ``warn`` budget, which stops nothing); ``stop_said``: when the server was
+    told it is being stopped now (the stop this announcement set)."""
+
+    key: BudgetKey
+    at: float
+    stop_at: float | None
+    stop_said: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetNotices:
+    """What to do about one server at one run (``budget_notices``)."""
+
+    #: new notices, one per budget not told yet, each with its own stop (or none)
+    tell: tuple[Told, ...] = ()
+    #: budgets told before that are no longer used up, or whose kind (warn or stop)
+    #: changed: forgotten, so a later exhaustion tells anew
+    forget: tuple[BudgetKey, ...] = ()
+    #: the earliest stop announced for a budget still used up (None: no stop is due
+    #: ever for what is used up now), and the announcement that set it
+    stop: Told | None = None
+    #: that stop's time has come
+    due: bool = False
+
+
+def budget_notices(used_up: Iterable[UsedUp], told: Iterable[Told], now: float) -> BudgetNotices:
+    """Which of a server's used-up budgets to tell, and whether it stops now.
+
+    Each used-up budget is told once, with its own notice: a ``stop`` budget
+    announces its stop ``grace`` after its own notice, a ``warn`` budget announces
+    none (and so shortens no stop budget's grace). The server stops at the earliest
+    stop announced for a budget still used up, never earlier; a budget with room
+    again is forgotten, so its next exhaustion is told anew with a fresh grace. A
+    budget whose ``when_exhausted`` changed since it was told (a new policy) is told
+    anew as what it is now. ``told`` is what was told before, read back from where it
+    is kept: a restart neither tells again nor gives a fresh grace.
+    """
+    now_used = {u.key: u for u in used_up}
+    kept: dict[BudgetKey, Told] = {}
+    forget: list[BudgetKey] = []
+    for t in told:
+        u = now_used.get(t.key)
+        if u is None or u.stops != (t.stop_at is not None):
+            forget.append(t.key)
+        else:
+            kept[t.key] = t
+    tell = tuple(
+        Told(key, now, now + u.budget.grace if u.stops else None)
+        for key, u in now_used.items()
+        if key not in kept
+    )
+    stopping = [t for t in (*kept.values(), *tell) if t.stop_at is not None]
+    # the earliest; between equal times, one already told (it may have said the stop)
+    stop = min(stopping, key=lambda t: (t.stop_at, t in tell), default=None)
+    due = stop is not None and stop.stop_at is not None and stop.stop_at <= now
+    return BudgetNotices(tell, tuple(forget), stop, due)
+
+
+def earliest_stop(told: Iterable[Told]) -> Told | None:
+    """The announcement with the earliest stop among ``told`` (None: none stops)."""
+    return min((t for t in told if t.stop_at is not None), key=lambda t: t.stop_at, default=None)

@@ -31,7 +31,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import default
 from traitlets.config import Application
 
-from ..accounting.events import EventStore
+from ..accounting.events import BudgetToldStore, EventStore
 from ..accounting.store import AccountingUnavailable, UsageStore
 from ..config import service_settings
 from ..config.policy import GPUPolicy
@@ -142,11 +142,15 @@ class GPUService(Application, service_settings.GPUService):
             utilisation_refresh=self.utilisation_refresh,
         )
         #: each server's notices and last stop, kept in the usage database
-        self.server_events = ServerEvents(self.policy, EventStore(self.gpu_time.store))
+        events = EventStore(self.gpu_time.store)
+        self.server_events = ServerEvents(self.policy, events)
         self.last_stops = self.server_events.last_stops
         self.state.on_notice = self.server_events.notice
         self.state.on_pod_gone = self.server_events.pod_ended
-        self.budget_rule = BudgetRule(self.policy, self.state, self.gpu_time, self._stop)
+        # what servers were told of used-up budgets is kept beside their notices
+        self.budget_rule = BudgetRule(
+            self.policy, self.state, self.gpu_time, self._stop, BudgetToldStore(events)
+        )
         self.orphan_pods = OrphanPods(
             self.state, self._delete_pod, self.orphan_grace, dry_run=self.reconcile_dry_run
         )

@@ -232,20 +232,18 @@ def scheduled_stops(
 ) -> list[dict[str, Any]]:
     """The stops ahead of this server, soonest first: budget grace, idle, max_runtime."""
     stops = []
-    told = app.budget_rule.told.get(pod.key)
-    if told is not None:
-        exhausted = app.budget_rule.exhausted(pod)
-        graces = [b.grace for _, b, _ in exhausted if b.when_exhausted == "stop"]
-        if graces:
-            owner = exhausted[0][0]
-            stops.append(
-                {
-                    "kind": "budget",
-                    "at": told + min(graces),
-                    "why": f"the GPU budget of {owner} is used up",
-                    "avoid": AVOID["budget"],
-                }
-            )
+    # the earliest stop a used-up budget announced, and whose budget it is
+    budget_stop = app.budget_rule.scheduled_stop(pod)
+    if budget_stop is not None:
+        at, owner = budget_stop
+        stops.append(
+            {
+                "kind": "budget",
+                "at": at,
+                "why": f"the GPU budget of {owner} is used up",
+                "avoid": AVOID["budget"],
+            }
+        )
     if server is not None:
         warning = app.idle_servers.warned.get((server.user, server.name, server.started))
         if warning is not None:
