@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -193,6 +194,10 @@ class GPUTime:
         self._histories: dict[tuple[str, float, float, float], Series] = {}
         #: what was rendered from them for every admin alike (views, JSON, CSV), by key
         self.rendered: dict[tuple[str, ...], Any] = {}
+        #: where reads users ask for (records outside the book, their sums) run: the
+        #: readers' threads and connections, never the pass's (None: the default executor)
+        self.readers: Executor | None = None
+        self.reader_store = store
 
     @property
     def running(self) -> Mapping[str, Any]:
@@ -434,7 +439,9 @@ class GPUTime:
                 )
             return list(found.values())
         wanted = None if groups is None else sorted(groups)
-        records = await asyncio.to_thread(self.store.overlapping, since, until, wanted)
+        records = await asyncio.get_running_loop().run_in_executor(
+            self.readers, self.reader_store.overlapping, since, until, wanted
+        )
         return [r for r in records if groups is None or r.group in groups]
 
     def family(self, group: str) -> set[str]:
@@ -455,8 +462,8 @@ class GPUTime:
         if cached is not None:
             return cached
         records = await self._records(since, until, self.family(group))
-        series = await asyncio.to_thread(
-            history, records, since, until, step, self.clock(), self.running
+        series = await asyncio.get_running_loop().run_in_executor(
+            self.readers, history, records, since, until, step, self.clock(), self.running
         )
         if len(self._histories) >= 256:
             self._histories.pop(next(iter(self._histories)))
@@ -514,8 +521,8 @@ class GPUTime:
         utilisation, coverage = await self.utilisation(since, until) if records else (None, None)
         # a month's records are a few hundred thousand at a large site: summed off the
         # event loop, which keeps answering meanwhile
-        result = await asyncio.to_thread(
-            self._showback, records, since, until, now, self.running, utilisation
+        result = await asyncio.get_running_loop().run_in_executor(
+            self.readers, self._showback, records, since, until, now, self.running, utilisation
         )
         if coverage is not None:
             result = dataclasses.replace(result, coverage=coverage)
