@@ -370,3 +370,41 @@ async def test_a_database_that_cannot_be_read_tells_nobody_and_stops_nothing(dat
     assert service.stops == []
     assert len(service.told()) == 2
     service.close()
+
+
+# ---- the table, on each database the usage store runs on ------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_database(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'usage.sqlite'}"
+        return
+    from jupyterhub_gpu.dev.postgres import throwaway_postgres
+
+    with throwaway_postgres("told") as url:
+        yield url
+
+
+def test_what_was_told_is_kept_once_per_pod_and_budget_the_first_telling_stands(any_database):
+    """Two services telling at once (an old one still stopping, a new one started): the
+    first row stands, and the second is told it added nothing, so it gives no notice."""
+    from jupyterhub_gpu.accounting.events import ToldRow
+
+    stores = [UsageStore(any_database) for _ in range(2)]
+    first, second = (BudgetToldStore(EventStore(s)) for s in stores)
+    group = ToldRow("uid-a", "ann", "", Told(GROUP, T0, T0 + H))
+    own = ToldRow("uid-a", "ann", "", Told(MEMBER, T0, None))
+    assert first.write([group, own], [], [], []) == {("uid-a", GROUP), ("uid-a", MEMBER)}
+    later = ToldRow("uid-a", "ann", "", Told(GROUP, T0 + 60, T0 + 60 + H))
+    other = ToldRow("uid-b", "bob", "gpu", Told(GROUP, T0 + 60, T0 + 60 + H))
+    assert second.write([later, other], [], [], [("uid-a", GROUP, T0 + H)]) == {("uid-b", GROUP)}
+    rows = {(r.pod, r.told.key): r for r in second.read()}
+    assert rows[("uid-a", GROUP)].told == Told(GROUP, T0, T0 + H, stop_said=T0 + H)
+    assert rows[("uid-a", MEMBER)].told == own.told
+    assert rows[("uid-b", GROUP)] == other
+    # room again for ann's own budget; bob's pod gone
+    first.write([], [("uid-a", MEMBER)], ["uid-b"], [])
+    assert [(r.pod, r.told.key) for r in first.read()] == [("uid-a", GROUP)]
+    for s in stores:
+        s.dispose()
