@@ -131,9 +131,13 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .config.values import checked_values
+    from .config.values import checked_values, hub_config, spawner_setting
+    from .core.model import PolicyError, hub_namespace_errors
 
-    _, policy = checked_values(args.values)
+    values, policy = checked_values(args.values)
+    hub_namespace = args.hub_namespace or spawner_setting(hub_config(values), "namespace")
+    if hub_namespace and (errors := hub_namespace_errors(policy, hub_namespace)):
+        raise PolicyError(errors)
     print(
         f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"
@@ -257,9 +261,16 @@ def cmd_manifests(args: argparse.Namespace) -> int:
     from .core.manifests import desired_objects, rbac_objects
 
     policy = policy_from_values(args.values)
+    from .core.model import PolicyError, hub_namespace_errors
+
+    if errors := hub_namespace_errors(policy, args.hub_namespace):
+        raise PolicyError(errors)
+    desired = desired_objects(policy, args.hub_namespace)
+    # the namespaces first: the RoleBindings that follow live in them
     objects = [
-        *rbac_objects(args.hub_namespace, args.service_account),
-        *desired_objects(policy, args.hub_namespace, args.service_account),
+        *(o for o in desired if o["kind"] == "Namespace"),
+        *rbac_objects(policy, args.hub_namespace, args.service_account, args.gpu_service_account),
+        *(o for o in desired if o["kind"] != "Namespace"),
     ]
     if args.for_removal:
         # `... | kubectl delete -f -` must never take a group's namespace with it: that
@@ -374,6 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
     values_help = "z2jh values files, merged in order like helm -f"
     k = sub.add_parser("check", help="validate the policy in values files, offline")
     k.add_argument("values", nargs="+", help=values_help)
+    k.add_argument(
+        "--hub-namespace",
+        help="the namespace the z2jh release runs in, which no group's namespace may be "
+        "(default: the spawner's namespace in the values, if they set one)",
+    )
     k.set_defaults(func=cmd_check)
 
     pr = sub.add_parser("profiles", help="what a member of some groups is offered")
@@ -407,7 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--service-account",
         default="hub",
-        help="the hub's service account, which the service shares (default: hub)",
+        help="the hub's service account (default: hub, z2jh's)",
+    )
+    m.add_argument(
+        "--gpu-service-account",
+        default=None,
+        help="the GPU service's own service account, when it runs under one: it then "
+        "gets the reconciler's rights and the hub's account only the spawner's "
+        "(default: the hub's, which the service shares in the hub's pod)",
     )
     m.add_argument(
         "--for-removal",

@@ -319,10 +319,13 @@ def test_the_page_lists_each_groups_datasets_and_flags_a_missing_claim():
 def test_the_rendered_rbac_lets_the_hub_read_claims_in_every_group_namespace():
     """The spawner reads a group's claims in its namespace, and the service checks them
     there: the role bound in each group namespace allows ``get`` on claims."""
-    from jupyterhub_gpu.core.manifests import SPAWNER_ROLE, namespace_objects, rbac_objects
+    from jupyterhub_gpu.core.manifests import SPAWNER_ROLE, rbac_objects
 
     model = policy(namespace_per_group=True, namespace_prefix="gpu-")
-    (role,) = [o for o in rbac_objects(HUB) if o["metadata"]["name"] == SPAWNER_ROLE]
+    rbac = rbac_objects(model, HUB)
+    (role,) = [
+        o for o in rbac if o["kind"] == "ClusterRole" and o["metadata"]["name"] == SPAWNER_ROLE
+    ]
     assert any(
         "persistentvolumeclaims" in rule["resources"] and "get" in rule["verbs"]
         for rule in role["rules"]
@@ -330,7 +333,7 @@ def test_the_rendered_rbac_lets_the_hub_read_claims_in_every_group_namespace():
     )
     bound = {
         o["metadata"]["namespace"]
-        for o in namespace_objects(model, HUB)
+        for o in rbac
         if o["kind"] == "RoleBinding" and o["roleRef"]["name"] == SPAWNER_ROLE
     }
     assert set(needed_claims(model, HUB)) <= bound

@@ -119,7 +119,9 @@ def test_namespace_per_group_renders_a_namespace_quota_limits_isolation_and_bind
     assert names == {"nb-org", "nb-lab", "nb-course", "nb-admins", "nb-everyone"}
     for ns in names:
         one(objects, "LimitRange", namespace=ns)
-        one(objects, "RoleBinding", namespace=ns)
+        # the hub writes no RBAC: the bindings are the admin's (rbac_objects)
+        assert not find(objects, "RoleBinding", namespace=ns)
+        assert one(rbac_objects(policy(), HUB), "RoleBinding", "jupyterhub-gpu-spawner", ns)
         netpol = one(objects, "NetworkPolicy", namespace=ns)
         sources = netpol["spec"]["ingress"][0]["from"]
         # same namespace, and the hub's (hub and proxy reach the servers); nothing else
@@ -347,40 +349,81 @@ def test_dra_claim_templates_exist_for_every_count_offered_under_the_names_pods_
     assert (pod.namespace, name) in templates
 
 
-def test_rbac_grants_what_the_reconciler_and_spawner_need_to_the_hub_service_account():
-    objects = rbac_objects("jhub", "hub")
-    role = one(objects, "ClusterRole", "jupyterhub-gpu")
-    granted = {
-        (g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-    }
-    for needed in [
-        ("", "nodes"),
-        ("", "namespaces"),
-        ("", "resourcequotas"),
-        ("", "limitranges"),
-        ("networking.k8s.io", "networkpolicies"),
-        ("scheduling.k8s.io", "priorityclasses"),
-        ("scheduling.run.ai", "queues"),
-        ("scheduling.volcano.sh", "queues"),
-        ("kueue.x-k8s.io", "clusterqueues"),
-        ("kueue.x-k8s.io", "localqueues"),
-        ("resource.k8s.io", "resourceclaimtemplates"),
-        ("rbac.authorization.k8s.io", "rolebindings"),
-    ]:
-        assert needed in granted, needed
-    # the spawn page's place in a Kueue or Volcano queue: Workloads, PodGroups
-    reads = {
-        (g, r): set(rule["verbs"])
+def _grants(role):
+    return {
+        (g, r, v, tuple(rule.get("resourceNames", ())))
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
+        for v in rule["verbs"]
     }
-    assert {"get", "list", "watch"} <= reads[("kueue.x-k8s.io", "workloads")]
-    assert {"get", "list", "watch"} <= reads[("scheduling.volcano.sh", "podgroups")]
-    binding = one(objects, "ClusterRoleBinding")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub", "namespace": "jhub"}]
+
+
+@pytest.mark.parametrize("scheduler", ["default", "kai", "volcano", "kueue"])
+def test_rbac_writes_no_rbac_and_changes_only_the_cluster_objects_the_policy_names(scheduler):
+    model = policy(scheduler)
+    objects = rbac_objects(model, HUB, "hub")
+    desired = desired_objects(model, HUB)
+    cluster_roles = find(objects, "ClusterRole")
+    for role in cluster_roles:
+        for group, resource, verb, _ in _grants(role):
+            # no way to grant itself anything: no RBAC writes, no bind, no escalate
+            assert group != "rbac.authorization.k8s.io", role
+            assert verb not in ("bind", "escalate", "impersonate", "*"), role
+            assert resource != "*", role
+            assert group != "*", role
+    bound_cluster_wide = {b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding")}
+    for role in cluster_roles:
+        if role["metadata"]["name"] not in bound_cluster_wide:
+            continue
+        for group, resource, verb, names in _grants(role):
+            # cluster wide: reads, and writes of exactly the cluster objects rendered
+            if verb in ("get", "list", "watch"):
+                assert resource != "secrets", role
+                continue
+            assert names, (role["metadata"]["name"], group, resource, verb)
+            rendered = {
+                o["metadata"]["name"]
+                for o in desired
+                if not o["metadata"].get("namespace")
+                and o["apiVersion"].split("/")[0] == (group or "v1")
+            } | {o["metadata"]["name"] for o in desired if o["kind"] == "Namespace"}
+            assert set(names) <= rendered, (resource, names)
+    # every namespace a server of the policy runs in, and no other, gets the spawner's
+    # and the service's RoleBindings
+    server_namespaces = {o["metadata"]["name"] for o in find(desired, "Namespace")} | {HUB}
+    for role in ("jupyterhub-gpu-spawner", "jupyterhub-gpu-service"):
+        bound = {
+            b["metadata"]["namespace"]
+            for b in find(objects, "RoleBinding")
+            if b["roleRef"]["name"] == role
+        }
+        assert bound == server_namespaces, role
+    # secrets only through the namespaced spawner role
     spawner = one(objects, "ClusterRole", "jupyterhub-gpu-spawner")
-    assert any("pods" in r["resources"] and "create" in r["verbs"] for r in spawner["rules"])
+    assert ("", "secrets", "create", ()) in _grants(spawner)
+    assert ("", "pods", "create", ()) in _grants(spawner)
+
+
+def test_rbac_gives_the_hub_and_the_service_their_own_halves_when_their_accounts_differ():
+    objects = rbac_objects(policy("kueue"), HUB, "hub", "gpu-service")
+    hub = {"kind": "ServiceAccount", "name": "hub", "namespace": HUB}
+    gpu = {"kind": "ServiceAccount", "name": "gpu-service", "namespace": HUB}
+    by_role = {}
+    for binding in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"):
+        for subject in binding["subjects"]:
+            by_role.setdefault(binding["roleRef"]["name"], []).append(subject)
+    assert hub in by_role["jupyterhub-gpu-spawner"]
+    assert gpu not in by_role["jupyterhub-gpu-spawner"]  # no secrets, no pod creation
+    assert gpu in by_role["jupyterhub-gpu-service"]
+    assert hub not in by_role["jupyterhub-gpu-service"]
+    assert by_role[f"jupyterhub-gpu-reconcile-{HUB}"] == [gpu]
+    assert hub in by_role[f"jupyterhub-gpu-read-{HUB}"]
+    assert gpu in by_role[f"jupyterhub-gpu-read-{HUB}"]
+    # the queue places for the spawn page: Workloads and PodGroups where servers wait
+    spawner = one(objects, "ClusterRole", "jupyterhub-gpu-spawner")
+    assert ("kueue.x-k8s.io", "workloads", "list", ()) in _grants(spawner)
+    assert ("scheduling.volcano.sh", "podgroups", "watch", ()) in _grants(spawner)
 
 
 def test_manifests_command_prints_the_objects_and_rbac_as_a_yaml_stream():
@@ -388,12 +431,15 @@ def test_manifests_command_prints_the_objects_and_rbac_as_a_yaml_stream():
     assert out.returncode == 0, out.stderr
     assert "&id" not in out.stdout  # no YAML anchors: each object reads whole
     docs = list(yaml.safe_load_all(out.stdout))
-    kinds = {d["kind"] for d in docs}
+    kinds = [d["kind"] for d in docs]
     assert {"ClusterRole", "ClusterRoleBinding", "Namespace", "ResourceQuota", "ClusterQueue"} <= (
-        kinds
+        set(kinds)
     )
     assert one(docs, "Namespace", "nb-ml-research")
-    assert one(docs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "hubns"
+    # namespaces come first: the RoleBindings after them live in them
+    assert kinds.index("RoleBinding") > max(i for i, k in enumerate(kinds) if k == "Namespace")
+    binding = one(docs, "ClusterRoleBinding", "jupyterhub-gpu-read-hubns")
+    assert binding["subjects"][0]["namespace"] == "hubns"
 
 
 def test_manifests_command_exits_1_with_the_policy_errors(tmp_path):

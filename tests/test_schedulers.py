@@ -14,7 +14,7 @@ from test_pending import NO_QUOTA, podgroup, workload
 import matrix
 from jupyterhub_gpu.core import model
 from jupyterhub_gpu.core.admission import IN_QUOTA, OVER_QUOTA
-from jupyterhub_gpu.core.manifests import priority_classes, rbac_objects
+from jupyterhub_gpu.core.manifests import priority_classes, rbac_objects, scheduler_objects
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.pending import kueue_queue_line, volcano_queue_line
 from jupyterhub_gpu.core.schedulers import SCHEDULERS, QueuePlace, object_kinds, scheduler_for
@@ -220,7 +220,6 @@ def test_the_reconciler_keeps_every_schedulers_kinds_in_creation_order():
         ("v1", "ResourceQuota", True),
         ("v1", "LimitRange", True),
         ("networking.k8s.io/v1", "NetworkPolicy", True),
-        ("rbac.authorization.k8s.io/v1", "RoleBinding", True),
         ("kueue.x-k8s.io/v1beta2", "LocalQueue", True),
         ("resource.k8s.io/v1", "ResourceClaimTemplate", True),
     ]
@@ -230,22 +229,37 @@ def test_the_reconciler_keeps_every_schedulers_kinds_in_creation_order():
     assert fixes["kueue.x-k8s.io"].startswith("install Kueue")
 
 
-def test_the_hubs_cluster_role_covers_every_schedulers_objects():
-    rules = rbac_objects("jhub")[0]["rules"]
-    write = ["get", "list", "watch", "create", "update", "patch", "delete"]
+def test_the_hubs_cluster_roles_cover_every_schedulers_objects():
     read = ["get", "list", "watch"]
     scheduler_groups = ("scheduling.run.ai", "scheduling.volcano.sh", "kueue.x-k8s.io")
-    assert [r for r in rules if r["apiGroups"][0] in scheduler_groups] == [
-        {"apiGroups": ["scheduling.run.ai"], "resources": ["queues"], "verbs": write},
-        {"apiGroups": ["scheduling.volcano.sh"], "resources": ["queues"], "verbs": write},
-        {
-            "apiGroups": ["kueue.x-k8s.io"],
-            "resources": ["resourceflavors", "clusterqueues", "localqueues", "cohorts"],
-            "verbs": write,
-        },
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": read},
-        {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": read},
-    ]
+    for name in ("default", "kai", "volcano", "kueue"):
+        objects = [o for o in rbac_objects(policy(name), "jhub") if o["kind"] == "ClusterRole"]
+        (reads,) = [o for o in objects if o["metadata"]["name"] == "jupyterhub-gpu-read-jhub"]
+        # every scheduler's cluster kinds are read, whichever the policy names (the
+        # reconciler finds its own after a change of scheduler)
+        assert [r for r in reads["rules"] if r["apiGroups"][0] in scheduler_groups] == [
+            {"apiGroups": ["scheduling.run.ai"], "resources": ["queues"], "verbs": read},
+            {"apiGroups": ["scheduling.volcano.sh"], "resources": ["queues"], "verbs": read},
+            {
+                "apiGroups": ["kueue.x-k8s.io"],
+                "resources": ["clusterqueues", "cohorts", "resourceflavors"],
+                "verbs": read,
+            },
+        ]
+        # and only the policy's own scheduler objects are written, by name
+        (writes,) = [o for o in objects if o["metadata"]["name"] == "jupyterhub-gpu-reconcile-jhub"]
+        written = {
+            (r["apiGroups"][0], n)
+            for r in writes["rules"]
+            if r["apiGroups"][0] in scheduler_groups
+            for n in r["resourceNames"]
+        }
+        rendered = {
+            (o["apiVersion"].split("/")[0], o["metadata"]["name"])
+            for o in scheduler_objects(policy(name), "jhub")
+            if not o["metadata"].get("namespace")
+        }
+        assert written == rendered
 
 
 FAIR = dict(

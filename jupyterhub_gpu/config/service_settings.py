@@ -99,8 +99,9 @@ class GPUService(Configurable):
     hub_service_account = Unicode(
         "hub",
         help="""
-        The hub's Kubernetes service account (z2jh: ``hub``), bound in each group
-        namespace so the hub can spawn there when ``namespace_per_group`` is on.
+        No longer used: the service writes no RBAC. The RoleBindings that let the hub
+        spawn in each group namespace are rendered by ``jupyterhub-gpu manifests
+        --service-account`` and applied by the admin. Kept so existing values still load.
         """,
     ).tag(config=True)
 
@@ -251,6 +252,48 @@ class GPUService(Configurable):
         goes (or until this long after it is created). Each check reads every
         claim the policy needs by name, one small request per claim and
         namespace.
+        """,
+    ).tag(config=True)
+
+    history_per_user = Int(
+        2,
+        min=1,
+        help="""
+        At most this many computations of GPU use over time (``api/history``, the
+        dashboard's charts) at once for one user; a request beyond is answered 429
+        with ``Retry-After``. An answer already computed (the same group, step and
+        window since the last GPU-time pass) is never refused: windows are aligned
+        to the step, so the same request a second later is such an answer.
+        """,
+    ).tag(config=True)
+
+    history_total = Int(
+        4,
+        min=1,
+        help="""
+        At most this many computations of GPU use over time at once for all users
+        together (429 beyond), and the number of threads they and the showback of
+        months older than the records kept in memory run on. These threads and
+        their database connections are the readers' own: the GPU-time pass and
+        the budget rule never wait behind them.
+        """,
+    ).tag(config=True)
+
+    history_timeout = Float(
+        30.0,
+        help="""
+        Seconds a request for GPU use over time waits for its answer before it is
+        answered 503 (the computation goes on, and serves the next request).
+        """,
+    ).tag(config=True)
+
+    enforcement_threads = Int(
+        4,
+        min=1,
+        help="""
+        Threads for the usage database work of the GPU-time pass, the budget rule
+        and the server events (the service's own writes and reads): theirs alone,
+        so no reader's request takes one.
         """,
     ).tag(config=True)
 

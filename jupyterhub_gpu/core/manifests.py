@@ -2,12 +2,13 @@
 
 Pure: ``desired_objects`` is what the service's reconciler keeps in step with the
 policy, and ``jupyterhub-gpu manifests`` prints it together with ``rbac_objects``
-(the cluster-wide RBAC an admin installs once; z2jh's chart does not grant it).
+(``rbac``: the RBAC an admin applies for the policy; z2jh's chart does not grant it).
 
 What is rendered, per group (``everyone`` included when it offers a profile):
 
 - with ``namespace_per_group``: the group's Namespace, a ResourceQuota, a
-  LimitRange, a NetworkPolicy and a RoleBinding letting the hub run servers there.
+  LimitRange and a NetworkPolicy (the RoleBindings letting the hub and the service
+  work there are ``rbac_objects``', applied by the admin: the hub never writes RBAC).
   The ResourceQuota holds the group's *limit* (its burst ceiling), the hard stop
   for anything created in the namespace, even outside the hub: ``requests.cpu``,
   ``requests.memory``, ``pods`` (servers), and ``requests.<resource>`` for every
@@ -57,14 +58,11 @@ from .objects import OWNER as OWNER
 from .objects import OWNER_LABEL as OWNER_LABEL
 from .objects import identity as identity
 from .quantities import format_bytes, format_cpu
-from .schedulers import SCHEDULERS, scheduler_for
+from .schedulers import scheduler_for
 from .schedulers.kai import KAI_ROOT_QUEUE as KAI_ROOT_QUEUE
 from .schedulers.kueue import KUEUE_API as KUEUE_API
 from .shaping import GROUP_LABEL, label_value, namespace_for
 
-#: the ClusterRole bound in each group namespace so the hub can run servers there
-SPAWNER_ROLE = "jupyterhub-gpu-spawner"
-RECONCILER_ROLE = "jupyterhub-gpu"
 #: default requests for containers created without any (so the quota can count them)
 DEFAULT_CPU_REQUEST = 100
 DEFAULT_MEMORY_REQUEST = 128 * 2**20
@@ -79,9 +77,7 @@ def server_namespaces(policy: Policy, hub_namespace: str) -> list[str]:
 # ---- namespaces and what lives in them ------------------------------------------
 
 
-def namespace_objects(
-    policy: Policy, hub_namespace: str, service_account: str = "hub"
-) -> list[dict[str, Any]]:
+def namespace_objects(policy: Policy, hub_namespace: str) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     if not policy.namespace_per_group:
         return objects
@@ -100,21 +96,8 @@ def namespace_objects(
             objects.append(resource_quota(policy, group, ns, hub_namespace))
         objects.append(limit_range(policy, group, ns, hub_namespace))
         objects.append(network_policy(ns, hub_namespace))
-        objects.append(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": metadata(SPAWNER_ROLE, hub_namespace, ns),
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": SPAWNER_ROLE,
-                },
-                "subjects": [
-                    {"kind": "ServiceAccount", "name": service_account, "namespace": hub_namespace}
-                ],
-            }
-        )
+        if policy.egress is not None:
+            objects.append(egress_policy(policy, group, ns, hub_namespace))
     return objects
 
 
@@ -186,6 +169,69 @@ def network_policy(namespace: str, hub: str) -> dict[str, Any]:
                 }
             ],
         },
+    }
+
+
+#: the cluster's DNS (CoreDNS and kube-dns pods both carry this label), and the
+#: address NodeLocal DNSCache answers on in every node where it runs
+CLUSTER_DNS = {"k8s-app": "kube-dns"}
+NODE_LOCAL_DNS = "169.254.20.10/32"
+#: z2jh's hub and proxy pods, by the label the chart gives them
+HUB_AND_PROXY = {"key": "component", "operator": "In", "values": ["hub", "proxy"]}
+
+
+def egress_policy(policy: Policy, group: Group, namespace: str, hub: str) -> dict[str, Any]:
+    """What the servers in a group namespace may connect to (``GPUPolicy.egress``).
+
+    Always: pods of the same namespace (as ingress allows), DNS on port 53, and the
+    hub and proxy pods in the hub's namespace. Then the open networks minus the denied
+    ones (by default: every address but the private ranges), and ``allow_cidrs`` and
+    the group's NFS dataset servers even inside a denied range. NetworkPolicy rules only
+    allow, so an address is reachable when any rule allows it."""
+    egress = policy.egress
+    assert egress is not None
+    denied = egress.denied_networks
+    open_blocks = []
+    for network in egress.open_networks:
+        block: dict[str, Any] = {"cidr": network}
+        if network in ("0.0.0.0/0", "::/0"):
+            # ipBlock's except must lie inside its cidr: the same address family
+            same_family = [d for d in denied if (":" in d) == (":" in network)]
+            if same_family:
+                block["except"] = same_family
+        open_blocks.append({"ipBlock": block})
+    allowed = egress.allowed_networks(policy.datasets_of(group.name))
+    rules: list[dict[str, Any]] = [
+        {"to": [{"podSelector": {}}]},
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                    },
+                    "podSelector": {"matchLabels": CLUSTER_DNS},
+                },
+                {"ipBlock": {"cidr": NODE_LOCAL_DNS}},
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": hub}},
+                    "podSelector": {"matchExpressions": [HUB_AND_PROXY]},
+                }
+            ]
+        },
+    ]
+    peers = [*open_blocks, *({"ipBlock": {"cidr": network}} for network in allowed)]
+    if peers:
+        rules.append({"to": peers})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata("jupyterhub-gpu-egress", hub, namespace),
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": rules},
     }
 
 
@@ -293,16 +339,15 @@ def claim_template(flavor: Flavor, count: int, namespace: str, hub: str) -> dict
 # ---- all together -------------------------------------------------------------------
 
 
-def desired_objects(
-    policy: Policy, hub_namespace: str, service_account: str = "hub"
-) -> list[dict[str, Any]]:
+def desired_objects(policy: Policy, hub_namespace: str) -> list[dict[str, Any]]:
     """Every object the reconciler keeps, in the order to create them.
 
-    ``service_account`` is the hub's (z2jh: ``hub``), bound in each group namespace.
+    The RBAC that lets the hub and the service work with them is not among them: the
+    hub never writes RBAC (``rbac_objects``, applied by the admin).
     """
     return unique(
         [
-            *namespace_objects(policy, hub_namespace, service_account),
+            *namespace_objects(policy, hub_namespace),
             *priority_classes(policy, hub_namespace),
             *scheduler_objects(policy, hub_namespace),
             *claim_templates(policy, hub_namespace),
@@ -310,90 +355,7 @@ def desired_objects(
     )
 
 
-# ---- RBAC the chart does not grant --------------------------------------------------
+# ---- RBAC the chart does not grant: rendered per policy, applied by the admin --------
 
-_WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
-_READ = ["get", "list", "watch"]
-
-
-def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, Any]:
-    return {"apiGroups": [group], "resources": resources, "verbs": verbs}
-
-
-def _scheduler_rules() -> list[dict[str, Any]]:
-    """Every scheduler's objects, whichever the policy names (the same RBAC serves a
-    policy that changes scheduler): the reconciler writes its queues, and the spawn
-    page reads what it keeps per queued pod (by API group)."""
-    writes = [
-        _rule(s.kinds[0].api_version.split("/")[0], list(s.rbac_resources), _WRITE)
-        for s in SCHEDULERS.values()
-        if s.rbac_resources
-    ]
-    queued = sorted(s.queue_objects for s in SCHEDULERS.values() if s.queue_objects)
-    reads = [_rule(group, [plural], _READ) for group, _, plural in queued]
-    return [*writes, *reads]
-
-
-def rbac_objects(hub_namespace: str, service_account: str = "hub") -> list[dict[str, Any]]:
-    """ClusterRoles and a binding for the hub's service account (hub and service share it).
-
-    ``jupyterhub-gpu``: what the reconciler, the capacity views and the spawn
-    page's place in a Kueue queue (Kueue's Workloads) need, cluster wide.
-    ``jupyterhub-gpu-spawner``: what KubeSpawner needs in a group namespace; the
-    reconciler binds it there (hence ``bind`` on it) as it creates the namespace.
-    """
-    subject = {"kind": "ServiceAccount", "name": service_account, "namespace": hub_namespace}
-    reconciler_rules = [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": _WRITE},
-        {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"], "verbs": _WRITE},
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _WRITE},
-        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": _WRITE},
-        _rule("resource.k8s.io", ["resourceclaimtemplates"], _WRITE),
-        _rule("rbac.authorization.k8s.io", ["rolebindings"], _WRITE),
-        {
-            "apiGroups": ["rbac.authorization.k8s.io"],
-            "resources": ["clusterroles"],
-            "resourceNames": [SPAWNER_ROLE],
-            "verbs": ["bind"],
-        },
-        # the scheduler's queues; and where a server waits in its Kueue or Volcano
-        # queue, from Kueue's Workloads or Volcano's PodGroups, for the spawn page
-        *_scheduler_rules(),
-    ]
-    spawner_rules = [
-        {
-            "apiGroups": [""],
-            "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
-            "verbs": ["get", "list", "watch", "create", "delete"],
-        },
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    ]
-    labels = {OWNER_LABEL: OWNER}
-    return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": RECONCILER_ROLE, "labels": labels},
-            "rules": reconciler_rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": f"{RECONCILER_ROLE}-{hub_namespace}", "labels": labels},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": RECONCILER_ROLE,
-            },
-            "subjects": [subject],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": SPAWNER_ROLE, "labels": labels},
-            "rules": spawner_rules,
-        },
-    ]
+from .rbac import SPAWNER_ROLE as SPAWNER_ROLE  # noqa: E402
+from .rbac import rbac_objects as rbac_objects  # noqa: E402

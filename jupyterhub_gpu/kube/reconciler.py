@@ -22,6 +22,10 @@ One pass lists every kind it manages once (by the ownership labels), then:
   a Namespace is deleted only when the reconciler was made with
   ``prune_namespaces=True``, and never while it holds pods (both are reported
   instead, in ``ReconcileReport.kept``);
+- writes only into namespaces that are its own: never the hub's, and never an
+  existing namespace without both ownership labels unless the policy's
+  ``adopt_namespaces`` lists it (each such namespace is an error naming it and the
+  fix, and nothing is written into it: no label, quota or network policy);
 - with ``dry_run=True`` writes nothing and reports what it would write;
 - never raises for one object's API error: each is an entry in
   ``ReconcileReport.errors`` with the kind, the name and the fix (a missing
@@ -106,7 +110,6 @@ KINDS = (
     Kind("v1", "ResourceQuota", "resourcequotas", True),
     Kind("v1", "LimitRange", "limitranges", True),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
-    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
     *_kinds(namespaced=True),
     Kind(
         "resource.k8s.io/v1",
@@ -142,6 +145,8 @@ class ReconcileReport:
     writes: int = 0
     #: nothing was written: created, updated and pruned say what would have been
     dry_run: bool = False
+    #: existing namespaces without our labels taken over, as adopt_namespaces allows
+    adopted: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -165,6 +170,7 @@ class ReconcileReport:
         lines += [f"  would update {n}" for n in self.updated] if self.dry_run else []
         lines += [f"  would prune {n}" for n in self.pruned] if self.dry_run else []
         lines += [f"  kept {k}" for k in self.kept]
+        lines += [f"  adopted {a}" for a in self.adopted]
         return "\n".join([text, *lines, *(f"  {e}" for e in self.errors)])
 
 
@@ -210,6 +216,18 @@ def _name(obj: Mapping[str, Any]) -> str:
     return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
 
 
+def _delete_command(kind: Kind, obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    where = f" -n {meta['namespace']}" if meta.get("namespace") else ""
+    return f"kubectl delete {kind.plural} {meta['name']}{where}"
+
+
+def _namespace_of(obj: Mapping[str, Any]) -> str | None:
+    """The namespace an object is, or is in (None: cluster-wide)."""
+    meta = obj["metadata"]
+    return meta["name"] if obj["kind"] == "Namespace" else meta.get("namespace")
+
+
 def _kind_text(kind: Kind) -> str:
     return f"{kind.api_version} {kind.kind}"
 
@@ -222,14 +240,12 @@ class Reconciler:
         api_client: ApiClient,
         hub_namespace: str,
         *,
-        service_account: str = "hub",
         concurrency: int = 16,
         prune_namespaces: bool = False,
         dry_run: bool = False,
     ) -> None:
         self.api = api_client
         self.hub_namespace = hub_namespace
-        self.service_account = service_account
         #: delete Namespaces the policy no longer implies (never while they hold pods)
         self.prune_namespaces = prune_namespaces
         #: compare and report, write nothing
@@ -269,12 +285,29 @@ class Reconciler:
                 raise error
             return json.loads(body)
 
-    async def _list(self, kind: Kind) -> list[dict[str, Any]]:
-        data = await self._call("GET", kind.path(), [("labelSelector", self.selector)])
+    async def _list(self, kind: Kind, namespace: str | None = None) -> list[dict[str, Any]]:
+        data = await self._call("GET", kind.path(namespace), [("labelSelector", self.selector)])
         items = data.get("items") or []
         for item in items:  # lists omit these; identity() needs them
             item.setdefault("apiVersion", kind.api_version)
             item.setdefault("kind", kind.kind)
+        return items
+
+    async def _list_namespaced(
+        self, kind: Kind, wanted: set[str], owned: set[str]
+    ) -> list[dict[str, Any]]:
+        """``kind``'s objects of ours in the namespaces servers run in (``wanted``) and in
+        those we made (``owned``): namespace by namespace, as the rendered RBAC grants
+        these kinds only there, never cluster wide. A namespace we made but may no longer
+        read (its RoleBindings gone with the group) holds nothing we can prune."""
+        items: list[dict[str, Any]] = []
+        for namespace in sorted(wanted | owned):
+            try:
+                items += await self._list(kind, namespace)
+            except ApiException as e:
+                if e.status == 403 and namespace not in wanted:
+                    continue
+                raise
         return items
 
     async def _apply(self, kind: Kind, obj: dict[str, Any]) -> None:
@@ -310,12 +343,87 @@ class Reconciler:
         A policy without groups prunes nothing: it is what a policy that failed to
         load looks like, and pruning for it would delete every group's objects.
         """
-        objects = desired_objects(policy, self.hub_namespace, self.service_account)
+        objects = desired_objects(policy, self.hub_namespace)
+        objects, refused, adopted = await self._only_our_namespaces(policy, objects)
         if not policy.groups:
-            return await self._reconcile(
+            report = await self._reconcile(
                 objects, prune=False, why_not="the policy has no groups (pruning skipped)"
             )
-        return await self._reconcile(objects, prune=True, namespaces=self.prune_namespaces)
+        else:
+            report = await self._reconcile(objects, prune=True, namespaces=self.prune_namespaces)
+        report.errors[:0] = refused
+        report.adopted += adopted
+        return report
+
+    async def _only_our_namespaces(
+        self, policy: Policy, objects: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[ObjectError], list[str]]:
+        """``objects`` without those in a namespace that is not ours to write: the hub's
+        own, or an existing one without this hub's ownership labels that the policy's
+        ``adopt_namespaces`` does not list (a typo in a group's name or prefix must not
+        take over someone's namespace, and labelling it ours would let a later prune
+        delete it). Each such namespace is an error naming it and the fix; with the
+        errors, the namespaces adopted this pass.
+
+        One list of our namespaces per pass; a namespace missing from it is read by name,
+        which happens only until it is made (or adopted)."""
+        wanted = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
+        if not wanted:
+            return objects, [], []
+        ns_kind = _BY_TYPE[("v1", "Namespace")]
+        try:
+            ours = {o["metadata"]["name"] for o in await self._list(ns_kind)}
+        except ApiException as e:
+            why = (
+                "this hub's namespaces could not be listed to tell which are its own, so "
+                f"nothing is written into it: {self._error_message(ns_kind, e)}"
+            )
+            refused_all = set(wanted)
+            kept = [o for o in objects if _namespace_of(o) not in refused_all]
+            return kept, [ObjectError(_kind_text(ns_kind), n, why) for n in wanted], []
+        refused: dict[str, str] = {}
+        adopted: list[str] = []
+        for name in wanted:
+            if name == self.hub_namespace:
+                refused[name] = (
+                    "is the hub's own namespace, where the hub, the proxy and servers from "
+                    "before the policy run: nothing is written into it; set "
+                    "GPUPolicy.namespace_prefix (e.g. 'jh-') or rename the group"
+                )
+                continue
+            if name in ours:
+                continue
+            try:
+                live = await self._call("GET", ns_kind.path(name=name))
+            except ApiException as e:
+                if e.status == 404:
+                    continue  # not there yet: ours to create
+                refused[name] = (
+                    "could not be read to tell whether it is this hub's, so nothing is "
+                    f"written into it: {self._error_message(ns_kind, e)}"
+                )
+                continue
+            labels = live.get("metadata", {}).get("labels") or {}
+            if name in policy.adopt_namespaces:
+                adopted.append(
+                    f"Namespace {name}: existed without this hub's labels; adopted, as "
+                    "GPUPolicy.adopt_namespaces lists it"
+                )
+                continue
+            if labels.get(OWNER_LABEL) == OWNER and labels.get(HUB_LABEL):
+                whose = f"the hub's in namespace {labels[HUB_LABEL]} (its {HUB_LABEL} label)"
+            else:
+                whose = f"not made by this service (no {OWNER_LABEL}={OWNER} label)"
+            refused[name] = (
+                f"exists and is {whose}, so nothing is written into it: if this group's "
+                "servers are meant to run there, list it in GPUPolicy.adopt_namespaces; "
+                "otherwise set GPUPolicy.namespace_prefix or rename the group"
+            )
+        if not refused:
+            return objects, [], adopted
+        kept = [o for o in objects if _namespace_of(o) not in refused]
+        errors = [ObjectError(_kind_text(ns_kind), n, why) for n, why in refused.items()]
+        return kept, errors, adopted
 
     async def remove_all(self) -> ReconcileReport:
         """Delete every object this hub owns, namespaces included unless they hold pods
@@ -339,7 +447,29 @@ class Reconciler:
             annotations[APPLIED_HASH] = applied_hash(obj)
             desired[kind].append(obj)
 
-        lists = await asyncio.gather(*(self._list(k) for k in KINDS), return_exceptions=True)
+        cluster_kinds = [k for k in KINDS if not k.namespaced]
+        lists = await asyncio.gather(
+            *(self._list(k) for k in cluster_kinds), return_exceptions=True
+        )
+        namespace_kind = KINDS[0]
+        owned = lists[cluster_kinds.index(namespace_kind)]
+        owned = [] if isinstance(owned, BaseException) else owned  # reported below
+        wanted = {
+            o["metadata"]["namespace"] for kind in KINDS if kind.namespaced for o in desired[kind]
+        } | {self.hub_namespace}
+        owned_names = {o["metadata"]["name"] for o in owned}
+        namespaced_kinds = [k for k in KINDS if k.namespaced]
+        lists = dict(zip(cluster_kinds, lists, strict=True)) | dict(
+            zip(
+                namespaced_kinds,
+                await asyncio.gather(
+                    *(self._list_namespaced(k, wanted, owned_names) for k in namespaced_kinds),
+                    return_exceptions=True,
+                ),
+                strict=True,
+            )
+        )
+        lists = [lists[k] for k in KINDS]
         live: dict[Kind, dict[tuple, dict[str, Any]] | None] = {}
         for kind, result in zip(KINDS, lists, strict=True):
             if isinstance(result, ApiException):
@@ -458,6 +588,15 @@ class Reconciler:
             await self._delete(kind, obj)
         except ApiException as e:
             if e.status == 404:  # gone meanwhile (e.g. with its namespace)
+                return
+            if e.status == 403:
+                # the rendered RBAC names only the current policy's objects: one the
+                # policy dropped is the admin's to delete, which is no fault of the pass
+                report.kept.append(
+                    f"{kind.kind} {_name(obj)}: no longer in the policy, and the hub's RBAC "
+                    "(rendered for the current policy) may not delete it; delete it "
+                    f"yourself: {_delete_command(kind, obj)}"
+                )
                 return
             report.errors.append(
                 ObjectError(_kind_text(kind), _name(obj), self._error_message(kind, e))

@@ -18,6 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from ..config.policy import GPUPolicy
 from ..config.values import service_setting_errors, spawner_setting
 from ..core.adoption import DEFAULT_COMPONENT
 from ..core.datasets import needed_claims
-from ..core.model import Group, PolicyError
+from ..core.model import Group, PolicyError, hub_namespace_errors
 from ..kube.client import api_client, in_cluster_namespace
 from ..kube.reconciler import ReconcilePasses, Reconciler
 from ..kube.reflector import Reflector
@@ -51,6 +52,7 @@ from .hubapi import HubAPI, HubAPIError
 from .idle import IdleServers, Prometheus
 from .orphans import OrphanPods
 from .page import RANGES
+from .readers import HistoryReads, TooManyReads
 from .runtime_rules import RuntimeRules, not_the_judged_server
 from .server_events import ServerEvents
 from .server_status import server_status
@@ -105,6 +107,10 @@ class GPUService(Application, service_settings.GPUService):
                 or in_cluster_namespace()
                 or "default"
             )
+        if errors := hub_namespace_errors(self.policy, self.namespace):
+            raise SystemExit(
+                "jupyterhub-gpu-service: the GPU policy is invalid:\n" + "\n".join(errors)
+            )
         self.state = ServiceState(
             self.policy,
             hub_namespace=self.namespace,
@@ -140,6 +146,21 @@ class GPUService(Application, service_settings.GPUService):
             prometheus=self.idle_servers.prometheus,
             billing_timezone=self.billing_timezone,
             utilisation_refresh=self.utilisation_refresh,
+        )
+        # users' reads (history, charts, showback of older months) on threads and
+        # database connections of their own: enforcement never waits behind them
+        self.readers = ThreadPoolExecutor(
+            max_workers=self.history_total, thread_name_prefix="jupyterhub-gpu-readers"
+        )
+        self.gpu_time.readers = self.readers
+        self.gpu_time.reader_store = UsageStore(settings.accounting_url)
+        self.history_reads = HistoryReads(
+            self.gpu_time,
+            self.readers,
+            self.gpu_time.reader_store,
+            per_user=self.history_per_user,
+            total=self.history_total,
+            timeout=self.history_timeout,
         )
         #: each server's notices and last stop, kept in the usage database
         events = EventStore(self.gpu_time.store)
@@ -220,7 +241,14 @@ class GPUService(Application, service_settings.GPUService):
         self, view: dict[str, Any], viewer: Viewer, shown: list[Group], span: float, now: float
     ) -> None:
         for group in shown[:MAX_CHARTS]:
-            series = await self.gpu_time.history(group.name, now - span, now, span / 144)
+            try:
+                series = await self.history_reads.history(
+                    viewer.name, group.name, now - span, now, span / 144
+                )
+            except TooManyReads:
+                # the page waits for no slot: the other charts come at its next refresh
+                view["charts_busy"] = True
+                break
             budget = group.budget
             view["charts"].append(
                 {
@@ -383,7 +411,6 @@ class GPUService(Application, service_settings.GPUService):
                 Reconciler(
                     self.kube,
                     hub_namespace=self.namespace,
-                    service_account=self.hub_service_account,
                     prune_namespaces=self.prune_namespaces,
                     dry_run=self.reconcile_dry_run,
                 ),
@@ -420,6 +447,14 @@ class GPUService(Application, service_settings.GPUService):
         )
 
     async def start_async(self) -> None:
+        # the pass, the rules and the server events do their database work on the
+        # default executor: theirs alone (every reader has its own, ``readers``)
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(
+                max_workers=self.enforcement_threads,
+                thread_name_prefix="jupyterhub-gpu-enforcement",
+            )
+        )
         self.hub = HubAPI(
             os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
             os.environ.get("JUPYTERHUB_API_TOKEN", ""),
