@@ -35,8 +35,8 @@ def groups_of(*memberships: DirectoryGroup, all_groups: bool = False) -> tuple[s
 
 def test_a_group_without_directory_groups_takes_the_directory_group_of_its_name():
     assert groups_of(DirectoryGroup("research")) == ("research",)
-    # LDAP compares names without case
-    assert groups_of(DirectoryGroup("Research")) == ("research",)
+    # names match exactly: another case is another group
+    assert groups_of(DirectoryGroup("Research")) == ()
 
 
 def test_a_directory_group_named_in_the_policy_by_dn_path_or_id_makes_a_member():
@@ -84,10 +84,51 @@ def test_no_directory_groups_no_hub_groups():
     assert groups_of() == ()
 
 
-def test_directory_keys_ignore_case_and_dn_spacing_but_not_the_value():
+def test_dns_compare_as_rfc_4514_reads_them_and_names_exactly():
     assert directory_key("CN=a , OU=g") == directory_key("cn=a,ou=g")
+    assert directory_key(r"cn=a\2Cb,ou=g") == directory_key(r"cn=a\,b,ou=g")
     assert directory_key("cn=a,ou=g") != directory_key("cn=b,ou=g")
-    assert directory_key("/Research/NLP") == "/research/nlp"
+    assert directory_key("/Research/NLP") != directory_key("/research/nlp")
+    assert directory_key("/Research/NLP", case_insensitive=True) == directory_key("/research/nlp")
+
+
+@pytest.mark.parametrize(
+    "squatter",
+    [
+        DirectoryGroup(" HPC-Admins "),
+        DirectoryGroup("HPC-Admins"),
+        DirectoryGroup("hpc-admins "),
+        DirectoryGroup("hpc-admin\u017f"),  # long s: its Unicode case folding is "s"
+        DirectoryGroup("hpc-admin\u017f", ("cn=hpc-admin\u017f,ou=groups,dc=example,dc=edu",)),
+        DirectoryGroup("\u212apc-admins"),  # Kelvin sign: lower()s to "k"... and is no "h"
+        # outside the group search base: known by its DN only
+        DirectoryGroup("hpc-admins", ("cn=hpc-admins,ou=selfservice,o=elsewhere",), named=False),
+    ],
+    ids=repr,
+)
+def test_a_look_alike_directory_group_grants_nothing(squatter):
+    # `test` is the admins' unlimited group, made of the directory group hpc-admins
+    assert groups_of(squatter) == ()
+    assert groups_of(squatter, all_groups=True) in ((), (squatter.name,))
+    assert "test" not in groups_of(squatter, all_groups=True)
+
+
+def test_the_opt_in_for_case_insensitive_providers_folds_a_to_z_only():
+    def folded(*memberships: DirectoryGroup) -> tuple[str, ...]:
+        return hub_groups(POLICY, memberships, case_insensitive=True).groups
+
+    assert folded(DirectoryGroup("HPC-Admins")) == ("test",)
+    assert folded(DirectoryGroup("hpc-admin\u017f")) == ()
+    assert folded(DirectoryGroup(" hpc-admins")) == ()
+    assert folded(DirectoryGroup("hpc-admins")) == ("test",)
+
+
+def test_a_group_known_by_its_dn_only_matches_its_dn():
+    outside = DirectoryGroup("nlp-lab", ("cn=nlp-lab,ou=groups,dc=example,dc=edu",), named=False)
+    assert groups_of(outside) == ("nlp",)
+    assert groups_of(DirectoryGroup("research", ("cn=research,o=x",), named=False)) == ()
+    # and is never added by its name
+    assert groups_of(DirectoryGroup("zeta", ("cn=zeta,o=x",), named=False), all_groups=True) == ()
 
 
 def test_directory_groups_are_read_as_text():

@@ -100,9 +100,22 @@ async def test_groups_come_from_groupofnames_and_posixgroup_members_and_no_other
         assert model["groups"] == expected, name
 
 
-async def test_memberof_alone_gives_the_same_groups(directory):
+async def test_memberof_counts_by_name_only_within_the_group_search_base(directory, caplog):
     # the memberof overlay keeps memberOf for groupOfNames; posixGroups have none
+    auth = authenticator(directory, member_of_attribute="memberOf")
+    model = await auth.authenticate(None, {"username": "carol", "password": password("carol")})
+    assert model["groups"] == ["test"]
+
+    # with no search base to vouch for the names, a memberOf group counts by its DN only
     auth = authenticator(directory, group_search_base="", member_of_attribute="memberOf")
+    with caplog.at_level(logging.INFO):
+        model = await auth.authenticate(None, {"username": "carol", "password": password("carol")})
+    assert model["groups"] == []
+    assert "counts only where a directory_groups entry names its full DN" in caplog.text
+    groups = {**POLICY["groups"]}
+    groups["test"] = {**groups["test"], "directory_groups": [f"CN=hpc-admins, {GROUPS}"]}
+    auth = authenticator(directory, group_search_base="", member_of_attribute="memberOf")
+    auth.config.GPUPolicy.groups = groups
     model = await auth.authenticate(None, {"username": "carol", "password": password("carol")})
     assert model["groups"] == ["test"]
 

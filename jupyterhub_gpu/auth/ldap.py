@@ -8,15 +8,29 @@ JupyterHub adds *and removes* memberships to match:
 
 - a search under ``group_search_base`` with ``group_search_filter`` (by default
   groupOfNames/groupOfUniqueNames ``member``/``uniqueMember`` holding the user's
-  DN, or posixGroup ``memberUid`` holding their ``uid``), and/or
+  DN, or posixGroup ``memberUid`` holding their login name), and/or
 - the user entry's own ``member_of_attribute`` (``memberOf``: group DNs).
 
 Only the directory groups the policy names (``GPUPolicy.groups``, by name or
-by ``directory_groups``) become hub groups (``jupyterhub_gpu.core.directory``);
-``all_directory_groups`` adds the others. A directory that cannot be read
-refuses the login with a message on the login page, changes nobody's groups
-and logs the server and the cause. Nothing in the login form but the username
-and password is read.
+by ``directory_groups``) become hub groups (``jupyterhub_gpu.core.directory``),
+matched exactly; a ``memberOf`` group outside ``group_search_base`` is known by
+its DN only. ``all_directory_groups`` adds the others.
+
+Before each spawn (the form or the REST API, so API tokens too) groups read
+longer ago than ``group_refresh_age`` are read again, bound as the lookup
+account (``lookup_dn_search_user``); without one such a spawn is refused until
+the user logs in again.
+
+The directory is never waited for on the hub's event loop: every bind and
+search runs in a worker thread (at most ``max_directory_calls`` at once), with
+``connect_timeout`` and ``receive_timeout``, so a directory that hangs refuses
+the logins that need it and nobody else notices. TLS (``on_connect``,
+``before_bind``) checks the directory's certificate against the system's CAs or
+``tls_ca_file``; only ``tls_strategy: insecure`` talks in clear.
+
+A directory that cannot be read refuses the login with a message on the login
+page, changes nobody's groups and logs the server and the cause. Nothing in the
+login form but the username and password is read.
 
 z2jh::
 
@@ -26,31 +40,43 @@ z2jh::
           authenticator_class: ldap-groups
         LDAPGroupsAuthenticator:
           server_address: ldap.example.edu
+          tls_strategy: on_connect
+          tls_ca_file: /etc/ldap-ca/ca.crt
           bind_dn_template: ["uid={username},ou=people,dc=example,dc=edu"]
           group_search_base: ou=groups,dc=example,dc=edu
+          lookup_dn_search_user: cn=jupyterhub,ou=services,dc=example,dc=edu
+          lookup_dn_search_password: ...
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextvars
+import ssl
 import string
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ldap3
-from ldap3.core.exceptions import LDAPException
+from ldap3.core.exceptions import LDAPBindError, LDAPException
+from ldap3.core.tls import Tls
 from ldap3.utils.conv import escape_filter_chars
-from ldap3.utils.dn import parse_dn
+from ldap3.utils.dn import escape_rdn, parse_dn
 from ldapauthenticator import LDAPAuthenticator
 from ldapauthenticator.ldapauthenticator import TlsStrategy
 from tornado import web
-from traitlets import Bool, Unicode, default, validate
+from traitlets import Bool, Float, Int, Unicode, default, validate
 
-from ..core.directory import DirectoryGroup, hub_groups
-from .policy_groups import PolicyGroups
+from ..core.directory import DirectoryGroup, dn_within, hub_groups
+from .policy_groups import PolicyGroups, is_spawn
+
+T = TypeVar("T")
 
 #: the connection the user's own password bound, during one login (the parent's
 #: ``authenticate`` binds it and does not hand it on); a context variable, so that
-#: concurrent logins never see each other's
+#: concurrent logins never see each other's (each directory call runs in a fresh context)
 _user_connection: contextvars.ContextVar[Any] = contextvars.ContextVar("ldap_user_connection")
 #: what the login page says when the directory cannot be read; the hub log has the why
 DIRECTORY_DOWN = (
@@ -58,11 +84,39 @@ DIRECTORY_DOWN = (
     "no one's login or groups can be checked. Nothing was changed. Try again in a few "
     "minutes; if it keeps happening, tell the hub's administrators."
 )
+#: ... when it did not answer in time (or too many logins were waiting for it)
+DIRECTORY_SLOW = (
+    "Cannot log in right now: the directory (LDAP) did not answer in time, so your "
+    "login and groups could not be checked. Nothing was changed. Try again in a few "
+    "minutes; if it keeps happening, tell the hub's administrators."
+)
+#: ... when its TLS certificate is not one the hub trusts: the password was not sent
+DIRECTORY_UNTRUSTED = (
+    "Cannot log in right now: the directory (LDAP) could not prove who it is (its TLS "
+    "certificate is not trusted by the hub), so your password was not sent to it. "
+    "Tell the hub's administrators."
+)
+#: what a spawn says when the groups are too old and the hub cannot read them itself
+STALE_GROUPS_AT_SPAWN = (
+    "Cannot start a server yet: your groups were last read from the directory {when}, "
+    "and the hub can read them again only when you log in. Log out, log in again, "
+    "then start the server."
+)
+#: what a spawn says when the directory cannot confirm the user's groups
+DIRECTORY_DOWN_AT_SPAWN = (
+    "Cannot start a server right now: the directory (LDAP) could not be read to check "
+    "your groups. Nothing was started. Try again in a few minutes; if it keeps "
+    "happening, tell the hub's administrators."
+)
 _PAGE_SIZE = 500  # below OpenLDAP's and Active Directory's default size limits
 
 
 class DirectoryUnavailable(Exception):
     """The directory could not be reached or answered a search with an error."""
+
+
+class DirectoryBusy(DirectoryUnavailable):
+    """Every directory call slot stayed taken for longer than the receive timeout."""
 
 
 class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
@@ -88,7 +142,10 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         The group entry's attribute that names it (``cn`` in OpenLDAP and Active
         Directory). A policy group takes the directory group of its own name, or
         those its ``directory_groups`` list by this name, by DN or by
-        ``group_id_attribute``.
+        ``group_id_attribute``. Names match exactly (no case folding, no
+        trimming); DNs as RFC 4514 reads them (attribute types and the letters
+        A-Z of values without case, spaces around separators ignored). Only
+        groups under ``group_search_base`` are known by name.
         """,
     )
 
@@ -107,9 +164,13 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         help="""
         The user entry's attribute listing the DNs of their groups, where the
         directory keeps one (``memberOf``: Active Directory, or OpenLDAP with the
-        memberof overlay). Each DN's first value (``cn=research,...`` gives
-        ``research``) is the group's name. Empty: not read. Both this and the
-        ``group_search_base`` search may be used; their groups are merged.
+        memberof overlay). A group whose DN is below ``group_search_base`` is
+        named by its DN's first value (``cn=research,ou=groups,...`` gives
+        ``research``); any other counts only where a ``directory_groups`` entry
+        names its full DN (anyone allowed to create a group elsewhere in the
+        directory could otherwise call it ``research``). Empty: not read. Both
+        this and the ``group_search_base`` search may be used; their groups are
+        merged.
         """,
     )
 
@@ -163,6 +224,118 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
             )
         return template
 
+    tls_ca_file = Unicode(
+        "",
+        config=True,
+        help="""
+        The CA certificates (a PEM file) that the directory's TLS certificate must
+        chain to, for ``tls_strategy`` ``on_connect`` (LDAPS) and ``before_bind``
+        (StartTLS); e.g. a Secret mounted with ``hub.extraVolumes``. Empty: the
+        system's CAs (the hub image's ``ca-certificates``).
+
+        The certificate is always checked (``CERT_REQUIRED``), and so is that it
+        names ``server_address``: a login to a directory whose certificate does
+        not verify is refused, and the log says why, before the password is
+        sent. Only ``tls_strategy: insecure`` (no TLS at all) skips it, and
+        ``jupyterhub-gpu check`` warns about it.
+        """,
+    )
+
+    connect_timeout = Float(
+        5.0,
+        config=True,
+        help="""
+        Seconds to wait for the directory to accept a connection (and, for LDAPS,
+        to finish the TLS handshake). A login that cannot connect in time is
+        refused, and only that login.
+        """,
+    )
+
+    receive_timeout = Int(
+        5,
+        config=True,
+        help="""
+        Seconds (whole, as ldap3 sets them on the socket) to wait for each answer of
+        the directory (a bind, each page of a search). A directory that accepts the connection and never answers
+        refuses the login after this long; the hub keeps serving everyone else
+        meanwhile (directory calls never run on its event loop). Also the
+        longest a login waits for one of the ``max_directory_calls``.
+        """,
+    )
+
+    max_directory_calls = Int(
+        8,
+        config=True,
+        help="""
+        How many logins (and group re-reads before spawns) may talk to the
+        directory at once, each in its own worker thread. More wait for a free
+        one, at most ``receive_timeout`` seconds, and are then refused as a
+        directory that did not answer: a slow directory costs a bounded number
+        of threads, never the hub.
+        """,
+    )
+
+    group_refresh_age = Int(
+        300,
+        config=True,
+        help="""
+        Before a server starts (from the spawn form or the REST API, so with an
+        API token too), the user's groups are read from the directory again when
+        they were read longer ago than this many seconds; 0: before every spawn.
+        A member removed from a directory group thus loses its profiles within
+        this time, even without logging in again.
+
+        The hub has no password to bind with then: it binds as the lookup account
+        (``lookup_dn_search_user`` and ``lookup_dn_search_password``, which need
+        to read the user's entry and the groups). Without one, a spawn whose
+        groups are older than this is refused with a message asking the user to
+        log in again (a login reads them as the user); API tokens then cannot
+        start servers past this age. Groups are remembered per hub process: after
+        a hub restart the first spawn reads them again.
+        """,
+    )
+
+    @default("manage_groups")
+    def _manage_groups_default(self) -> bool:
+        # the point of this authenticator: the directory owns group membership
+        return True
+
+    @default("refresh_pre_spawn")
+    def _refresh_pre_spawn_default(self) -> bool:
+        # before a spawn, groups older than group_refresh_age are read again
+        return True
+
+    @validate("group_search_base")
+    def _search_base_is_a_dn(self, proposal) -> str:
+        base = proposal["value"].strip()
+        if base:
+            try:
+                parse_dn(base)
+            except LDAPException as e:
+                raise ValueError(
+                    f"LDAPGroupsAuthenticator.group_search_base: {base!r} is not a DN ({e}); "
+                    "write it as ou=groups,dc=example,dc=edu"
+                ) from None
+        return base
+
+    @validate("group_search_filter")
+    def _filter_names_the_user(self, proposal) -> str:
+        template = proposal["value"]
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        except ValueError as e:
+            raise ValueError(
+                f"LDAPGroupsAuthenticator.group_search_filter {template!r}: {e} "
+                "(a literal brace is written {{ or }})"
+            ) from None
+        if fields - {"userdn", "uid"} or not fields:
+            raise ValueError(
+                f"LDAPGroupsAuthenticator.group_search_filter {template!r} must name the user "
+                "with {userdn} (their DN) and/or {uid} (their login name), and nothing else, "
+                "e.g. (|(member={userdn})(memberUid={uid}))"
+            )
+        return template
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # rules across settings, checked once all configuration is loaded (a @validate
@@ -174,107 +347,326 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 "group_search_base (e.g. ou=groups,dc=example,dc=edu) and/or "
                 "member_of_attribute (e.g. memberOf)"
             )
+        for name in ("connect_timeout", "receive_timeout", "max_directory_calls"):
+            if getattr(self, name) <= 0:
+                raise ValueError(
+                    f"LDAPGroupsAuthenticator.{name} must be more than 0, "
+                    f"got {getattr(self, name)!r}"
+                )
+        if not self.refresh_pre_spawn:
+            self.log.warning(
+                "LDAPGroupsAuthenticator.refresh_pre_spawn is off: groups are read at login "
+                "only, so a member removed from a directory group keeps its profiles "
+                "through API tokens and open sessions until they log in again"
+            )
+        # the threads directory calls run in, and when each user's groups were last read
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self.max_directory_calls, thread_name_prefix="ldap-directory"
+        )
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._groups_read: dict[str, float] = {}
 
     @property
     def server_url(self) -> str:
         scheme = "ldaps" if self.tls_strategy == TlsStrategy.on_connect else "ldap"
         return f"{scheme}://{self.server_address}:{self.server_port}"
 
+    # ---- talking to the directory, off the event loop ---------------------------------
+
+    async def _in_directory(self, call: Callable[[], T]) -> T:
+        """Run ``call`` (blocking ldap3 work) in a directory worker thread, at most
+        ``max_directory_calls`` at once; waiting for a slot is bounded too."""
+        loop = asyncio.get_running_loop()
+        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.max_directory_calls))
+        try:
+            await asyncio.wait_for(slots.acquire(), self.receive_timeout)
+        except TimeoutError:
+            raise DirectoryBusy(
+                f"all {self.max_directory_calls} directory calls (max_directory_calls) were "
+                f"still waiting for the directory after {self.receive_timeout:g} s"
+            ) from None
+        try:
+            # a fresh context per call: the worker threads are reused
+            return await loop.run_in_executor(self._executor, contextvars.Context().run, call)
+        finally:
+            # released when the thread is done (every ldap3 call in it has a timeout),
+            # so never more threads than slots talk to the directory
+            slots.release()
+
+    def _tls(self) -> Tls:
+        """The certificate check: required, against tls_ca_file or the system's CAs;
+        ``tls_kwargs`` (ldapauthenticator's) may still add to or change it."""
+        settings: dict[str, Any] = {"validate": ssl.CERT_REQUIRED}
+        if self.tls_ca_file:
+            settings["ca_certs_file"] = self.tls_ca_file
+        return Tls(**{**settings, **self.tls_kwargs})
+
+    def _server(self) -> ldap3.Server:
+        return ldap3.Server(
+            self.server_address,
+            port=self.server_port,
+            use_ssl=self.tls_strategy == TlsStrategy.on_connect,
+            tls=self._tls(),
+            connect_timeout=self.connect_timeout,
+        )
+
     def get_connection(self, userdn, password):
-        conn = super().get_connection(userdn, password)
-        if conn is not None:
-            # the parent binds the user last (after any lookup account): the last bound
-            # connection of this login is the user's own
-            _user_connection.set(conn)
+        """A connection bound as ``userdn``, or None for wrong credentials; an unreachable,
+        silent or untrusted directory raises. As ldapauthenticator's, with the
+        certificate checked and every wait bounded."""
+        if self.tls_strategy == TlsStrategy.before_bind:
+            auto_bind = ldap3.AUTO_BIND_TLS_BEFORE_BIND
+        else:  # on_connect (TLS from the first byte) or insecure
+            auto_bind = ldap3.AUTO_BIND_NO_TLS
+        try:
+            conn = ldap3.Connection(
+                self._server(),
+                user=userdn,
+                password=password,
+                auto_bind=auto_bind,
+                receive_timeout=self.receive_timeout,
+            )
+        except LDAPBindError as e:
+            self.log.debug("Failed to bind %s: %s", userdn, e)
+            return None
+        # the parent binds the user last (after any lookup account): the last bound
+        # connection of this login is the user's own
+        _user_connection.set(conn)
         return conn
+
+    # ---- logging in -----------------------------------------------------------------
 
     async def authenticate(self, handler, data):
         # only the username and password are read: nothing else the form carries
         # (a forged "groups" field, say) reaches the directory or the hub
         data = {"username": data.get("username", ""), "password": data.get("password", "")}
-        token = _user_connection.set(None)
         try:
-            try:
-                model = await super().authenticate(handler, data)
-            except LDAPException as e:
-                raise self._refuse(data["username"], "could not be reached", e) from e
-            if model is None:
-                return None  # a wrong password or an unknown user: the usual refusal
-            conn = _user_connection.get()
-            if conn is None:
-                raise RuntimeError(
-                    "LDAPGroupsAuthenticator: ldapauthenticator authenticated "
-                    f"{model['name']!r} without binding through get_connection; "
-                    "this ldapauthenticator version is not supported"
-                )
-            try:
-                memberships = self.directory_groups(conn, model["name"])
-            except (LDAPException, DirectoryUnavailable) as e:
-                raise self._refuse(data["username"], "could not be searched", e) from e
-            finally:
-                conn.unbind()
+            model, memberships = await self._in_directory(lambda: self._log_in(data))
+        except (LDAPException, DirectoryUnavailable) as e:
+            raise self._refuse(f"Login of {data['username']!r} refused", e) from e
+        if model is None:
+            return None  # a wrong password or an unknown user: the usual refusal
+        model["groups"] = self._hub_groups(model["name"], memberships)
+        self._groups_read[model["name"]] = time.monotonic()
+        return model
+
+    def _log_in(self, data: dict) -> tuple[dict | None, list[DirectoryGroup]]:
+        """In a directory thread: the parent's login, then the user's groups read on
+        the connection their password bound."""
+        _user_connection.set(None)
+        model = _run_to_end(LDAPAuthenticator.authenticate(self, None, data))
+        if model is None:
+            return None, []
+        conn = _user_connection.get()
+        if conn is None:
+            raise RuntimeError(
+                "LDAPGroupsAuthenticator: ldapauthenticator authenticated "
+                f"{model['name']!r} without binding through get_connection; "
+                "this ldapauthenticator version is not supported"
+            )
+        try:
+            return model, self.directory_groups(conn, model["name"])
         finally:
-            _user_connection.reset(token)
+            conn.unbind()
+
+    def _hub_groups(self, username: str, memberships: list[DirectoryGroup]) -> list[str]:
         mapping = hub_groups(self.gpu_policy, memberships, all_groups=self.all_directory_groups)
         self.log.info(
             "LDAP groups of %s: %d in the directory, hub groups %s%s",
-            model["name"],
+            username,
             len(memberships),
             ", ".join(mapping.groups) or "none",
             f" ({len(mapping.unnamed)} not in the policy, left out)"
             if mapping.unnamed and not self.all_directory_groups
             else "",
         )
+        for group in memberships:
+            if not group.named and group.name in mapping.unnamed:
+                self.log.info(
+                    "LDAP group %s of %s is outside group_search_base %r: it counts only "
+                    "where a directory_groups entry names its full DN",
+                    group.name,
+                    username,
+                    self.group_search_base,
+                )
         for name in mapping.withheld:
             self.log.warning(
                 "LDAP group %r of %s is not made a hub group: the policy's group of that "
                 "name is made of the directory groups its directory_groups list",
                 name,
-                model["name"],
+                username,
             )
-        model["groups"] = list(mapping.groups)
-        return model
+        return list(mapping.groups)
 
-    def _refuse(self, username: str, what: str, error: Exception) -> web.HTTPError:
+    def _refuse(self, what: str, error: Exception) -> web.HTTPError:
+        """The refusal a login (or a spawn's re-read) gets, with the why in the log."""
+        text = f"{type(error).__name__}: {error}"
+        if isinstance(error, DirectoryBusy) or "timed out" in text or "timeout" in text.lower():
+            cause, message = (
+                f"did not answer in time (connect_timeout {self.connect_timeout:g} s, "
+                f"receive_timeout {self.receive_timeout:g} s)",
+                DIRECTORY_SLOW,
+            )
+            fix = "check that the directory is up and answering, or raise the timeouts"
+        elif "CERTIFICATE" in text.upper() or "hostname" in text.lower():
+            cause, message = (
+                "presented a TLS certificate the hub does not trust",
+                (DIRECTORY_UNTRUSTED),
+            )
+            fix = (
+                "set LDAPGroupsAuthenticator.tls_ca_file to the CA (PEM) that signed the "
+                "directory's certificate (empty: the system's CAs), and check that "
+                "server_address is a name the certificate lists"
+            )
+        else:
+            cause, message = "could not be reached or read", DIRECTORY_DOWN
+            fix = (
+                "check that the server is up and reachable from the hub and the "
+                "LDAPGroupsAuthenticator settings (server_address, server_port, "
+                "tls_strategy, group_search_base)"
+            )
         self.log.error(
-            "Login of %r refused: the LDAP server %s %s (%s: %s). No one's groups changed; "
-            "check that the server is up and reachable from the hub and the "
-            "LDAPGroupsAuthenticator settings (server_address, server_port, tls_strategy, "
-            "group_search_base)",
-            username,
-            self.server_url,
+            "%s: the LDAP server %s %s (%s). No one's groups changed; %s",
             what,
-            type(error).__name__,
-            error,
+            self.server_url,
+            cause,
+            text,
+            fix,
         )
-        return web.HTTPError(503, DIRECTORY_DOWN)
+        return web.HTTPError(503, message)
+
+    # ---- before a spawn: the groups again -------------------------------------------
+
+    @property
+    def lookup_account(self) -> bool:
+        return bool(self.lookup_dn_search_user and self.lookup_dn_search_password)
+
+    async def refresh_user(self, user, handler=None, **kwargs):
+        """Before a spawn, the user's groups again when older than group_refresh_age,
+        read as the lookup account; anything else keeps them as they are."""
+        if not is_spawn(handler):
+            return True  # pages and API reads keep the groups: no directory call
+        read = self._groups_read.get(user.name)
+        age = None if read is None else time.monotonic() - read
+        if age is not None and age < self.group_refresh_age:
+            return True
+        if not self.lookup_account:
+            self.log.warning(
+                "Spawn of %s refused: their groups were read %s (group_refresh_age "
+                "%d s) and there is no lookup account (lookup_dn_search_user/password) to "
+                "read them again; they must log in again",
+                user.name,
+                _age_words(age),
+                self.group_refresh_age,
+            )
+            raise web.HTTPError(403, STALE_GROUPS_AT_SPAWN.format(when=_age_words(age)))
+        try:
+            memberships = await self._in_directory(lambda: self._reread(user.name))
+        except (LDAPException, DirectoryUnavailable) as e:
+            error = self._refuse(f"Spawn of {user.name} refused", e)
+            raise web.HTTPError(503, DIRECTORY_DOWN_AT_SPAWN) from error
+        if memberships is None:
+            self.log.warning(
+                "Spawn of %s refused: the directory has no entry for them any more; "
+                "they must log in again",
+                user.name,
+            )
+            raise web.HTTPError(
+                403, "Cannot start a server: the directory no longer knows your account."
+            )
+        groups = self._hub_groups(user.name, memberships)
+        self._groups_read[user.name] = time.monotonic()
+        return {"name": user.name, "groups": groups}
+
+    def _reread(self, username: str) -> list[DirectoryGroup] | None:
+        """In a directory thread: the user's groups, bound as the lookup account; None
+        when the directory has no entry for them."""
+        conn = self.get_connection(self.lookup_dn_search_user, self.lookup_dn_search_password)
+        if conn is None:
+            raise DirectoryUnavailable(
+                f"the lookup account {self.lookup_dn_search_user!r} could not bind: check "
+                "lookup_dn_search_user and lookup_dn_search_password"
+            )
+        try:
+            userdn = self._user_dn(conn, username)
+            return None if userdn is None else self.directory_groups(conn, username, userdn)
+        finally:
+            conn.unbind()
+
+    def _user_dn(self, conn, username: str) -> str | None:
+        """The DN of the user's entry, found as at login (bind_dn_template, or looked up)."""
+        if self.lookup_dn:
+            attribute = (
+                self.lookup_dn_user_dn_attribute
+                if self.use_lookup_dn_username
+                else self.user_attribute
+            )
+            entries = self._search(
+                conn,
+                self.user_search_base,
+                f"({attribute}={escape_filter_chars(username)})",
+                ldap3.SUBTREE,
+                [],
+            )
+            return entries[0]["dn"] if len(entries) == 1 else None
+        for template in self.bind_dn_template:
+            dn = template.format(username=escape_rdn(username))
+            conn.search(dn, "(objectClass=*)", ldap3.BASE, attributes=[])
+            if conn.result["result"] == 0 and conn.response:
+                return dn
+            if conn.result["result"] != 32:  # noSuchObject: try the next template
+                raise DirectoryUnavailable(f"reading {dn!r} answered {conn.result['description']}")
+        return None
 
     # ---- reading the groups ---------------------------------------------------------
 
-    def directory_groups(self, conn, username: str) -> list[DirectoryGroup]:
-        """The groups the directory says the user bound on ``conn`` is in; ``{uid}`` in
-        the filter is their entry's ``uid``, or ``username`` if it has none."""
-        userdn = conn.user
-        attributes = ["uid"] + ([self.member_of_attribute] if self.member_of_attribute else [])
+    def directory_groups(
+        self, conn, username: str, userdn: str | None = None
+    ) -> list[DirectoryGroup]:
+        """The groups the directory says the user is in (``userdn``: their entry; by
+        default the one bound on ``conn``). ``{uid}`` in the filter is ``username``,
+        the login name, never a value of the user's own entry."""
+        userdn = userdn or conn.user
+        attributes = [self.member_of_attribute] if self.member_of_attribute else []
         user = self._search(conn, userdn, "(objectClass=*)", ldap3.BASE, attributes)
         if not user:
             raise DirectoryUnavailable(f"the user's own entry {userdn!r} could not be read")
         found: dict[str, DirectoryGroup] = {}
         values = user[0]["attributes"]
         if self.group_search_base:
-            uid = _first(values.get("uid")) or username
             search_filter = self.group_search_filter.format(
-                userdn=escape_filter_chars(userdn), uid=escape_filter_chars(uid)
+                userdn=escape_filter_chars(userdn), uid=escape_filter_chars(username)
             )
             wanted = [a for a in (self.group_name_attribute, self.group_id_attribute) if a]
             for entry in self._search(
                 conn, self.group_search_base, search_filter, ldap3.SUBTREE, wanted
             ):
-                group = _group(entry["dn"], entry["attributes"], self)
-                found[group.aliases[0].casefold()] = group
+                group = self._group(entry["dn"], entry["attributes"], named=True)
+                found[group.aliases[0].lower()] = group
         for dn in values.get(self.member_of_attribute, []) if self.member_of_attribute else []:
-            found.setdefault(str(dn).casefold(), _group(str(dn), {}, self))
+            dn = str(dn)
+            # a group outside the search base may be anyone's: known by its DN only
+            inside = bool(self.group_search_base) and dn_within(dn, self.group_search_base)
+            found.setdefault(dn.lower(), self._group(dn, {}, named=inside))
         return list(found.values())
+
+    def _group(self, dn: str, attributes: dict, named: bool) -> DirectoryGroup:
+        """A directory group: named by its DN's own name (``cn=research,...``:
+        ``research``) when that is ``group_name_attribute``, else by that attribute's
+        one value; also known by its DN and its IDs."""
+        rdn = parse_dn(dn)[0]
+        values = attributes.get(self.group_name_attribute)
+        values = values if isinstance(values, list) else [values] if values else []
+        if rdn[0].lower() == self.group_name_attribute.lower():
+            name = rdn[1]
+        elif len(values) == 1:
+            name = str(values[0])
+        else:
+            # no name, or several to choose from: the DN is the only safe name
+            name, named = dn, False
+        ids = attributes.get(self.group_id_attribute, []) if self.group_id_attribute else []
+        ids = ids if isinstance(ids, list) else [ids]
+        return DirectoryGroup(name=name, aliases=(dn, *(str(i) for i in ids)), named=named)
 
     def _search(self, conn, base: str, search_filter: str, scope, attributes) -> list[dict]:
         """Every entry of a search, page by page; an error is raised, never an empty list."""
@@ -302,16 +694,22 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 return entries
 
 
-def _first(values: Any) -> str | None:
-    if isinstance(values, list):
-        return str(values[0]) if values else None
-    return str(values) if values else None
+def _run_to_end(coroutine: Any) -> Any:
+    """The result of a coroutine that never waits on anything (ldapauthenticator's
+    ``authenticate`` is all blocking ldap3 calls), run in the calling thread."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError(
+        "LDAPGroupsAuthenticator: ldapauthenticator's authenticate waited on something; "
+        "this ldapauthenticator version is not supported"
+    )
 
 
-def _group(dn: str, attributes: dict, settings: LDAPGroupsAuthenticator) -> DirectoryGroup:
-    """A directory group: named by its name attribute (or its DN's first value), also
-    known by its DN and its IDs."""
-    name = _first(attributes.get(settings.group_name_attribute)) or parse_dn(dn)[0][1]
-    ids = attributes.get(settings.group_id_attribute, []) if settings.group_id_attribute else []
-    ids = ids if isinstance(ids, list) else [ids]
-    return DirectoryGroup(name=name, aliases=(dn, *(str(i) for i in ids)))
+def _age_words(age: float | None) -> str:
+    if age is None:
+        return "before the hub last started"
+    minutes = int(age // 60)
+    return f"{minutes} minutes ago" if minutes >= 2 else f"{int(age)} seconds ago"

@@ -39,7 +39,6 @@ z2jh::
 from __future__ import annotations
 
 import html
-import re
 from functools import reduce
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -53,7 +52,7 @@ from tornado.iostream import StreamClosedError
 from traitlets import default
 
 from ..core.directory import DirectoryGroup, hub_groups
-from .policy_groups import PolicyGroups
+from .policy_groups import PolicyGroups, is_spawn
 
 #: what the login page says when the provider cannot be reached; the hub log has the why
 PROVIDER_DOWN = (
@@ -67,9 +66,6 @@ PROVIDER_DOWN_AT_SPAWN = (
     "check your groups. Nothing was started. Try again in a few minutes; if it keeps "
     "happening, tell the hub's administrators."
 )
-# the requests that start a server: the spawn page and the REST API's server start
-_SPAWN_PAGE = re.compile(r"/hub/spawn(/|$)")
-_SPAWN_API = re.compile(r"/hub/api/users/[^/]+/servers?(/[^/]*)?/?$")
 
 
 class ProviderUnreachable(Exception):
@@ -100,15 +96,6 @@ def claim_group(value: Any) -> DirectoryGroup:
 def _without_query(url: str) -> str:
     # a token or code may ride in a query string: never log it
     return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
-
-
-def _is_spawn(handler: Any) -> bool:
-    request = getattr(handler, "request", None)
-    if request is None:
-        return False
-    if _SPAWN_PAGE.search(request.path):
-        return True
-    return request.method == "POST" and bool(_SPAWN_API.search(request.path))
 
 
 class OIDCCallbackHandler(OAuthCallbackHandler):
@@ -239,7 +226,7 @@ class OIDCGroupsAuthenticator(PolicyGroups, GenericOAuthenticator):
         try:
             return await super().refresh_user(user, handler, **kwargs)
         except ProviderUnreachable as e:
-            if _is_spawn(handler):
+            if is_spawn(handler):
                 # the groups cannot be confirmed: a removed member must not start
                 # the group's profile, so nobody starts anything until it answers
                 self._log_unreachable(f"Spawn of {user.name} refused", e)

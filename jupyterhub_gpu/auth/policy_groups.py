@@ -3,8 +3,26 @@ from the identity provider (``manage_groups``), kept to the groups the policy na
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from ..config.policy import GPUPolicy
 from ..core.model import Policy
+
+# the requests that start a server: the spawn page and the REST API's server start
+_SPAWN_PAGE = re.compile(r"/hub/spawn(/|$)")
+_SPAWN_API = re.compile(r"/hub/api/users/[^/]+/servers?(/[^/]*)?/?$")
+
+
+def is_spawn(handler: Any) -> bool:
+    """Whether the request ``handler`` serves starts a server (the spawn form, or
+    the REST API's ``POST .../server``)."""
+    request = getattr(handler, "request", None)
+    if request is None:
+        return False
+    if _SPAWN_PAGE.search(request.path):
+        return True
+    return request.method == "POST" and bool(_SPAWN_API.search(request.path))
 
 
 class PolicyGroups:

@@ -15,6 +15,15 @@ sees them.
         directory.add_person("alice", "secret")
         directory.add_group("research", ["alice"])
         directory.url  # ldap://127.0.0.1:PORT
+
+With ``tls=(certificate, key)`` (PEM files whose certificate names 127.0.0.1,
+e.g. from ``server_certificate``) it also serves LDAPS on ``ldaps_port`` and
+StartTLS on ``port``, for the tests that the hub checks the directory's
+certificate:
+
+    ca = CertificateAuthority()
+    with LocalDirectory(tls=server_certificate(ca, folder)) as directory:
+        directory.ldaps_url  # ldaps://127.0.0.1:PORT
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ class LocalDirectory:
     """A running slapd: ``url``, ``port``; ``stop()`` and ``start()`` for an outage
     (the same data and port when it starts again); people and groups to add and change."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, tls: tuple[Path, Path] | None = None) -> None:
         self.binary = slapd_binary()
         try:
             import ldap3  # noqa: F401  (the client entries are added with)
@@ -74,6 +83,9 @@ class LocalDirectory:
             ) from None
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-slapd-"))
         self.port = port or free_port()
+        self.tls = tls
+        # slapd takes its ports on its command line: the OS cannot choose them at bind
+        self.ldaps_port = free_port() if tls else None
         self.admin_password = "directory-admin"
         self.process: subprocess.Popen | None = None
         self.log_path = self.directory / "slapd.log"
@@ -85,14 +97,25 @@ class LocalDirectory:
     def url(self) -> str:
         return f"ldap://127.0.0.1:{self.port}"
 
+    @property
+    def ldaps_url(self) -> str:
+        if not self.ldaps_port:
+            raise RuntimeError("this LocalDirectory serves no LDAPS: give it tls=(cert, key)")
+        return f"ldaps://127.0.0.1:{self.ldaps_port}"
+
     def _config(self) -> str:
         schemas = "\n".join(
             f"include {SCHEMA / name}.schema" for name in ("core", "cosine", "nis", "inetorgperson")
         )
+        tls = (
+            f"TLSCertificateFile {self.tls[0]}\nTLSCertificateKeyFile {self.tls[1]}\n"
+            if self.tls
+            else ""
+        )
         return f"""\
 # written by jupyterhub_gpu.dev.ldap
 {schemas}
-pidfile {self.directory}/slapd.pid
+{tls}pidfile {self.directory}/slapd.pid
 argsfile {self.directory}/slapd.args
 modulepath {MODULES}
 moduleload back_mdb
@@ -121,7 +144,7 @@ access to * by * read
                     "-f",
                     str(self.directory / "slapd.conf"),
                     "-h",
-                    self.url + "/",
+                    " ".join([self.url + "/"] + ([self.ldaps_url + "/"] if self.tls else [])),
                     "-d",
                     "stats",
                 ],
@@ -198,6 +221,12 @@ access to * by * read
         finally:
             conn.unbind()
 
+    def add_entry(self, dn: str, classes: list[str], attributes: dict[str, Any]) -> str:
+        """Any entry, anywhere below the suffix (a group outside ``ou=groups``, say);
+        returns its DN. A refusal raises, with the directory's answer."""
+        self._add(dn, classes, attributes)
+        return dn
+
     def add_person(self, name: str, password: str) -> str:
         """``uid=NAME,ou=people,...`` with a password and posix IDs; returns its DN."""
         self._next_id += 1
@@ -268,3 +297,17 @@ access to * by * read
             return [str(v) for v in conn.entries[0].memberOf.values]
         finally:
             conn.unbind()
+
+
+def server_certificate(ca: Any, folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost signed by ``ca`` (a
+    ``jupyterhub_gpu.dev.localcluster.pki.CertificateAuthority``), written to
+    ``folder`` with its key and the CA's certificate (``ca.crt``, for clients):
+    (certificate, key)."""
+    cert, key = ca.issue("127.0.0.1", server_names=["localhost"], server_ips=["127.0.0.1"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ca.crt").write_bytes(ca.cert_pem)
+    (folder / "ldap.crt").write_bytes(cert)
+    (folder / "ldap.key").write_bytes(key)
+    (folder / "ldap.key").chmod(0o600)
+    return folder / "ldap.crt", folder / "ldap.key"
