@@ -14,16 +14,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import aiohttp
+from jupyterhub.utils import isoformat
 from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Preconditions
 
 from .core.admission import Charge
 from .core.adoption import adopt, servers_selector, username_of
 from .core.model import Policy
 from .core.quantities import format_gpus
-from .core.shaping import GROUP_LABEL, charge_from_pod, namespace_for, of_another_hub
+from .core.shaping import (
+    GROUP_LABEL,
+    SPAWN_ANNOTATION,
+    charge_from_pod,
+    namespace_for,
+    of_another_hub,
+)
 from .kube.client import exception_message
 
 if TYPE_CHECKING:
@@ -173,19 +181,33 @@ async def watch_pods(spawner: GPUKubeSpawner) -> None:
     await spawner._start_watching_pods(replace=first_list_failed or gave_up)
 
 
-def finish_stop_in_background(spawner: GPUKubeSpawner, error: Exception, now: bool) -> None:
+def finish_stop_in_background(
+    spawner: GPUKubeSpawner,
+    error: Exception,
+    now: bool,
+    ended: tuple[float, bool] | None = None,
+) -> None:
     """After a failed stop: delete the server's pod until it is gone, then release.
 
     JupyterHub forgets the server either way, so nothing else would delete the
     pod; and releasing its charge while it runs would let a group exceed its
     quota. The deletion names the pod's uid: a new pod of the same name (the user
-    started again) is never touched, and its own charge never released.
+    started again) is never touched, and its own charge never released. A pod the
+    watch no longer holds is named by the one the hub last saw; one it never saw, by
+    which start of the server it is (its spawn annotation), its uid read before
+    each deletion.
+
+    ``ended``: when its GPU time ends, and whether that is inferred (a stop asked
+    for ends when asked, not when the pod is finally gone); None: when it is gone.
     """
     key = spawner._server_key
     charge = spawner.admission.charge(key)
     reflector = getattr(spawner, "pod_reflector", None)
     pod = reflector.pods.get(key) if reflector else None
-    uid = ((pod or {}).get("metadata") or {}).get("uid")
+    seen = getattr(spawner, "_gpu_pod_seen", None)
+    uid = ((pod or seen or {}).get("metadata") or {}).get("uid")
+    started = getattr(getattr(spawner, "orm_spawner", None), "started", None)
+    spawn = isoformat(started) if uid is None and isinstance(started, datetime) else None
     spawner.log.warning(
         "Stopping %s failed (%s); its pod %s stays charged and is deleted when the "
         "Kubernetes API answers",
@@ -194,7 +216,9 @@ def finish_stop_in_background(spawner: GPUKubeSpawner, error: Exception, now: bo
         key,
     )
     spawner.admission.finish_in_background(
-        _delete_until_gone(spawner, spawner.namespace, spawner.pod_name, uid, charge, now)
+        _delete_until_gone(
+            spawner, spawner.namespace, spawner.pod_name, uid, charge, now, spawn, ended
+        )
     )
 
 
@@ -205,14 +229,25 @@ async def _delete_until_gone(
     uid: str | None,
     charge: Charge | None,
     now: bool,
+    spawn: str | None = None,
+    ended: tuple[float, bool] | None = None,
 ) -> None:
-    options = V1DeleteOptions(
-        grace_period_seconds=0 if now else spawner.delete_grace_period,
-        preconditions=V1Preconditions(uid=uid) if uid else None,
-    )
     delay = 1.0
     while True:
         try:
+            if uid is None:
+                # never seen: the pod of this start of the server, if the name still is
+                found = await spawner.api.read_namespaced_pod(
+                    name, namespace, _request_timeout=spawner.k8s_api_request_timeout
+                )
+                started = (found.metadata.annotations or {}).get(SPAWN_ANNOTATION)
+                if spawn is not None and started not in (None, spawn):
+                    break  # a newer start's pod: this one is gone
+                uid = found.metadata.uid
+            options = V1DeleteOptions(
+                grace_period_seconds=0 if now else spawner.delete_grace_period,
+                preconditions=V1Preconditions(uid=uid),
+            )
             await spawner.api.delete_namespaced_pod(
                 name, namespace, body=options, _request_timeout=spawner.k8s_api_request_timeout
             )
@@ -225,7 +260,8 @@ async def _delete_until_gone(
         await asyncio.sleep(delay)
         delay = min(delay * 2, 10)
     key = f"{namespace}/{name}"
-    spawner.admission.record_stop(key, uid=uid)
+    at, inferred = ended if ended is not None else (None, False)
+    spawner.admission.record_stop(key, at=at, uid=uid, inferred=inferred)
     if charge is not None:
         await spawner.admission.release(spawner.gpu_policy, key, only=charge)
     spawner.log.info("Pod %s is gone: the stop of %s is complete", key, spawner._log_name)

@@ -441,8 +441,11 @@ class SpawnAdmission:
         ends: by the time a deletion is seen through, the key may name a newer pod
         (the user started again after a failed stop), whose record runs on.
         ``inferred``: the pod was found gone and ``at`` is its last sighting (the
-        ledger resync): a later sighting of the pod undoes the end.
+        ledger resync): a later sighting of the pod undoes the end. Otherwise, with
+        ``uid`` and ``at`` (when the hub asked that pod to go, or when it said it
+        ended), the end is final even where the book had inferred one.
         """
+        known = at is not None
         at = self.clock() if at is None else at
         record = self.usage.open_by_key.get(key) if uid is None else self.usage.records.get(uid)
         if record is None or record.key != key:
@@ -455,10 +458,12 @@ class SpawnAdmission:
             self.usage.end(key, at)
             if self.fair is not None:
                 self.fair.ended(record)
-        else:
+        elif inferred or uid is None or not known:
             # ended already: a newer pod of the server started, which ended it at its
             # last sighting; when this pod went is not known any better
             at, inferred = record.ended if record.ended is not None else at, True
+        # else: that very pod's end, when the hub asked it to go or as the pod said it,
+        # replaces the end the book inferred at its last sighting (once written and read)
         if self.store is not None:
             self.backlog.add(record.uid, end=at, inferred=inferred)
             self._write_soon()

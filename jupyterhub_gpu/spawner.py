@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -42,6 +42,7 @@ from traitlets import Bool, Float, Unicode, default, validate
 from .accounting.store import UsageStore
 from .config.policy import GPUPolicy
 from .core.admission import OVER_QUOTA, Charge, Decision, Ledger
+from .core.ends import has_ended, pod_ended_at
 from .core.exits import NOTEBOOK_CONTAINER
 from .core.model import Policy, PolicyError
 from .core.objects import namespace_for
@@ -201,6 +202,10 @@ class GPUKubeSpawner(KubeSpawner):
     _queue_watch: QueueWatch
     #: KubeSpawner is applying validated options (it reads the profile list for them)
     _gpu_applying_options: bool = False
+    #: the server's pod as this hub last saw it (at its start and every poll), and when
+    #: it was last seen alive (epoch seconds): what a server found stopped ends at
+    _gpu_pod_seen: dict | None = None
+    _gpu_alive_at: float | None = None
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -451,6 +456,8 @@ class GPUKubeSpawner(KubeSpawner):
     async def _start_charged(self):
         self._gpu_starting = True
         self._gpu_reservation = None
+        # a new pod: what was seen of the last one says nothing of it
+        self._gpu_pod_seen = self._gpu_alive_at = None
         try:
             # a pod watch that gave up during an outage would never see this pod
             with kubernetes_reachable():
@@ -490,6 +497,7 @@ class GPUKubeSpawner(KubeSpawner):
         pod = self.pod_reflector.pods.get(self._server_key)
         if pod is not None:
             self.admission.record_start(self.gpu_policy, pod)
+            self._note_pod()
         return result
 
     async def poll(self):
@@ -511,7 +519,76 @@ class GPUKubeSpawner(KubeSpawner):
                 e,
             )
             return None
+        # before KubeSpawner's poll, which deletes a pod whose server exited
+        self._note_pod()
         return await super().poll()
+
+    def _reflected_pod(self) -> tuple[bool, dict | None]:
+        """(whether the hub's pod watch has listed the pods, this server's pod there)."""
+        reflector = self.pod_reflector
+        if reflector is None or not reflector.first_load_future.done():
+            return False, None
+        return True, reflector.pods.get(self._server_key)
+
+    def _note_pod(self) -> None:
+        """Remember the server's pod as the watch shows it now, and whether it is alive."""
+        _, pod = self._reflected_pod()
+        if pod is None:
+            return
+        self._gpu_pod_seen = pod
+        if not has_ended(pod):
+            self._gpu_alive_at = self.admission.clock()
+
+    def _found_ended(self, now: float) -> tuple[float, str | None, bool] | None:
+        """How the server's pod ended when this stop found it ended already: (when,
+        its uid, whether inferred); None when the hub asks a running pod to go.
+
+        JupyterHub calls ``stop`` both for a stop it was asked for and for a server
+        its poll found stopped (the pod gone, or its server's process exited), at
+        its start too for a server that went while it was down. The pod tells them
+        apart: a stop asked for finds it alive. A pod found ended ends at its own end
+        where it says it (its container's ``finishedAt``, its ``deletionTimestamp``),
+        else at the last time it was seen alive, never when the hub noticed.
+        """
+        listed, pod = self._reflected_pod()
+        if not listed or (pod is not None and not has_ended(pod)):
+            return None
+        seen = pod if pod is not None else self._gpu_pod_seen
+        uid = ((seen or {}).get("metadata") or {}).get("uid")
+        at = pod_ended_at(seen, now)
+        if at is not None:
+            return at, uid, False
+        # the row's last sighting, if later (the service's), wins over the hub's
+        return self._gpu_alive_at or 0.0, uid, True
+
+    async def _record_end(self, asked_at: float, found: tuple[float, str | None, bool] | None):
+        """Write down the end of the server's GPU time (see ``_found_ended``)."""
+        if found is None:
+            self.admission.record_stop(self._server_key, at=asked_at)
+            return
+        at, uid, inferred = found
+        try:
+            # a hub that just started may not have read the usage yet: the record of a
+            # server that went while it was down is in what it reads
+            await self._ledger(self.gpu_policy)
+        except Exception as e:
+            self.log.warning(
+                "GPU time of %s not ended by the hub (%s): the GPU service ends it at "
+                "the pod's last sighting",
+                self._log_name,
+                e,
+            )
+            return
+        book = self.admission.usage
+        if (book.records.get(uid) if uid else book.open_by_key.get(self._server_key)) is None:
+            return  # no GPU time recorded: a server without GPUs, or no pod ever ran
+        self.log.info(
+            "GPU time of %s: its pod had ended before the hub stopped it; %s at %s",
+            self._log_name,
+            "counted until it was last seen" if inferred else "ended when the pod ended",
+            datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds") if at else "last seen",
+        )
+        self.admission.record_stop(self._server_key, at=at, uid=uid, inferred=inferred)
 
     async def stop(self, now: bool = False) -> None:
         if self._gpu_refused_before_kubernetes:
@@ -519,6 +596,10 @@ class GPUKubeSpawner(KubeSpawner):
             # refused spawns those calls are most of the hub's and the API's work
             self._gpu_refused_before_kubernetes = False
             return
+        # a stop the hub asks for ends the server's GPU time when asked (the pod's
+        # grace to exit is not the user's); a server found stopped, when its pod ended
+        asked_at = self.admission.clock()
+        found = None if self._gpu_starting else self._found_ended(asked_at)
         # KubeSpawner stops a conflicting old pod during start and retries; that stop
         # must not release the reservation the start still holds
         try:
@@ -527,10 +608,11 @@ class GPUKubeSpawner(KubeSpawner):
             # the pod may still run (the API server was unreachable, or slow): its GPUs
             # stay charged, and its deletion is retried until the pod is gone
             if not self._gpu_starting:
-                finish_stop_in_background(self, e, now)
+                ended = (asked_at, False) if found is None else (found[0], found[2])
+                finish_stop_in_background(self, e, now, ended)
             raise
         if not self._gpu_starting:
-            self.admission.record_stop(self._server_key)
+            await self._record_end(asked_at, found)
             await self._release()
 
     async def get_pod_manifest(self):

@@ -55,6 +55,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 log = logging.getLogger("jupyterhub_gpu.podrunner")
@@ -416,7 +417,12 @@ class PodRunner:
         meta = pod["metadata"]
         container = pod["spec"]["containers"][0]
         name = container["name"]
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            # when it ended, as a kubelet reports it (whole seconds, UTC)
+            "finishedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
         # a local file the process has finished writing
         path = self._log_path(key)
         output = path.read_bytes() if path.exists() else b""
