@@ -14,15 +14,14 @@ that accepts and never answers:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from ldap3.utils.dn import escape_rdn
+from loop_helpers import Heartbeat, silent_server
 from tornado import web
 from traitlets.config import Config
 
@@ -124,54 +123,11 @@ async def log_in(auth: LDAPGroupsAuthenticator, name: str) -> dict | None:
 # ---- a directory that never answers -----------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def silent_directory() -> AsyncIterator[int]:
-    """A port on 127.0.0.1 (chosen by the OS) that accepts connections and never says
-    a word, as a hung directory does."""
-    held: list[asyncio.StreamWriter] = []
-
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-
-    server = await asyncio.start_server(hold, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for writer in held:
-            writer.close()
-
-
-class Heartbeat:
-    """Beats on the event loop every 10 ms and keeps the longest gap between beats."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self._task: asyncio.Task | None = None
-
-    async def _beat(self) -> None:
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while True:
-            await asyncio.sleep(0.01)
-            now = loop.time()
-            self.worst = max(self.worst, now - last)
-            last = now
-
-    def __enter__(self) -> Heartbeat:
-        self._task = asyncio.get_running_loop().create_task(self._beat())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-
-
 @pytest.mark.parametrize("tls_strategy", ["insecure", "on_connect", "before_bind"])
 async def test_a_hung_directory_refuses_those_logins_after_the_timeout_and_freezes_nothing(
     directory, certificates, tls_strategy, caplog
 ):
-    async with silent_directory() as port:
+    async with silent_server() as port:
         hung = authenticator(
             None,
             certificates,
@@ -203,7 +159,7 @@ async def test_a_hung_directory_refuses_those_logins_after_the_timeout_and_freez
 
 
 async def test_directory_calls_are_bounded_and_so_is_the_wait_for_one(certificates, caplog):
-    async with silent_directory() as port:
+    async with silent_server() as port:
         hung = authenticator(
             None,
             certificates,
@@ -377,7 +333,7 @@ async def test_without_a_lookup_account_a_stale_spawn_must_log_in_again(director
 
 
 async def test_a_directory_that_is_down_at_a_spawn_refuses_it(directory, certificates, caplog):
-    async with silent_directory() as port:
+    async with silent_server() as port:
         auth = authenticator(
             directory,
             certificates,

@@ -9,6 +9,7 @@ import asyncio
 import html
 import http.cookiejar
 import json
+import logging
 import os
 import re
 import time
@@ -16,8 +17,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from loop_helpers import Heartbeat, silent_server
+from tornado import web
 from traitlets.config import Config
 
 from hub_helpers import Relay, running_hub
@@ -169,7 +173,13 @@ def test_claim_values_map_by_name_top_level_path_subgroup_path_and_object_id():
     assert hub("cpsHPCAccess") == ("cpsHPCAccess",)
     assert hub("/cpsHPCAccess") == ("cpsHPCAccess",)  # Keycloak's full path of a top group
     assert hub("/research/nlp") == ("cpsHPCAccess",)
-    assert hub("3F1C2B9E-5A0D-4E7B-9C2A-0D8E6F4A1B2C") == ("cpsHPCAccess",)
+    assert hub("3f1c2b9e-5a0d-4e7b-9c2a-0d8e6f4a1b2c") == ("cpsHPCAccess",)
+    # exactly as written: another case is another value (unless the site opts in)
+    assert hub("3F1C2B9E-5A0D-4E7B-9C2A-0D8E6F4A1B2C") == ()
+    folded = map_groups(
+        policy, [claim_group("3F1C2B9E-5A0D-4E7B-9C2A-0D8E6F4A1B2C")], case_insensitive=True
+    )
+    assert folded.groups == ("cpsHPCAccess",)
     assert hub("/research", "/teaching/nlp", "nlp", "/mailing-list") == ()
     # a subgroup called like a policy group is not that group
     assert hub("/research/jupyter_admin") == ()
@@ -441,3 +451,87 @@ def test_settings_that_cannot_work_are_refused_at_start(settings, message):
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         OIDCGroupsAuthenticator(config=config)
+
+
+# ---- a provider that hangs, and groups matched exactly --------------------------------
+
+
+def offline_authenticator(**settings) -> OIDCGroupsAuthenticator:
+    """department.yaml's authenticator with ``settings`` (no provider needed)."""
+    config = Config()
+    config.GPUPolicy.update(POLICY)
+    config.OIDCGroupsAuthenticator.update(
+        {**DEPARTMENT["hub"]["config"]["OIDCGroupsAuthenticator"], **settings}
+    )
+    return OIDCGroupsAuthenticator(config=config)
+
+
+class KnownUser:
+    """What refresh_user reads of a hub user: the name and the kept auth state."""
+
+    def __init__(self, name: str, auth_state: dict) -> None:
+        self.name = name
+        self._auth_state = auth_state
+
+    async def get_auth_state(self) -> dict:
+        return self._auth_state
+
+
+async def test_a_provider_that_never_answers_refuses_the_spawn_and_freezes_nothing(caplog):
+    async with silent_server() as port:
+        silent = f"http://127.0.0.1:{port}/realms/{REALM}/protocol/openid-connect"
+        auth = offline_authenticator(
+            token_url=f"{silent}/token",
+            userdata_url=f"{silent}/userinfo",
+            connect_timeout=1,
+            request_timeout=1,
+        )
+        user = KnownUser(
+            "ada",
+            {
+                "access_token": "an-access-token",
+                "token_type": "Bearer",
+                "refresh_token": "a-refresh-token",
+                "token_response": {"access_token": "an-access-token", "token_type": "Bearer"},
+                "oauth_user": {"preferred_username": "ada", "groups": ["/cpsHPCAccess"]},
+            },
+        )
+        spawn = SimpleNamespace(
+            request=SimpleNamespace(method="POST", path="/hub/api/users/ada/server")
+        )
+        loop = asyncio.get_running_loop()
+        with caplog.at_level(logging.ERROR), Heartbeat() as heartbeat:
+            started = loop.time()
+            refreshes = [auth.refresh_user(user, spawn) for _ in range(3)]
+            results = await asyncio.wait_for(
+                asyncio.gather(*refreshes, return_exceptions=True), timeout=30
+            )
+            waited = loop.time() - started
+    for refused in results:
+        assert isinstance(refused, web.HTTPError), refused
+        assert refused.status_code == 503
+        assert refused.log_message == PROVIDER_DOWN_AT_SPAWN
+    assert 1 <= waited < 10
+    assert heartbeat.worst < 0.1, f"the event loop stalled for {heartbeat.worst:.3f} s"
+    assert f"127.0.0.1:{port}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [" cpsHPCAccess", "cpsHPCAccess ", "CPSHPCACCESS", "cpsHPCAcce\u017fs", "/CPSHPCACCESS"],
+)
+async def test_a_look_alike_claim_value_grants_nothing(claim):
+    state = {"oauth_user": {"preferred_username": "mallory", "groups": [claim]}}
+    assert await offline_authenticator().get_user_groups(state) == set()
+
+
+async def test_case_insensitive_providers_are_an_opt_in_for_a_to_z():
+    auth = offline_authenticator(groups_case_insensitive=True)
+    for claim, expected in [
+        ("CPSHPCACCESS", {"cpsHPCAccess"}),
+        ("/CPSHPCACCESS", {"cpsHPCAccess"}),
+        ("cpsHPCAcce\u017fs", set()),  # the long s is no s, even so
+        (" cpsHPCAccess", set()),
+    ]:
+        state = {"oauth_user": {"preferred_username": "ada", "groups": [claim]}}
+        assert await auth.get_user_groups(state) == expected, claim

@@ -47,9 +47,9 @@ from jupyterhub.handlers.login import LoginHandler
 from oauthenticator.generic import GenericOAuthenticator
 from oauthenticator.oauth2 import OAuthCallbackHandler
 from tornado import web
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.iostream import StreamClosedError
-from traitlets import default
+from traitlets import Bool, Float, Int, default
 
 from ..core.directory import DirectoryGroup, hub_groups
 from .policy_groups import PolicyGroups, is_spawn
@@ -122,6 +122,65 @@ class OIDCGroupsAuthenticator(PolicyGroups, GenericOAuthenticator):
 
     callback_handler = OIDCCallbackHandler
 
+    groups_case_insensitive = Bool(
+        False,
+        config=True,
+        help="""
+        Match the groups claim's values to ``directory_groups`` (and to policy group
+        names) without regard to the case of the letters A-Z, for a provider that
+        changes the case of group names between answers. Off by default: a claim
+        value matches only the identical string (no case folding beyond A-Z even
+        when on, no trimming of spaces), so a group someone may create in the
+        provider as ``HPC-Admins`` or `` hpc-admins`` never stands for
+        ``hpc-admins``.
+        """,
+    )
+
+    connect_timeout = Float(
+        5.0,
+        config=True,
+        help="""
+        Seconds to wait for the identity provider to accept a connection (token,
+        userinfo and refresh requests). The requests run on the hub's event loop
+        without blocking it; this bounds how long a login or a spawn's refresh
+        waits for a provider that does not answer before it is refused.
+        """,
+    )
+
+    request_timeout = Float(
+        10.0,
+        config=True,
+        help="""
+        Seconds to wait for the identity provider's whole answer to one request.
+        A login (or a spawn's group refresh) whose provider has not answered by
+        then is refused with a message, and nothing is changed.
+        """,
+    )
+
+    max_provider_calls = Int(
+        10,
+        config=True,
+        help="""
+        How many requests to the identity provider may be open at once; more wait
+        in line (within their ``connect_timeout``), so a slow provider ties up a
+        bounded number of connections.
+        """,
+    )
+
+    @default("http_client")
+    def _default_http_client(self) -> AsyncHTTPClient:
+        # every request to the provider bounded in time and in number (oauthenticator's
+        # own client has tornado's 20 s defaults)
+        return AsyncHTTPClient(
+            force_instance=True,
+            max_clients=self.max_provider_calls,
+            defaults=dict(
+                validate_cert=self.validate_server_cert,
+                connect_timeout=self.connect_timeout,
+                request_timeout=self.request_timeout,
+            ),
+        )
+
     @default("manage_groups")
     def _manage_groups_default(self) -> bool:
         # the point of this authenticator: the provider owns group membership
@@ -155,7 +214,9 @@ class OIDCGroupsAuthenticator(PolicyGroups, GenericOAuthenticator):
         ``allowed_groups`` and ``admin_groups`` are checked against these."""
         claim = await self._claim(auth_state)
         memberships = [claim_group(v) for v in claim]
-        mapping = hub_groups(self.gpu_policy, memberships)
+        mapping = hub_groups(
+            self.gpu_policy, memberships, case_insensitive=self.groups_case_insensitive
+        )
         user = auth_state.get(self.user_auth_state_key) or {}
         who = user.get(self.username_claim) if isinstance(self.username_claim, str) else None
         self.log.info(
