@@ -3,7 +3,9 @@
 - The charges the hub's ledger is rebuilt from: every server pod the policy labelled,
   in every namespace servers run in, and the servers started before the policy
   (KubeSpawner's pods without its labels, see ``core.adoption``), each told once in
-  the hub log.
+  the hub log. A pod whose labels cannot be true (``core.claims``: labelled for a
+  group whose servers run elsewhere, or naming a server of the hub's whose pod is
+  another) counts for nobody, and is told once in the hub log.
 - KubeSpawner's watch of server pods, started again when it failed (an API server
   unreachable at its first list, or for longer than its watch retries).
 - A stop that failed, finished in the background: the pod is deleted until it is
@@ -23,6 +25,7 @@ from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Precondit
 
 from .core.admission import Charge
 from .core.adoption import adopt, servers_selector, username_of
+from .core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
 from .core.model import Policy
 from .core.quantities import format_gpus
 from .core.shaping import (
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
 
 #: servers from before the policy whose charge the hub log has told (once each)
 _adoptions_logged: set[str] = set()
+#: pods counted for nobody that the hub log has told, with why (once each)
+_foreign_logged: set[tuple[str, str]] = set()
 
 
 async def charges_from_pods(
@@ -48,10 +53,17 @@ async def charges_from_pods(
     hub's, where servers from before the policy run)."""
     charges = await _adopted_charges(spawner, policy, hub_namespace)
     namespaces = (
-        [namespace_for(policy, g.name) for g in policy.all_groups]
+        # the hub's too: servers started before a namespace per group still run there
+        list(
+            dict.fromkeys(
+                [*(namespace_for(policy, g.name) for g in policy.all_groups), hub_namespace]
+            )
+        )
         if policy.namespace_per_group
         else [spawner.namespace]
     )
+    # (user, server name) -> the pods naming that server, each with its charge
+    named: dict[tuple[str, str], list[tuple[Claim, Charge]]] = {}
     for namespace in namespaces:
         try:
             pods = await spawner.api.list_namespaced_pod(
@@ -72,9 +84,69 @@ async def charges_from_pods(
             except ValueError as e:
                 spawner.log.warning("%s; it is not counted", e)
                 continue
-            if charge is not None:
+            if charge is None:
+                continue
+            user = username_of(listed) or charge.user
+            why = foreign_namespace(policy, charge.group, namespace, hub_namespace) or (
+                foreign_user(user, charge.user)
+            )
+            if why:
+                _tell_foreign(spawner, charge, why)
+                continue
+            metadata = listed.get("metadata") or {}
+            annotations = metadata.get("annotations") or {}
+            claim = Claim(
+                charge.key,
+                parse_time(metadata.get("creationTimestamp")),
+                parse_time(annotations.get(SPAWN_ANNOTATION)),
+                bool(metadata.get("deletionTimestamp")),
+            )
+            named.setdefault((user, annotations.get("hub.jupyter.org/servername", "")), []).append(
+                (claim, charge)
+            )
+    for (user, name), pods in named.items():
+        found = {}
+        if len(pods) > 1:
+            # several pods name one server: only the hub's start of it can tell its own
+            found = impostors(
+                (c for c, _ in pods),
+                _hub_started(spawner, user, name),
+                f"{user}/{name}" if name else user,
+            )
+        for claim, charge in pods:
+            if claim.key in found:
+                _tell_foreign(spawner, charge, found[claim.key])
+            else:
                 charges.append(charge)
     return charges
+
+
+def _tell_foreign(spawner: GPUKubeSpawner, charge: Charge, why: str) -> None:
+    if (charge.key, why) in _foreign_logged:
+        return
+    _foreign_logged.add((charge.key, why))
+    spawner.log.warning(
+        "Pod %s is labelled as %s's server in %s but counted for nobody: %s. Delete it "
+        "if nobody knows it.",
+        charge.key,
+        charge.user,
+        charge.group,
+        why,
+    )
+
+
+def _hub_started(spawner: GPUKubeSpawner, user: str, name: str) -> datetime | None:
+    """The hub's start of ``user``'s server ``name`` (None: not running, or offline)."""
+    db = getattr(spawner.user, "db", None)
+    if db is None:
+        return None
+    from jupyterhub import orm
+
+    found = orm.User.find(db, user)
+    for orm_spawner in found.orm_spawners.values() if found is not None else ():
+        if orm_spawner.name == name and orm_spawner.server is not None:
+            return parse_time(orm_spawner.started)
+    return None
 
 
 async def _adopted_charges(

@@ -242,6 +242,21 @@ def orphans_section(orphans: list[dict[str, Any]]) -> str:
     )
 
 
+def foreign_section(pods: list[dict[str, Any]]) -> str:
+    """Pods labelled as servers they cannot be: what they claim, and why not."""
+    rows = [
+        f"<tr><td>{escape(p['pod'])}</td><td>{escape(p['user'] or '')}</td>"
+        f"<td>{escape(p['server'] or '(default)')}</td><td>{escape(p['group'] or '')}</td>"
+        f"<td>{escape(p['why'] or '')}</td></tr>"
+        for p in pods
+    ]
+    return (
+        "<p>Counted for no group and never taken for a server's pod: delete those "
+        "nobody knows.</p><table><tr><th>Pod</th><th>Says it is the server of</th>"
+        f"<th>Server</th><th>Labelled for</th><th>Why not</th></tr>{''.join(rows)}</table>"
+    )
+
+
 def _epoch(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC") if epoch else "never"
 
@@ -479,6 +494,8 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         body += ["<h2>Service health</h2>", tasks_section(view["tasks"])]
         if view.get("orphans"):
             body += ["<h2>Server pods the hub does not own</h2>", orphans_section(view["orphans"])]
+        if view.get("foreign_pods"):
+            body += ["<h2>Foreign pods</h2>", foreign_section(view["foreign_pods"])]
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

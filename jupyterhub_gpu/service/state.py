@@ -10,7 +10,11 @@ its own view, even at 5,000 servers with pods churning:
 - the devices requested per node are updated the same way, so capacity is a
   pass over nodes, not over every pod;
 - the hub's servers are indexed by user, and the spawns still pending are
-  kept apart for the waiting lines.
+  kept apart for the waiting lines;
+- a pod whose labels cannot be true (``core.claims``: labelled for a group outside
+  the namespaces that group's servers run in, or naming a server whose pod is
+  another) is foreign: kept apart for the admins' report and the log, charged to
+  nobody, and never taken for any server's pod, so no rule judges a server by it.
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from ..core.adoption import (
 )
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
+from ..core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
 from ..core.model import Policy
 from ..core.shaping import (
     GROUP_LABEL,
+    HUB_LABEL,
     PROFILE_LABEL,
     SPAWN_ANNOTATION,
     charge_from_pod,
+    label_value,
     namespace_for,
     of_another_hub,
     pod_key,
@@ -49,7 +56,7 @@ from ..core.shaping import (
 )
 from ..kube.clusterview import capacity_watches
 from ..kube.reflector import Reflector, slim_pod
-from .views import Notice, Server, Snapshot, waiting_lines
+from .views import Notice, Server, Snapshot, server_label, waiting_lines
 
 log = logging.getLogger("jupyterhub_gpu.service")
 
@@ -85,6 +92,39 @@ class ServerPod:
     #: (condition type, reason, message) of a condition saying who is ending the pod:
     #: Kubernetes' ``DisruptionTarget`` (preemption, eviction) or Kueue's ``TerminationTarget``
     disruption: tuple[str, str, str] | None = None
+    #: why its labels cannot be true (``core.claims``); such a pod is charged to nobody,
+    #: records no GPU time, names no server (``user`` None) and is only reported
+    foreign: str | None = None
+    #: for a foreign pod: what its labels say (the pod as it would have been counted)
+    claimed: ServerPod | None = None
+    #: foreign because another pod is the server it names (told again as pods come
+    #: and go, and as the hub's starts change); False: for what it is on its own
+    impostor: bool = False
+
+    def foreign_json(self) -> dict[str, Any]:
+        """A foreign pod as the admins' report shows it: what it claims, and why not."""
+        claimed = self.claimed or self
+        return {
+            "pod": self.key,
+            "user": claimed.user,
+            "server": claimed.servername,
+            "group": claimed.charge.group if claimed.charge else None,
+            "why": self.foreign,
+        }
+
+
+def as_foreign(found: ServerPod, why: str, *, impostor: bool = False) -> ServerPod:
+    """``found`` taken for nothing it claims: not charged, no GPU time, no server."""
+    return replace(
+        found,
+        charge=None,
+        usage=None,
+        user=None,
+        servername="",
+        foreign=why,
+        claimed=found,
+        impostor=impostor,
+    )
 
 
 def _as_adoption_reads_it(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,6 +182,20 @@ def server_pod(pod: Mapping[str, Any]) -> ServerPod:
         terminating=terminating(pod),
         disruption=_disruption(pod),
     )
+
+
+def _newer(pod: ServerPod, than: ServerPod) -> bool:
+    """Whether ``pod`` is rather a server's pod than ``than``: not being deleted, newer."""
+    return (pod.terminating, -_created(pod)) < (than.terminating, -_created(than))
+
+
+def _created(pod: ServerPod) -> float:
+    return pod.created.timestamp() if pod.created else 0.0
+
+
+def _as_labelled(pod: ServerPod) -> ServerPod:
+    """A pod as its labels say, before it was found to name a server whose pod is another."""
+    return pod.claimed if pod.impostor and pod.claimed is not None else pod
 
 
 def _disruption(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -218,6 +272,17 @@ class ServiceState:
         self._capacity: dict[str, FlavorCapacity] | None = None
         self._by_user: dict[str, list[Server]] = {}
         self._pending: list[Server] = []
+        #: (user, server name) -> the keys of the pods that name it and could be its pod
+        #: (charged by their labels, where their group's servers run), and each such
+        #: pod's entry there
+        self._claims: dict[tuple[str, str], set[str]] = {}
+        self._claim_of: dict[str, tuple[str, str]] = {}
+        #: (user, server name) -> the hub's start of each server in its last answer
+        self._hub_started: dict[tuple[str, str], datetime | None] = {}
+        #: the foreign pods (``core.claims``), by key, for the admins' report
+        self.foreign: dict[str, ServerPod] = {}
+        #: foreign pods already told in the log (by uid and why)
+        self._told_foreign: set[tuple[str | None, str]] = set()
 
     def watches(
         self,
@@ -266,11 +331,28 @@ class ServiceState:
         found = server_pod(pod)
         namespace = found.key.split("/", 1)[0]
         if found.before_policy is None:
-            # one from before hubs were labelled: this hub's where its namespaces are
-            return found if self._ours(namespace) else None
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            ours = self.hub_namespace is not None and labels.get(HUB_LABEL) == label_value(
+                self.hub_namespace
+            )
+            if not self._ours(namespace) and (not ours or found.charge is None):
+                # one from before hubs were labelled: this hub's where its namespaces are
+                return None
+            return self._where_it_can_be(found, namespace)
         if self.hub_namespace is not None and namespace != self.hub_namespace:
             return None
         return self._adopted(found)
+
+    def _where_it_can_be(self, found: ServerPod, namespace: str) -> ServerPod:
+        """``found``, or foreign where its labels cannot be true on their own: its group's
+        servers run elsewhere, or its charge names another user than it says it is."""
+        charge = found.charge
+        if charge is None:
+            return found
+        why = foreign_namespace(
+            self.policy, charge.group, namespace, self.hub_namespace
+        ) or foreign_user(found.user, charge.user)
+        return as_foreign(found, why) if why else found
 
     def _ours(self, namespace: str) -> bool:
         """Whether this hub's servers may run in ``namespace``: the hub's own, or one of
@@ -353,6 +435,17 @@ class ServiceState:
             for key in self.server_pods.keys() - items.keys():
                 self.on_pod_gone(self.server_pods[key])
         self.server_pods = items
+        # which pod is each server's, told again from what is listed
+        self._claims, self._claim_of = {}, {}
+        for key, found in items.items():
+            self._claim(key, _as_labelled(found))
+        for claim in list(self._claims):
+            self._resolve(claim, apply=False)
+        self.foreign = {}
+        for key, found in items.items():
+            if found.foreign is not None:
+                self.foreign[key] = found
+                self._tell_foreign(found)
         self._ledger = Ledger.from_charges(
             self.policy, [p.charge for p in items.values() if p.charge]
         )
@@ -367,7 +460,92 @@ class ServiceState:
             self.set_servers(self._hub_servers, self.servers_complete)
 
     def server_pod_event(self, key: str, old: ServerPod | None, new: ServerPod | None) -> None:
-        """One watch event: the difference is applied to the ledger and the index."""
+        """One watch event: the difference is applied to the ledger and the index, and
+        which pod is the server's is told again for the servers ``old`` and ``new`` name."""
+        before = self._claim_of.get(key)
+        self._unclaim(key)
+        if new is not None:
+            self._claim(key, _as_labelled(new))
+        self._apply(key, old, new)
+        for claim in {before, self._claim_of.get(key)} - {None}:
+            assert claim is not None
+            self._resolve(claim)
+
+    # ---- which pod is a server's (core.claims) ----------------------------------------
+
+    def _claim(self, key: str, labelled: ServerPod) -> None:
+        """Index a pod by the server it names, if it could be that server's pod."""
+        if (
+            labelled.foreign is None
+            and labelled.charge is not None
+            and labelled.before_policy is None
+            and labelled.user is not None
+        ):
+            claim = (labelled.user, labelled.servername)
+            self._claims.setdefault(claim, set()).add(key)
+            self._claim_of[key] = claim
+
+    def _unclaim(self, key: str) -> None:
+        claim = self._claim_of.pop(key, None)
+        if claim is not None:
+            keys = self._claims.get(claim, set())
+            keys.discard(key)
+            if not keys:
+                self._claims.pop(claim, None)
+
+    def _resolve(self, claim: tuple[str, str], apply: bool = True) -> None:
+        """Tell which of the pods naming the server ``claim`` can be its pod, against
+        the hub's start of it; the others become foreign (and back, when they can be
+        again). ``apply``: apply each change to the ledger and the indexes (False while
+        a full list is being rebuilt from)."""
+        pods = self.server_pods
+        keys = self._claims.get(claim)
+        if pods is None or not keys:
+            return
+        labelled = {k: _as_labelled(pods[k]) for k in keys if k in pods}
+        found = impostors(
+            (
+                Claim(k, p.created, parse_time(p.spawn_started), p.terminating)
+                for k, p in labelled.items()
+            ),
+            self._hub_started.get(claim),
+            server_label(*claim),
+        )
+        for key, pod in labelled.items():
+            why = found.get(key)
+            wanted = as_foreign(pod, why, impostor=True) if why else pod
+            current = pods[key]
+            if wanted is current or wanted == current:
+                continue
+            pods[key] = wanted
+            if apply:
+                self._apply(key, current, wanted)
+
+    def _tell_foreign(self, pod: ServerPod) -> None:
+        """Say once in the log that a pod is foreign, and why."""
+        told = (pod.uid, pod.foreign or "")
+        if told in self._told_foreign:
+            return
+        self._told_foreign.add(told)
+        claimed = pod.claimed or pod
+        log.warning(
+            "Pod %s is not counted for %s (as %s's server %s): %s. It is charged to no "
+            "group and no rule acts on a server because of it; see the GPU dashboard's "
+            "foreign pods. Delete it if nobody knows it.",
+            pod.key,
+            claimed.charge.group if claimed.charge else "any group",
+            claimed.user,
+            claimed.servername or "(default)",
+            pod.foreign,
+        )
+
+    def _apply(self, key: str, old: ServerPod | None, new: ServerPod | None) -> None:
+        """A pod's change applied to the ledger and the indexes."""
+        if old is not None and old.foreign is not None:
+            self.foreign.pop(key, None)
+        if new is not None and new.foreign is not None:
+            self.foreign[key] = new
+            self._tell_foreign(new)
         if self._ledger is not None:
             if old is not None and old.charge is not None:
                 self._ledger.release(self.policy, key)
@@ -443,11 +621,20 @@ class ServiceState:
         ``lab--big`` may look like one of ours) belongs to no group here.
         """
         self._hub_servers = servers
-        pods = {
-            (p.user, p.servername): p
-            for p in (self.server_pods or {}).values()
-            if p.charge is not None
-        }
+        started = {(s.user, s.name): s.started for s in servers}
+        if started != self._hub_started:
+            changed = [c for c in self._claims if started.get(c) != self._hub_started.get(c)]
+            self._hub_started = started
+            for claim in changed:
+                self._resolve(claim)
+        # each server's own pod (of several: one not being deleted, the newest), never a
+        # foreign one (charged to nobody)
+        pods: dict[tuple[str | None, str], ServerPod] = {}
+        for p in (self.server_pods or {}).values():
+            if p.charge is not None:
+                known = pods.get((p.user, p.servername))
+                if known is None or _newer(p, known):
+                    pods[(p.user, p.servername)] = p
         servers = [
             # a server's runtime counts from its pod's start, not from the spawn: time
             # waiting in a scheduler's queue is not runtime
@@ -509,6 +696,7 @@ class ServiceState:
 
     def snapshot(self, tasks: Sequence[Mapping[str, Any]]) -> Snapshot:
         return Snapshot(
+            foreign_pods=[p.foreign_json() for _, p in sorted(self.foreign.items())],
             ledger=self.ledger,
             servers=self.servers or [],
             capacity=self.capacity,

@@ -137,6 +137,8 @@ class Snapshot:
     idle: Any = None
     #: server pods no hub server owns (``orphans.Orphan.to_json``), as last found
     orphans: Sequence[Mapping[str, Any]] = ()
+    #: server pods whose labels cannot be true, charged to nobody (``ServerPod.foreign_json``)
+    foreign_pods: Sequence[Mapping[str, Any]] = ()
     #: per group, its datasets and whether their claims exist, as last read
     #: (``datasets.DatasetClaims``); a group not in it shows no datasets
     datasets: Mapping[str, Sequence[DatasetState]] = field(default_factory=dict)
@@ -368,6 +370,8 @@ def usage_view(
         "tasks": list(snapshot.tasks) if admin else [],
         # server pods no hub server owns (they name pods and namespaces): admins only
         "orphans": list(snapshot.orphans) if admin else [],
+        # pods labelled as servers they cannot be, charged to nobody: admins only
+        "foreign_pods": list(snapshot.foreign_pods) if admin else [],
         "gpu_hours": gpu_hours_view(snapshot.gpu_time, groups, viewer),
         "fair_share": fair_share_view(
             getattr(snapshot.gpu_time, "fair_share", None), groups, viewer.name, admin
