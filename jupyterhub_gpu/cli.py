@@ -131,10 +131,12 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .config.values import checked_values, hub_config, spawner_setting
+    from .config.values import checked_values, hub_config, identity_tls_warnings, spawner_setting
     from .core.model import PolicyError, hub_namespace_errors
 
     values, policy = checked_values(args.values)
+    for warning in identity_tls_warnings(values):
+        print(f"warning: {warning}", file=sys.stderr)
     hub_namespace = args.hub_namespace or spawner_setting(hub_config(values), "namespace")
     if hub_namespace and (errors := hub_namespace_errors(policy, hub_namespace)):
         raise PolicyError(errors)

@@ -21,7 +21,7 @@ from traitlets.config import Config
 from hub_helpers import running_hub
 from jupyterhub_gpu.auth.ldap import DIRECTORY_DOWN, LDAPGroupsAuthenticator
 from jupyterhub_gpu.config.values import load_values
-from jupyterhub_gpu.dev.ldap import GROUPS, LocalDirectory
+from jupyterhub_gpu.dev.ldap import ADMIN_DN, GROUPS, LocalDirectory
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIVERSITY = load_values([ROOT / "helm-values/base.yaml", ROOT / "helm-values/university.yaml"])
@@ -40,6 +40,7 @@ PEOPLE = {
     "frank": ["research"],
     "gina": ["research"],
     "hal": ["research", "cohort-2025", "all-staff"],
+    "ivy": ["research"],
 }
 POSIX_GROUPS = {"students": 5001, "cohort-2025": 5002}
 #: the slugs of the spawn form's profiles each policy group offers (with everyone's CPU)
@@ -70,10 +71,14 @@ def directory(ldap_directory: LocalDirectory) -> LocalDirectory:
 
 def university_authenticator(directory: LocalDirectory) -> dict:
     """helm-values/university.yaml's authenticator settings, pointed at the test
-    directory: its address and port, and plain LDAP (the test directory has no TLS)."""
+    directory: its address and port, plain LDAP (TLS is tried in test_ldap_trust), its
+    admin as the lookup account, and groups read again before every spawn."""
     settings = dict(UNIVERSITY["hub"]["config"]["LDAPGroupsAuthenticator"])
     settings.update(server_address="127.0.0.1", server_port=directory.port)
     settings["tls_strategy"] = "insecure"
+    settings["lookup_dn_search_user"] = ADMIN_DN
+    settings["lookup_dn_search_password"] = directory.admin_password
+    settings["group_refresh_age"] = 0
     return settings
 
 
@@ -312,3 +317,34 @@ async def test_a_directory_that_is_down_refuses_the_login_and_changes_no_groups(
     _, status, _ = await log_in(hub, "gina")
     assert status == 200
     assert await hub_groups(hub, "gina") == []
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_a_member_removed_from_the_directory_cannot_start_a_server_with_an_old_token(
+    hub, directory
+):
+    directory.set_members("research", ["alice", "ivy"])
+    _, status, _ = await log_in(hub, "ivy")
+    assert status == 200
+    assert await hub_groups(hub, "ivy") == ["research"]
+    # a token of ivy's, made while she was in research (a script or a notebook keeps one)
+    status, made = await asyncio.to_thread(
+        hub.api, "POST", "/users/ivy/tokens", {"note": "ivy's training script"}
+    )
+    assert status == 201, made
+
+    directory.set_members("research", ["alice"])  # ivy leaves research
+    # her token still works, but the spawn reads her groups from the directory first
+    status, body = await asyncio.to_thread(
+        hub.api,
+        "POST",
+        "/users/ivy/server",
+        {"profile": "research--research"},
+        made["token"],
+    )
+    assert status == 403, body
+    assert body["message"] == "profile 'research--research' is not offered to you"
+    assert await hub_groups(hub, "ivy") == []
+    _, model = await asyncio.to_thread(hub.api, "GET", "/users/ivy")
+    assert model["servers"] == {}

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from ldap3.utils.dn import escape_rdn
 from loop_helpers import Heartbeat, silent_server
 from tornado import web
@@ -348,3 +351,39 @@ async def test_a_directory_that_is_down_at_a_spawn_refuses_it(directory, certifi
     assert refused.value.status_code == 503
     assert refused.value.log_message == DIRECTORY_DOWN_AT_SPAWN
     assert "Spawn of alice refused" in caplog.text
+
+
+# ---- jupyterhub-gpu check warns about a directory talked to in clear ------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "warning"),
+    [
+        (
+            {"tls_strategy": "insecure"},
+            "hub.config.LDAPGroupsAuthenticator.tls_strategy: insecure sends every user's "
+            "password to the directory unencrypted",
+        ),
+        (
+            {"tls_kwargs": {"validate": 0}},
+            "hub.config.LDAPGroupsAuthenticator.tls_kwargs.validate: the directory's "
+            "certificate is not checked",
+        ),
+    ],
+)
+def test_check_warns_about_an_unverified_directory_and_still_passes(tmp_path, settings, warning):
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"hub": {"config": {"LDAPGroupsAuthenticator": settings}}}))
+    examples = [ROOT / "helm-values/base.yaml", ROOT / "helm-values/university.yaml"]
+    command = [sys.executable, "-m", "jupyterhub_gpu.cli", "check"]
+    result = subprocess.run(
+        [*command, *map(str, examples), str(site)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"warning: {warning}" in result.stderr
+    # the example as shipped verifies its directory: no warning
+    result = subprocess.run(
+        [*command, *map(str, examples)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr

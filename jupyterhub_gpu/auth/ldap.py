@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import os
 import ssl
 import string
 import time
@@ -113,6 +114,10 @@ _PAGE_SIZE = 500  # below OpenLDAP's and Active Directory's default size limits
 
 class DirectoryUnavailable(Exception):
     """The directory could not be reached or answered a search with an error."""
+
+
+class TLSSettingsError(DirectoryUnavailable):
+    """The hub's own TLS settings cannot work (a CA file that is not there)."""
 
 
 class DirectoryBusy(DirectoryUnavailable):
@@ -256,10 +261,11 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         config=True,
         help="""
         Seconds (whole, as ldap3 sets them on the socket) to wait for each answer of
-        the directory (a bind, each page of a search). A directory that accepts the connection and never answers
-        refuses the login after this long; the hub keeps serving everyone else
-        meanwhile (directory calls never run on its event loop). Also the
-        longest a login waits for one of the ``max_directory_calls``.
+        the directory (a bind, each page of a search). A directory that accepts the
+        connection and never answers refuses the login after this long; the hub
+        keeps serving everyone else meanwhile (directory calls never run on its
+        event loop). Also the longest a login waits for one of the
+        ``max_directory_calls``.
         """,
     )
 
@@ -393,11 +399,20 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
             # so never more threads than slots talk to the directory
             slots.release()
 
-    def _tls(self) -> Tls:
+    def _tls(self) -> Tls | None:
         """The certificate check: required, against tls_ca_file or the system's CAs;
-        ``tls_kwargs`` (ldapauthenticator's) may still add to or change it."""
+        ``tls_kwargs`` (ldapauthenticator's) may still add to or change it. None for
+        ``tls_strategy: insecure`` (no TLS at all)."""
+        if self.tls_strategy == TlsStrategy.insecure:
+            return None
         settings: dict[str, Any] = {"validate": ssl.CERT_REQUIRED}
         if self.tls_ca_file:
+            if not os.path.isfile(self.tls_ca_file):
+                raise TLSSettingsError(
+                    f"LDAPGroupsAuthenticator.tls_ca_file {self.tls_ca_file!r} is not a file "
+                    "in the hub pod: mount the CA certificate there (hub.extraVolumes and "
+                    "hub.extraVolumeMounts), or leave tls_ca_file empty for the system's CAs"
+                )
             settings["ca_certs_file"] = self.tls_ca_file
         return Tls(**{**settings, **self.tls_kwargs})
 
@@ -501,14 +516,20 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
     def _refuse(self, what: str, error: Exception) -> web.HTTPError:
         """The refusal a login (or a spawn's re-read) gets, with the why in the log."""
         text = f"{type(error).__name__}: {error}"
-        if isinstance(error, DirectoryBusy) or "timed out" in text or "timeout" in text.lower():
+        if isinstance(error, TLSSettingsError):
+            cause, message = "was not asked: the hub's own TLS settings are wrong", DIRECTORY_DOWN
+            fix = "fix the setting named before"
+        elif isinstance(error, DirectoryBusy) or "timed out" in text or "timeout" in text.lower():
             cause, message = (
                 f"did not answer in time (connect_timeout {self.connect_timeout:g} s, "
                 f"receive_timeout {self.receive_timeout:g} s)",
                 DIRECTORY_SLOW,
             )
             fix = "check that the directory is up and answering, or raise the timeouts"
-        elif "CERTIFICATE" in text.upper() or "hostname" in text.lower():
+        elif "CERTIFICATE" in text.upper():
+            # ldap3's words for a chain that does not verify (CERTIFICATE_VERIFY_FAILED)
+            # and for a certificate that does not name the server ("certificate ...
+            # doesn't match any name")
             cause, message = (
                 "presented a TLS certificate the hub does not trust",
                 (DIRECTORY_UNTRUSTED),

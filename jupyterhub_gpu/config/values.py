@@ -402,3 +402,38 @@ def checked_values(
     if service_errors:
         raise PolicyError(service_errors)
     return values, policy
+
+
+def identity_tls_warnings(values: Mapping[str, Any]) -> list[str]:
+    """What ``jupyterhub-gpu check`` warns about (without failing): an authenticator
+    that talks to the directory or the identity provider without TLS, or with TLS
+    whose certificate it does not check, where anyone on the path reads passwords."""
+    sections = ((values.get("hub") or {}).get("config")) or {}
+    warnings: list[str] = []
+    for name in ("LDAPGroupsAuthenticator", "LDAPAuthenticator"):
+        section = sections.get(name)
+        if not isinstance(section, Mapping):
+            continue
+        key = f"hub.config.{name}"
+        if section.get("tls_strategy") == "insecure":
+            warnings.append(
+                f"{key}.tls_strategy: insecure sends every user's password to the directory "
+                "unencrypted; use on_connect (LDAPS) or before_bind (StartTLS), with "
+                "tls_ca_file naming the site's CA if the system's CAs do not sign it"
+            )
+        validate = (section.get("tls_kwargs") or {}).get("validate")
+        if validate is not None and str(validate) in {"0", "CERT_NONE", "ssl.CERT_NONE"}:
+            warnings.append(
+                f"{key}.tls_kwargs.validate: the directory's certificate is not checked, so "
+                "anyone on the path can pose as the directory and read passwords; remove "
+                "it, and set tls_ca_file to the CA that signs the directory's certificate"
+            )
+    for name in ("OIDCGroupsAuthenticator", "GenericOAuthenticator"):
+        section = sections.get(name)
+        if isinstance(section, Mapping) and section.get("validate_server_cert") is False:
+            warnings.append(
+                f"hub.config.{name}.validate_server_cert: false does not check the identity "
+                "provider's certificate, so anyone on the path can pose as it; remove it "
+                "(http_request_kwargs.ca_certs names a site's own CA)"
+            )
+    return warnings
