@@ -174,7 +174,7 @@ def test_of_the_pods_naming_one_start_of_a_server_the_first_made_is_its_pod():
     copy = Claim("ns/copy", STARTED + timedelta(minutes=5), STARTED)
     unsaid = Claim("ns/unsaid", STARTED + timedelta(minutes=6), None)
     later = Claim("ns/later", STARTED + timedelta(minutes=7), STARTED + timedelta(minutes=1))
-    earlier = Claim("ns/earlier", STARTED - timedelta(hours=1), STARTED - timedelta(hours=1))
+    earlier = Claim("old/earlier", STARTED - timedelta(hours=1), STARTED - timedelta(hours=1))
     found = impostors([copy, first, unsaid, later, earlier], STARTED, "ann")
     assert set(found) == {"ns/copy", "ns/unsaid", "ns/later"}
     assert (
@@ -182,6 +182,11 @@ def test_of_the_pods_naming_one_start_of_a_server_the_first_made_is_its_pod():
     )
     assert "never made" in found["ns/later"]
     assert "says no start of it" in found["ns/unsaid"]
+    # an earlier start's pod in the server's own namespace would have had its pod's name
+    beside = Claim("ns/beside", earlier.created, earlier.spawn_started)
+    assert (
+        "which would have had its name" in impostors([first, beside], STARTED, "ann")["ns/beside"]
+    )
     # where the hub has no such server (or has not answered yet), only copies of one
     # start are told apart; the rest is the orphan rule's
     assert set(impostors([copy, first], None, "ann")) == {"ns/copy"}
@@ -272,14 +277,18 @@ def test_a_pod_labelled_for_a_group_outside_its_namespace_is_reported_never_char
 
 
 def test_once_the_server_is_started_again_its_new_pod_is_its_pod():
-    # a stop that failed: the old start's pod is still there, charged until it is gone
+    # a stop that failed, then a start in the group's own namespace: the old start's pod
+    # is still there, charged until it is gone
     old = server_pod(
-        "old", created=STARTED - timedelta(hours=2), spawn=STARTED - timedelta(hours=2)
+        "jupyter-research-1",
+        created=STARTED - timedelta(hours=2),
+        spawn=STARTED - timedelta(hours=2),
     )
-    state = state_of([old, server_pod("jupyter-research-1")], [hub_server()])
-    assert set(state.ledger.charges) == {f"{HUB}/old", REAL}
+    new = server_pod("jupyter-research-1", namespace="gpu-research")
+    state = state_of([old, new], [hub_server()], per_group=True)
+    assert set(state.ledger.charges) == {REAL, "gpu-research/jupyter-research-1"}
     assert state.foreign == {}
-    assert state.pod_of("research-1", "").key == REAL
+    assert state.pod_of("research-1", "").key == "gpu-research/jupyter-research-1"
 
 
 def test_a_copy_naming_a_start_the_hub_never_made_is_told_once_the_hub_answers():

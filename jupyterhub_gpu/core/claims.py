@@ -16,8 +16,10 @@ from costing anyone:
    several, the first made (a copy is made after what it copies). Another pod
    naming the same user and server, of the same start, of a start the hub never
    made, or saying no start while the server's pod does, is foreign. A pod of an
-   earlier start of the server (a stop that failed, then a new start) is still a
-   pod of this hub's, charged until it is gone.
+   earlier start of the server (a stop that failed, then a new start in another
+   namespace) is still a pod of this hub's, charged until it is gone; beside the
+   server's pod, in its namespace, it cannot be (the spawner names a server's pods
+   alike), and is foreign.
 
 Pure: the callers know the pods, the namespaces and the hub's servers.
 """
@@ -81,6 +83,10 @@ def parse_time(value: str | datetime | None) -> datetime | None:
     return value
 
 
+def _namespace(claim: Claim) -> str:
+    return claim.key.partition("/")[0]
+
+
 def _first_made(claims: Sequence[Claim]) -> tuple[Claim | None, Claim | None]:
     """(the first made of ``claims``, or None; another made in the same second, which
     makes the first unknowable). Live pods before terminating ones."""
@@ -121,7 +127,15 @@ def impostors(claims: Iterable[Claim], started: datetime | None, server: str) ->
         if claim is genuine or claim is legacy:
             continue
         if claim.spawn_started is not None and claim.spawn_started < started:
-            continue  # an earlier start's pod (a failed stop): this hub's until it is gone
+            if genuine is None or _namespace(claim) != _namespace(genuine):
+                continue  # an earlier start's pod (a failed stop): this hub's until it is gone
+            # a server's pods in one namespace have one name: an earlier start's pod beside
+            # the server's own could not have been the spawner's
+            found[claim.key] = (
+                f"it names an earlier start of {server}'s server, beside that server's pod "
+                f"{genuine.key}, which would have had its name"
+            )
+            continue
         if tied is not None and (claim in current or (genuine is None and claim in unsaid)):
             found[claim.key] = (
                 f"it names {server}'s server, as another pod made in the same second does: "
