@@ -11,7 +11,10 @@ with ``reconcile_dry_run`` (or no grace) it only reports.
 It deletes only on evidence: a policy was loaded (the service stops without one),
 the hub's server list is fresh and complete (every user in it came with their
 servers, which the service's role must be able to read), and the pod is the one
-first found (its uid is a precondition of the delete).
+first found (its uid is a precondition of the delete). A foreign pod (``core.claims``:
+labelled for a group whose servers run elsewhere, or naming a server whose pod is
+another) is never taken for an orphan: it is charged to nobody and only reported, and
+a copy of a running server's pod never makes that server's pod one.
 """
 
 from __future__ import annotations
