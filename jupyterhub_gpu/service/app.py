@@ -52,7 +52,7 @@ from .hubapi import HubAPI, HubAPIError
 from .idle import IdleServers, Prometheus
 from .orphans import OrphanPods
 from .page import RANGES
-from .readers import HistoryReads, TooManyReads
+from .readers import HistoryReads, TooManyReads, enforcement_first
 from .runtime_rules import RuntimeRules, not_the_judged_server
 from .server_events import ServerEvents
 from .server_status import server_status
@@ -449,11 +449,12 @@ class GPUService(Application, service_settings.GPUService):
     async def start_async(self) -> None:
         # the pass, the rules and the server events do their database work on the
         # default executor: theirs alone (every reader has its own, ``readers``)
-        asyncio.get_running_loop().set_default_executor(
+        enforcement_first(
+            asyncio.get_running_loop(),
             ThreadPoolExecutor(
                 max_workers=self.enforcement_threads,
                 thread_name_prefix="jupyterhub-gpu-enforcement",
-            )
+            ),
         )
         self.hub = HubAPI(
             os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),

@@ -35,8 +35,9 @@ from tornado import web
 from ..accounting.store import AccountingUnavailable
 from ..core.quantities import QuantityError, parse_duration
 from ..core.selection import shown
-from ..core.showback import ShowbackError
+from ..core.showback import ShowbackError, month_bounds
 from .page import render_page
+from .readers import TooManyReads
 from .server_status import may_read
 from .time_views import showback_csv
 from .views import DATABASE_UNAVAILABLE, Viewer
@@ -80,11 +81,21 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         return Viewer.from_hub_model(self.current_user)
 
 
+class Refused(web.HTTPError):
+    """An HTTP error with headers of its own (tornado clears those set before an error)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str]) -> None:
+        super().__init__(status, "%s", message)
+        self.headers = headers
+
+
 class APIHandler(BaseHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json")
         message = self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        for name, value in getattr(exc, "headers", {}).items():
+            self.set_header(name, value)
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
         self.finish(json.dumps({"status": status_code, "message": message}))
@@ -148,20 +159,57 @@ class CapacityHandler(APIHandler):
         self.write_json(self.service.view(self.viewer())["capacity"])
 
 
+#: the years a showback month or a history's times may be in: GPU time starts in 1970
+#: (epoch seconds), and a month's end must still be a date (9999-12 ends in 10000)
+FIRST_YEAR, LAST_YEAR = 1970, 9998
+#: the latest time a history may reach (epoch seconds): the end of LAST_YEAR
+LATEST = datetime(LAST_YEAR + 1, 1, 1, tzinfo=UTC).timestamp()
+
+
 def time_argument(name: str, value: str | None, default: float) -> float:
     """A point in time: epoch seconds, or ISO 8601 (``2026-11-01T00:00:00Z``)."""
     if value is None:
         return default
     text = value.strip()
     if re.fullmatch(r"[0-9]{1,12}(\.[0-9]{1,6})?", text):
-        return float(text)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        moment = float(text)
+    else:
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            moment = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+        except (ValueError, OverflowError):
+            raise web.HTTPError(
+                400, f"{name}: expected epoch seconds or an ISO 8601 time, got {shown(value)}"
+            ) from None
+    if not 0 <= moment < LATEST:
         raise web.HTTPError(
-            400, f"{name}: expected epoch seconds or an ISO 8601 time, got {shown(value)}"
-        ) from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+            400,
+            f"{name}: expected a time from {FIRST_YEAR} to the end of {LAST_YEAR}, "
+            f"got {shown(value)}",
+        )
+    return moment
+
+
+def month_argument(value: str, zone: Any) -> str:
+    """A showback month, ``YYYY-MM`` from ``FIRST_YEAR`` to ``LAST_YEAR`` (else HTTP 400):
+    checked before anything is read, so an impossible month is the asker's mistake, not
+    the service's."""
+    match = re.fullmatch(r"([0-9]{4})-([0-9]{2})", value)
+    if (
+        match is None
+        or not FIRST_YEAR <= int(match.group(1)) <= LAST_YEAR
+        or not 1 <= int(match.group(2)) <= 12
+    ):
+        raise web.HTTPError(
+            400,
+            f"month: expected YYYY-MM from {FIRST_YEAR}-01 to {LAST_YEAR}-12, such as "
+            f"2026-11, got {shown(value)}",
+        )
+    try:
+        month_bounds(value, zone)
+    except (ValueError, OverflowError) as e:  # a time zone's rules out of its range
+        raise web.HTTPError(400, f"month: {shown(value)} cannot be taken in {zone}: {e}") from None
+    return value
 
 
 class HistoryHandler(APIHandler):
@@ -180,22 +228,33 @@ class HistoryHandler(APIHandler):
         since = time_argument("from", self.get_argument("from", None), until - 86400)
         step_text = self.get_argument("step", None)
         try:
-            step = float(parse_duration(step_text)) if step_text else (until - since) / 288
+            # about 288 points, a whole number of minutes each: the same window asked
+            # again a second later has the same step, and so the same answer
+            step = (
+                float(parse_duration(step_text))
+                if step_text
+                else 60.0 * max(math.ceil((until - since) / 288 / 60), 1)
+            )
         except QuantityError:
             raise web.HTTPError(
                 400, f"step: expected a duration such as 5m, 1h or 1d, got {shown(step_text)}"
             ) from None
         try:
-            series = await service.gpu_time.history(group.name, since, until, step)
+            series = await service.history_reads.history(
+                self.current_user["name"], group.name, since, until, step
+            )
         except ShowbackError as e:
             raise web.HTTPError(400, str(e)) from None
+        except TooManyReads as e:
+            raise Refused(429, str(e), {"Retry-After": str(e.retry_after)}) from None
         except AccountingUnavailable as e:
             raise unavailable(e, self.viewer()) from None
         hours = service.gpu_time.snapshot.groups.get(group.name)
         self.write_json(
             {
                 "group": group.name,
-                "to": until,
+                # the window answered: from and to rounded out to whole steps
+                "to": series.times[-1] + series.step if series.times else until,
                 **series.to_json(),
                 "quota_gpus": float(group.quota.gpus) if group.quota.gpus is not None else None,
                 "limit_gpus": float(group.limit.gpus) if group.limit.gpus is not None else None,
@@ -211,7 +270,11 @@ class ShowbackHandler(APIHandler):
         self.require_user()
         service = self.service
         viewer = self.viewer()
-        month = self.get_argument("month", service.gpu_time.month_of(service.gpu_time.clock()))
+        month = self.get_argument("month", None)
+        if month is None:
+            month = service.gpu_time.month_of(service.gpu_time.clock())
+        else:
+            month = month_argument(month, service.gpu_time.zone)
         output = self.get_argument("format", "json")
         if output not in ("json", "csv"):
             raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")

@@ -401,6 +401,11 @@ def gpu_time_section(view: dict[str, Any]) -> str:
         parts.append(f'<div class="charts">{"".join(cards)}</div>')
     else:
         parts.append('<p class="muted">No GPU use to show.</p>')
+    if view.get("charts_busy"):
+        parts.append(
+            '<p class="muted">Some charts are not drawn: too many GPU-use computations are '
+            "under way at once; they come with the page's next refresh.</p>"
+        )
     if view.get("charts_hidden"):
         parts.append(
             f'<p class="muted">and {view["charts_hidden"]} more groups: '

@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,11 +40,39 @@ class RetryAtInterval(Exception):
     it keeps doing what it can (e.g. recording what it sees until a database is back)."""
 
 
+#: a URL's user and password (``postgresql://hub:secret@db/...``): the password never
+#: goes to the log or the page, whatever library wrote the message
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]*@")
+#: any URL (a database's names its host, port and user)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s)'\"]+")
+#: what a failing task that names the usage database says to a viewer who is not a hub admin
+DATABASE_TASK_ERROR = (
+    "the GPU usage database cannot be read or written now; a hub admin sees why on this page"
+)
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with every URL's password replaced by ``***``."""
+    return _CREDENTIALS.sub(r"\g<scheme>\g<user>:***@", text)
+
+
+def error_for_viewer(error: str | None, hub_admin: bool) -> str | None:
+    """A task's error as a viewer may read it: a hub admin the whole text (no password
+    is ever in it); anyone else (a group's admins, a billing job's token) no database
+    error at all, which names the database's host and user, and no URL."""
+    if error is None or hub_admin:
+        return error
+    if "database" in error or "sqlalchemy" in error.lower():
+        return DATABASE_TASK_ERROR
+    return _URL.sub("(a URL an admin can see)", error)
+
+
 def describe_error(error: BaseException) -> str:
-    """One line naming what failed, for the page and the log."""
+    """One line naming what failed, for the page and the log (no password in it)."""
     status = getattr(error, "status", None) or getattr(error, "code", None)
     reason = getattr(error, "reason", None)
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = redact_credentials(text)
     if status is not None:
         hint = {
             401: "the token was refused",

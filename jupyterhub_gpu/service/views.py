@@ -34,6 +34,7 @@ from ..core.model import Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_gpus
 from ..core.selection import member_groups
 from .fair_share import fair_share_view
+from .tasks import error_for_viewer
 
 #: the hub custom scope that reads every group's usage, history and showback through
 #: the service's API, and nothing else: what a billing job's service token is given
@@ -367,7 +368,9 @@ def usage_view(
         "servers_offset": servers_offset,
         "notices": notices,
         # what the service's own loops last did: admins only (errors name namespaces)
-        "tasks": list(snapshot.tasks) if admin else [],
+        # a group's admins and billing tokens see them too, but a database's error (its
+        # host and user) only a hub admin
+        "tasks": [task_view(t, viewer.admin) for t in snapshot.tasks] if admin else [],
         # server pods no hub server owns (they name pods and namespaces): admins only
         "orphans": list(snapshot.orphans) if admin else [],
         # pods labelled as servers they cannot be, charged to nobody: admins only
@@ -377,6 +380,12 @@ def usage_view(
             getattr(snapshot.gpu_time, "fair_share", None), groups, viewer.name, admin
         ),
     }
+
+
+def task_view(task: Mapping[str, Any], hub_admin: bool) -> Mapping[str, Any]:
+    """A background task's status as this viewer may read it (``error_for_viewer``)."""
+    shown = error_for_viewer(task.get("last_error"), hub_admin)
+    return task if shown == task.get("last_error") else {**task, "last_error": shown}
 
 
 #: what a user who is not an admin is told when the usage database cannot be read (its
