@@ -788,3 +788,98 @@ def test_the_dashboards_line_is_in_the_order_the_hub_lets_servers_go_with_fair_s
         "cy",
         "dee",
     ]
+
+
+def database_task_failing() -> dict:
+    """The GPU-time task as it fails on a PostgreSQL usage database that refuses the
+    service (the store hides the password; a driver's own message might not)."""
+    error = RuntimeError(
+        "the GPU usage database (postgresql://gpu:hunter2@db.example:5432/usage) could not "
+        'be written: OperationalError: password authentication failed for user "gpu"'
+    )
+    return TaskStatus(
+        "GPU time", 30.0, runs=2, failures=2, last_error=describe_error(error)
+    ).to_json()
+
+
+def test_task_errors_carry_no_password_and_no_database_for_anyone_but_hub_admins():
+    failing = database_task_failing()
+    assert "hunter2" not in failing["last_error"]
+    assert "postgresql://gpu:***@db.example:5432/usage" in failing["last_error"]
+    dsn = describe_error(RuntimeError("invalid dsn: host=db user=gpu password=hunter2 x=1"))
+    assert dsn == "RuntimeError: invalid dsn: host=db user=gpu password=*** x=1"
+    watch = TaskStatus(
+        "watch nodes", 2.0, failures=1, last_error="HTTP 403 at https://10.0.0.1:6443/api/v1"
+    ).to_json()
+    shot = snapshot()
+    shot.tasks = [failing, watch]
+    # a hub admin sees the whole error, password hidden
+    root = usage_view(POLICY, shot, Viewer("root", admin=True), NOW)
+    assert root["tasks"][0]["last_error"] == failing["last_error"]
+    assert "db.example" in render_page(root)
+    # a policy admin group's member (and a billing job's token) sees the tasks, but no
+    # database's host, user or URL: a plain sentence instead
+    for viewer in (
+        Viewer("olga", groups=frozenset({"sysadmins"})),
+        Viewer("billing", reads_all=True),
+    ):
+        view = usage_view(POLICY, shot, viewer, NOW)
+        page = render_page(view)
+        raw = json.dumps(view)
+        for leaked in ("db.example", "gpu:", "hunter2", "postgresql", "10.0.0.1"):
+            assert leaked not in raw, (viewer, leaked)
+            assert leaked not in page, (viewer, leaked)
+        assert view["tasks"][0]["last_error"] == (
+            "the GPU usage database cannot be read or written now; a hub admin sees why on "
+            "this page"
+        )
+        assert view["tasks"][1]["last_error"] == "HTTP 403 at (a URL an admin can see)"
+    # a member sees no tasks at all
+    assert usage_view(POLICY, shot, Viewer("ann", groups=frozenset({"alpha"})), NOW)["tasks"] == []
+
+
+@pytest.mark.parametrize(
+    "month",
+    [
+        "0000-01",
+        "1969-12",
+        "9999-12",
+        "10000-01",
+        "2026-13",
+        "2026-00",
+        "2026-1",
+        "",
+        "\uff12\uff10\uff12\uff16-11",
+    ],
+)
+def test_an_impossible_showback_month_is_the_askers_mistake(month):
+    from zoneinfo import ZoneInfo
+
+    from tornado.web import HTTPError
+
+    from jupyterhub_gpu.service.handlers import month_argument
+
+    with pytest.raises(HTTPError) as refused:
+        month_argument(month, ZoneInfo("Europe/Berlin"))
+    assert refused.value.status_code == 400
+    assert refused.value.log_message.startswith(
+        "month: expected YYYY-MM from 1970-01 to 9998-12, such as 2026-11, got"
+    )
+
+
+def test_possible_months_and_times_pass_and_impossible_times_are_refused():
+    from zoneinfo import ZoneInfo
+
+    from tornado.web import HTTPError
+
+    from jupyterhub_gpu.service.handlers import month_argument, time_argument
+
+    for month in ("1970-01", "2026-11", "9998-12"):
+        assert month_argument(month, ZoneInfo("America/New_York")) == month
+    assert time_argument("from", "2026-11-01T00:00:00Z", 0) == 1_793_491_200
+    assert time_argument("from", "86400", 0) == 86400
+    for value in ("0001-01-01T00:00:00", "999999999999", "9999-12-31T23:59:59Z", "soon"):
+        with pytest.raises(HTTPError) as refused:
+            time_argument("to", value, 0)
+        assert refused.value.status_code == 400
+        assert refused.value.log_message.startswith("to: expected")

@@ -51,9 +51,16 @@ DATABASE_TASK_ERROR = (
 )
 
 
+#: a connection string's password (``host=db user=gpu password=secret``)
+_PASSWORD_PAIR = re.compile(
+    r"(?i)\b(password|passwd|pwd)(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,;)]+)"
+)
+
+
 def redact_credentials(text: str) -> str:
-    """``text`` with every URL's password replaced by ``***``."""
-    return _CREDENTIALS.sub(r"\g<scheme>\g<user>:***@", text)
+    """``text`` with every URL's and connection string's password replaced by ``***``."""
+    text = _CREDENTIALS.sub(r"\g<scheme>\g<user>:***@", text)
+    return _PASSWORD_PAIR.sub(r"\1\2***", text)
 
 
 def error_for_viewer(error: str | None, hub_admin: bool) -> str | None:
