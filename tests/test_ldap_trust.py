@@ -333,6 +333,9 @@ async def test_without_a_lookup_account_a_stale_spawn_must_log_in_again(director
         await auth.refresh_user(SimpleNamespace(name="alice"), spawn_request("alice"))
     assert refused.value.status_code == 403
     assert "Log out, log in again, then start the server" in refused.value.log_message
+    # the spawn page itself sends the browser to log in again (JupyterHub's answer to False)
+    page = SimpleNamespace(request=SimpleNamespace(method="GET", path="/hub/spawn"))
+    assert await auth.refresh_user(SimpleNamespace(name="alice"), page) is False
 
 
 async def test_a_directory_that_is_down_at_a_spawn_refuses_it(directory, certificates, caplog):

@@ -564,9 +564,14 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
 
     async def refresh_user(self, user, handler=None, **kwargs):
         """Before a spawn, the user's groups again when older than group_refresh_age,
-        read as the lookup account; anything else keeps them as they are."""
+        read as the lookup account; anything else keeps them as they are.
+
+        A spawn whose groups cannot be read is refused: a POST (the form's submit,
+        the REST API) with a message saying why; the spawn page's GET by sending the
+        browser to log in again (JupyterHub's answer to False), which reads them."""
         if not is_spawn(handler):
             return True  # pages and API reads keep the groups: no directory call
+        page = handler.request.method == "GET"
         read = self._groups_read.get(user.name)
         age = None if read is None else time.monotonic() - read
         if age is not None and age < self.group_refresh_age:
@@ -580,18 +585,23 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 _age_words(age),
                 self.group_refresh_age,
             )
+            if page:
+                return False
             raise web.HTTPError(403, STALE_GROUPS_AT_SPAWN.format(when=_age_words(age)))
         try:
             memberships = await self._in_directory(lambda: self._reread(user.name))
         except (LDAPException, DirectoryUnavailable) as e:
-            error = self._refuse(f"Spawn of {user.name} refused", e)
-            raise web.HTTPError(503, DIRECTORY_DOWN_AT_SPAWN) from error
+            self._refuse(f"Spawn of {user.name} refused", e)  # logs the why
+            if page:
+                return False
+            raise web.HTTPError(503, DIRECTORY_DOWN_AT_SPAWN) from e
         if memberships is None:
             self.log.warning(
-                "Spawn of %s refused: the directory has no entry for them any more; "
-                "they must log in again",
+                "Spawn of %s refused: the directory has no entry for them any more",
                 user.name,
             )
+            if page:
+                return False
             raise web.HTTPError(
                 403, "Cannot start a server: the directory no longer knows your account."
             )
