@@ -56,7 +56,7 @@ from ..core.shaping import namespace_for
 from ..kube.reconciler import Reconciler
 from . import codeserver
 from .dcgm_exporter import SimulatedDCGMExporter
-from .ldap import GROUPS, PEOPLE, LocalDirectory, SlapdMissing
+from .ldap import ADMIN_DN, GROUPS, PEOPLE, LocalDirectory, SlapdMissing
 from .localcluster import build, crds
 from .localcluster.cluster import (
     DEFAULT_NODE_POOLS,
@@ -438,6 +438,9 @@ def fill_directory(directory: LocalDirectory, plan: DemoPlan, password: str) -> 
         "tls_strategy": "insecure",  # a loopback directory without TLS
         "bind_dn_template": [f"uid={{username}},{PEOPLE}"],
         "group_search_base": GROUPS,
+        # groups are read again before spawns (group_refresh_age), bound as this account
+        "lookup_dn_search_user": ADMIN_DN,
+        "lookup_dn_search_password": directory.admin_password,
         "allow_all": True,
     }
 
