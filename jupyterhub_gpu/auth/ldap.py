@@ -50,15 +50,12 @@ z2jh::
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextvars
 import os
 import ssl
 import string
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import ldap3
 from ldap3.core.exceptions import LDAPBindError, LDAPException
@@ -71,9 +68,16 @@ from tornado import web
 from traitlets import Bool, Float, Int, Unicode, default, validate
 
 from ..core.directory import DirectoryGroup, dn_within, hub_groups
+from .ldap_directory import (
+    DirectoryBusy,
+    DirectoryCalls,
+    DirectoryUnavailable,
+    TLSSettingsError,
+    directory_group,
+    run_to_end,
+    search_all,
+)
 from .policy_groups import PolicyGroups, is_spawn
-
-T = TypeVar("T")
 
 #: the connection the user's own password bound, during one login (the parent's
 #: ``authenticate`` binds it and does not hand it on); a context variable, so that
@@ -109,19 +113,6 @@ DIRECTORY_DOWN_AT_SPAWN = (
     "your groups. Nothing was started. Try again in a few minutes; if it keeps "
     "happening, tell the hub's administrators."
 )
-_PAGE_SIZE = 500  # below OpenLDAP's and Active Directory's default size limits
-
-
-class DirectoryUnavailable(Exception):
-    """The directory could not be reached or answered a search with an error."""
-
-
-class TLSSettingsError(DirectoryUnavailable):
-    """The hub's own TLS settings cannot work (a CA file that is not there)."""
-
-
-class DirectoryBusy(DirectoryUnavailable):
-    """Every directory call slot stayed taken for longer than the receive timeout."""
 
 
 class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
@@ -192,42 +183,6 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         (or ``everyone``) is not added by its name.
         """,
     )
-
-    @default("manage_groups")
-    def _manage_groups_default(self) -> bool:
-        # the point of this authenticator: the directory owns group membership
-        return True
-
-    @validate("group_search_base")
-    def _search_base_is_a_dn(self, proposal) -> str:
-        base = proposal["value"].strip()
-        if base:
-            try:
-                parse_dn(base)
-            except LDAPException as e:
-                raise ValueError(
-                    f"LDAPGroupsAuthenticator.group_search_base: {base!r} is not a DN ({e}); "
-                    "write it as ou=groups,dc=example,dc=edu"
-                ) from None
-        return base
-
-    @validate("group_search_filter")
-    def _filter_names_the_user(self, proposal) -> str:
-        template = proposal["value"]
-        try:
-            fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-        except ValueError as e:
-            raise ValueError(
-                f"LDAPGroupsAuthenticator.group_search_filter {template!r}: {e} "
-                "(a literal brace is written {{ or }})"
-            ) from None
-        if fields - {"userdn", "uid"} or not fields:
-            raise ValueError(
-                f"LDAPGroupsAuthenticator.group_search_filter {template!r} must name the user "
-                "with {userdn} (their DN) and/or {uid} (their uid), and nothing else, "
-                "e.g. (|(member={userdn})(memberUid={uid}))"
-            )
-        return template
 
     tls_ca_file = Unicode(
         "",
@@ -366,10 +321,7 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 "through API tokens and open sessions until they log in again"
             )
         # the threads directory calls run in, and when each user's groups were last read
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            self.max_directory_calls, thread_name_prefix="ldap-directory"
-        )
-        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._directory = DirectoryCalls(self.max_directory_calls, self.receive_timeout)
         self._groups_read: dict[str, float] = {}
 
     @property
@@ -378,26 +330,6 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         return f"{scheme}://{self.server_address}:{self.server_port}"
 
     # ---- talking to the directory, off the event loop ---------------------------------
-
-    async def _in_directory(self, call: Callable[[], T]) -> T:
-        """Run ``call`` (blocking ldap3 work) in a directory worker thread, at most
-        ``max_directory_calls`` at once; waiting for a slot is bounded too."""
-        loop = asyncio.get_running_loop()
-        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.max_directory_calls))
-        try:
-            await asyncio.wait_for(slots.acquire(), self.receive_timeout)
-        except TimeoutError:
-            raise DirectoryBusy(
-                f"all {self.max_directory_calls} directory calls (max_directory_calls) were "
-                f"still waiting for the directory after {self.receive_timeout:g} s"
-            ) from None
-        try:
-            # a fresh context per call: the worker threads are reused
-            return await loop.run_in_executor(self._executor, contextvars.Context().run, call)
-        finally:
-            # released when the thread is done (every ldap3 call in it has a timeout),
-            # so never more threads than slots talk to the directory
-            slots.release()
 
     def _tls(self) -> Tls | None:
         """The certificate check: required, against tls_ca_file or the system's CAs;
@@ -456,7 +388,7 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         # (a forged "groups" field, say) reaches the directory or the hub
         data = {"username": data.get("username", ""), "password": data.get("password", "")}
         try:
-            model, memberships = await self._in_directory(lambda: self._log_in(data))
+            model, memberships = await self._directory.run(lambda: self._log_in(data))
         except (LDAPException, DirectoryUnavailable) as e:
             raise self._refuse(f"Login of {data['username']!r} refused", e) from e
         if model is None:
@@ -469,7 +401,7 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         """In a directory thread: the parent's login, then the user's groups read on
         the connection their password bound."""
         _user_connection.set(None)
-        model = _run_to_end(LDAPAuthenticator.authenticate(self, None, data))
+        model = run_to_end(LDAPAuthenticator.authenticate(self, None, data))
         if model is None:
             return None, []
         conn = _user_connection.get()
@@ -589,7 +521,7 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 return False
             raise web.HTTPError(403, STALE_GROUPS_AT_SPAWN.format(when=_age_words(age)))
         try:
-            memberships = await self._in_directory(lambda: self._reread(user.name))
+            memberships = await self._directory.run(lambda: self._reread(user.name))
         except (LDAPException, DirectoryUnavailable) as e:
             self._refuse(f"Spawn of {user.name} refused", e)  # logs the why
             if page:
@@ -632,7 +564,7 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 if self.use_lookup_dn_username
                 else self.user_attribute
             )
-            entries = self._search(
+            entries = search_all(
                 conn,
                 self.user_search_base,
                 f"({attribute}={escape_filter_chars(username)})",
@@ -659,7 +591,7 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
         the login name, never a value of the user's own entry."""
         userdn = userdn or conn.user
         attributes = [self.member_of_attribute] if self.member_of_attribute else []
-        user = self._search(conn, userdn, "(objectClass=*)", ldap3.BASE, attributes)
+        user = search_all(conn, userdn, "(objectClass=*)", ldap3.BASE, attributes)
         if not user:
             raise DirectoryUnavailable(f"the user's own entry {userdn!r} could not be read")
         found: dict[str, DirectoryGroup] = {}
@@ -669,74 +601,17 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 userdn=escape_filter_chars(userdn), uid=escape_filter_chars(username)
             )
             wanted = [a for a in (self.group_name_attribute, self.group_id_attribute) if a]
-            for entry in self._search(
+            for entry in search_all(
                 conn, self.group_search_base, search_filter, ldap3.SUBTREE, wanted
             ):
-                group = self._group(entry["dn"], entry["attributes"], named=True)
+                group = directory_group(entry["dn"], entry["attributes"], self, named=True)
                 found[group.aliases[0].lower()] = group
         for dn in values.get(self.member_of_attribute, []) if self.member_of_attribute else []:
             dn = str(dn)
             # a group outside the search base may be anyone's: known by its DN only
             inside = bool(self.group_search_base) and dn_within(dn, self.group_search_base)
-            found.setdefault(dn.lower(), self._group(dn, {}, named=inside))
+            found.setdefault(dn.lower(), directory_group(dn, {}, self, named=inside))
         return list(found.values())
-
-    def _group(self, dn: str, attributes: dict, named: bool) -> DirectoryGroup:
-        """A directory group: named by its DN's own name (``cn=research,...``:
-        ``research``) when that is ``group_name_attribute``, else by that attribute's
-        one value; also known by its DN and its IDs."""
-        rdn = parse_dn(dn)[0]
-        values = attributes.get(self.group_name_attribute)
-        values = values if isinstance(values, list) else [values] if values else []
-        if rdn[0].lower() == self.group_name_attribute.lower():
-            name = rdn[1]
-        elif len(values) == 1:
-            name = str(values[0])
-        else:
-            # no name, or several to choose from: the DN is the only safe name
-            name, named = dn, False
-        ids = attributes.get(self.group_id_attribute, []) if self.group_id_attribute else []
-        ids = ids if isinstance(ids, list) else [ids]
-        return DirectoryGroup(name=name, aliases=(dn, *(str(i) for i in ids)), named=named)
-
-    def _search(self, conn, base: str, search_filter: str, scope, attributes) -> list[dict]:
-        """Every entry of a search, page by page; an error is raised, never an empty list."""
-        entries: list[dict] = []
-        cookie = None
-        while True:
-            conn.search(
-                base,
-                search_filter,
-                scope,
-                attributes=attributes,
-                paged_size=_PAGE_SIZE if scope != ldap3.BASE else None,
-                paged_cookie=cookie,
-            )
-            result = conn.result
-            if result["result"] != 0:
-                raise DirectoryUnavailable(
-                    f"searching {base!r} for {search_filter} answered "
-                    f"{result['description']} ({result['result']}) {result['message']}".rstrip()
-                )
-            entries += [r for r in conn.response if r.get("type") == "searchResEntry"]
-            control = result.get("controls", {}).get("1.2.840.113556.1.4.319")
-            cookie = control["value"]["cookie"] if control else None
-            if not cookie:
-                return entries
-
-
-def _run_to_end(coroutine: Any) -> Any:
-    """The result of a coroutine that never waits on anything (ldapauthenticator's
-    ``authenticate`` is all blocking ldap3 calls), run in the calling thread."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError(
-        "LDAPGroupsAuthenticator: ldapauthenticator's authenticate waited on something; "
-        "this ldapauthenticator version is not supported"
-    )
 
 
 def _age_words(age: float | None) -> str:
