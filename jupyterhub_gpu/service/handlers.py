@@ -39,6 +39,7 @@ from ..core.showback import ShowbackError, month_bounds
 from .page import render_page
 from .readers import TooManyReads
 from .server_status import may_read
+from .tasks import redact_credentials
 from .time_views import showback_csv
 from .views import DATABASE_UNAVAILABLE, Viewer
 
@@ -48,7 +49,8 @@ access_log = logging.getLogger("jupyterhub_gpu.service.access")
 def unavailable(error: AccountingUnavailable, viewer: Viewer) -> web.HTTPError:
     """503 with the database's own words for admins (they name its host), a plain
     sentence for everyone else."""
-    return web.HTTPError(503, str(error) if viewer.admin else DATABASE_UNAVAILABLE)
+    text = redact_credentials(str(error)) if viewer.admin else DATABASE_UNAVAILABLE
+    return web.HTTPError(503, "%s", text)
 
 
 def log_request(handler: web.RequestHandler) -> None:
