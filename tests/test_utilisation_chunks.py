@@ -113,3 +113,42 @@ def test_old_readings_are_dropped_beyond_keep():
     for start in range(0, 50, 10):
         chunks.put(reading(start, start + 10))
     assert sorted(chunks.readings) == [(20, 30), (30, 40), (40, 50)]
+
+
+def test_pods_of_one_name_one_after_the_other_each_get_their_own_mean():
+    """A server stopped and started again (here in another group) is a pod of the same
+    name: each session's mean comes from its own days, not the month's."""
+    chunks = Chunks(length=100)
+    key = "ns/jupyter-ann"
+    # days 0-2: an idle session (5 %); days 2-4: a busy one (90 %); MIG samples for a
+    # third session of another pod name, read when no whole-GPU sample is there
+    chunks.put(reading(0, 100, {key: 50.0}, {key: 10}))
+    chunks.put(reading(100, 200, {key: 50.0}, {key: 10}))
+    chunks.put(reading(200, 300, {key: 900.0}, {key: 10}))
+    chunks.put(reading(300, 400, {key: 900.0}, {key: 10}))
+    chunks.put(
+        Reading(
+            400,
+            500,
+            {UTIL: {}, MIG: {"ns/jupyter-bob": 40.0}},
+            {MIG: {"ns/jupyter-bob": 2}},
+            100,
+            500,
+        )
+    )
+    sessions = {
+        "idle": (key, 10.0, 190.0),
+        "busy": (key, 210.0, 390.0),
+        "mig": ("ns/jupyter-bob", 400.0, 500.0),
+        "unmeasured": ("ns/jupyter-cid", 0.0, 500.0),
+        "outside": (key, 600.0, 700.0),
+    }
+    by_session, coverage = chunks.mean(0, 500, [UTIL, MIG], sessions)
+    assert by_session == {"idle": 5.0, "busy": 90.0, "mig": 20.0}
+    # the pod name's mean over the month mixes both, as it did for every session
+    by_pod, same = chunks.mean(0, 500, [UTIL, MIG])
+    assert by_pod["ns/jupyter-ann"] == 47.5
+    assert coverage == same
+    # a session cut by the range counts only its days inside it
+    assert chunks.mean(100, 500, [UTIL], {"idle": (key, 10.0, 190.0)})[0] == {"idle": 5.0}
+    assert chunks.mean(200, 500, [UTIL], {"idle": (key, 10.0, 190.0)})[0] == {}

@@ -20,12 +20,17 @@ Pure: no I/O; epoch seconds. The adapter (``service/utilisation.py``) asks
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 
 DAY = 86400.0
+
+#: one pod's life: its ``<namespace>/<pod>`` key (what Prometheus names it by), its
+#: start and its end (epoch seconds)
+Session = tuple[str, float, float]
 
 
 def chunk_edges(
@@ -175,22 +180,34 @@ class Chunks:
             self.readings.pop(min(self.readings))
 
     def mean(
-        self, since: float, until: float, metrics: Iterable[str]
+        self,
+        since: float,
+        until: float,
+        metrics: Iterable[str],
+        sessions: Mapping[str, Session] | None = None,
     ) -> tuple[dict[str, float], Coverage]:
         """Each pod's mean utilisation (percent) over [since, until) from the chunks read,
-        the first of ``metrics`` with samples for a pod winning, and the coverage."""
+        the first of ``metrics`` with samples for a pod winning, and the coverage.
+
+        ``sessions``: each session's mean instead (by its id, a pod's uid), from the
+        chunks its own life overlaps: pods of the same name one after the other (a
+        server stopped and started again, maybe in another group) never share one
+        mean across the month. Two of them within one chunk share that chunk's
+        samples, which Prometheus keeps by pod name only."""
         order = list(metrics)
         sums: dict[str, dict[str, float]] = {m: {} for m in order}
         counts: dict[str, dict[str, float]] = {m: {} for m in order}
         covered = unread = 0.0
         gaps: list[tuple[float, float]] = []
         read_until = None
+        read: list[tuple[float, float, Reading]] = []
         for start, end in self.spans(since, until):
             full = self._full(start)
             reading = self.readings.get(full)
             if reading is None:
                 unread += end - start
                 continue
+            read.append((start, end, reading))
             read_until = max(read_until or reading.until, reading.until)
             for metric in order:
                 into_s, into_c = sums[metric], counts[metric]
@@ -217,4 +234,37 @@ class Chunks:
                 if count > 0:
                     found[key] = sums[metric].get(key, 0.0) / count
         coverage = Coverage(since, until, covered, tuple(gaps), unread, read_until)
+        if sessions is not None:
+            found = _session_means(read, sessions, order, since, until)
         return found, coverage
+
+
+def _session_means(
+    read: list[tuple[float, float, Reading]],
+    sessions: Mapping[str, Session],
+    order: list[str],
+    since: float,
+    until: float,
+) -> dict[str, float]:
+    """Each session's mean from the chunks read that its life overlaps."""
+    starts = [start for start, _, _ in read]
+    found: dict[str, float] = {}
+    for sid, (key, began, ended) in sessions.items():
+        lo, hi = max(began, since), min(ended, until)
+        if hi <= lo:
+            continue
+        # the first chunk that ends after the session begins, up to the one it ends in
+        first = max(bisect.bisect_right(starts, lo) - 1, 0)
+        for metric in order:
+            total = count = 0.0
+            for start, end, reading in read[first:]:
+                if start >= hi:
+                    break
+                if end <= lo:
+                    continue
+                total += reading.sums.get(metric, {}).get(key, 0.0)
+                count += reading.counts.get(metric, {}).get(key, 0.0)
+            if count > 0:
+                found[sid] = total / count
+                break
+    return found

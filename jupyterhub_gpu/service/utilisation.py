@@ -13,9 +13,9 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from ..core.utilisation import Chunks, Coverage, Reading, step_for
+from ..core.utilisation import Chunks, Coverage, Reading, Session, step_for
 from .idle import ENGINE_ACTIVE, GPU_UTIL, Prometheus, PrometheusError
 
 log = logging.getLogger("jupyterhub_gpu.service")
@@ -89,10 +89,13 @@ class UtilisationReader:
         # two showbacks at once read each chunk once
         self._lock = asyncio.Lock()
 
-    async def read(self, since: float, until: float) -> tuple[dict[str, float], Coverage]:
+    async def read(
+        self, since: float, until: float, sessions: Mapping[str, Session] | None = None
+    ) -> tuple[dict[str, float], Coverage]:
         """Each pod's mean utilisation (percent) over [since, until) and what part of it
-        the chunks read cover. Reads what ``Chunks.wanted`` asks for; when Prometheus
-        fails, what was read is kept and the rest is reported as not read."""
+        the chunks read cover (``sessions``: each session's, by its id, over its own
+        life: see ``Chunks.mean``). Reads what ``Chunks.wanted`` asks for; when
+        Prometheus fails, what was read is kept and the rest is reported as not read."""
         error = None
         async with self._lock:
             now = self.clock()
@@ -105,7 +108,7 @@ class UtilisationReader:
                     error = str(e)
                     break
                 self.chunks.put(parse_reading(series, start, end, now))
-        found, coverage = self.chunks.mean(since, until, [m for m, _ in METRICS])
+        found, coverage = self.chunks.mean(since, until, [m for m, _ in METRICS], sessions)
         if error is not None:
             coverage = dataclasses.replace(coverage, error=error)
         return found, coverage
