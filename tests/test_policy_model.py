@@ -378,3 +378,203 @@ def test_fair_share_is_read_from_the_hubs_config_with_its_key_path():
     assert info.value.errors == [
         f"{P}.fair_share.half_life: expected a duration like 7d, got 'soon'"
     ]
+
+
+# ---- namespaces the policy may never take, and the ones it may adopt ----------------
+
+
+@pytest.mark.parametrize("group", ["kube-system", "kube-public", "kube-node-lease", "default"])
+def test_a_group_whose_namespace_would_be_a_system_namespace_is_refused(group):
+    found = errors(namespace_per_group=True, namespace_prefix="", groups={group: {}, "lab": {}})
+    assert found == [
+        f"{P}.groups.{group}: with namespace_per_group its namespace would be {group!r}, one "
+        "of Kubernetes' own, where the GPU service's quota, network policy and ownership "
+        "labels would take over the cluster's services: set namespace_prefix (e.g. 'jh-') "
+        "or rename the group"
+    ]
+    # the same names are fine where they name no namespace
+    assert parse_policy(namespace_prefix="", groups={group: {}}).groups[group]
+    # and with a prefix, the namespace is the prefix's
+    assert parse_policy(namespace_per_group=True, groups={group: {}}).groups[group]
+
+
+def test_a_kube_prefix_is_refused_once_at_the_prefix():
+    assert errors(namespace_per_group=True, namespace_prefix="kube-", groups={"a": {}}) == [
+        f"{P}.namespace_prefix: 'kube-' makes every group's namespace a kube-* name, which "
+        "Kubernetes reserves for its own namespaces: use e.g. 'jh-'"
+    ]
+    # a group that spells its way into kube-* is refused too
+    found = errors(namespace_per_group=True, namespace_prefix="", groups={"Kube_DNS": {}})
+    assert found[0].startswith(f"{P}.groups.Kube_DNS: with namespace_per_group its namespace ")
+    assert "'kube-dns'" in found[0]
+
+
+def test_a_group_namespace_that_is_the_hubs_own_is_named_with_its_key_path():
+    from jupyterhub_gpu.core.model import hub_namespace_errors
+
+    policy = parse_policy(
+        namespace_per_group=True,
+        namespace_prefix="",
+        profiles={"cpu": {"cpu": 1, "memory": "1Gi"}},
+        everyone={"profiles": ["cpu"]},
+        groups={"jhub": {"profiles": ["cpu"]}, "lab": {"profiles": ["cpu"]}},
+    )
+    assert hub_namespace_errors(policy, "jhub") == [
+        f"{P}.groups.jhub: with namespace_per_group its namespace 'jhub' is the hub's own, "
+        "where the hub, the proxy and servers from before the policy run: set "
+        "namespace_prefix (e.g. 'jh-') or rename the group"
+    ]
+    assert hub_namespace_errors(policy, "everyone") == [
+        f"{P}.everyone: with namespace_per_group its namespace 'everyone' is the hub's own, "
+        "where the hub, the proxy and servers from before the policy run: set "
+        "namespace_prefix (e.g. 'jh-') or rename the group"
+    ]
+    assert hub_namespace_errors(policy, "jupyterhub") == []
+    # without a namespace per group, every server is in the hub's namespace by design
+    same = parse_policy(namespace_prefix="", groups={"jhub": {}})
+    assert hub_namespace_errors(same, "jhub") == []
+
+
+def test_adopt_namespaces_lists_the_policys_own_group_namespaces():
+    policy = parse_policy(
+        namespace_per_group=True,
+        namespace_prefix="jh-",
+        groups={"lab": {}, "Bio_Lab": {}},
+        adopt_namespaces=["jh-lab", "jh-bio-lab"],
+    )
+    assert policy.adopt_namespaces == ("jh-lab", "jh-bio-lab")
+    assert parse_policy().adopt_namespaces == ()
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (
+            {"adopt_namespaces": ["jh-lab"], "namespace_per_group": False},
+            "adopt_namespaces: only group namespaces are ever adopted, and there are none "
+            "without namespace_per_group: turn namespace_per_group on, or remove "
+            "adopt_namespaces",
+        ),
+        (
+            {"adopt_namespaces": "jh-lab"},
+            "adopt_namespaces: expected a list of namespace names, got 'jh-lab'",
+        ),
+        (
+            {"adopt_namespaces": ["kube-system"]},
+            "adopt_namespaces[0]: 'kube-system' is not a group namespace of this policy, and "
+            "no other namespace is ever adopted: name one of jh-everyone, jh-lab, or remove it",
+        ),
+        ({"adopt_namespaces": [None]}, "adopt_namespaces[0]: expected a namespace name, got None"),
+        (
+            {"adopt_namespaces": ["jh-lab", "jh-lab"]},
+            "adopt_namespaces[1]: 'jh-lab' is listed twice",
+        ),
+    ],
+)
+def test_adopt_namespaces_mistakes_are_named_with_their_key_path(policy, message):
+    policy = {
+        "namespace_per_group": True,
+        "namespace_prefix": "jh-",
+        "groups": {"lab": {}},
+        **policy,
+    }
+    assert errors(**policy) == [f"{P}.{message}"]
+
+
+def test_egress_is_off_unless_set_and_on_with_its_defaults_when_set():
+    from jupyterhub_gpu.core.model import Egress
+
+    assert parse_policy(namespace_per_group=True).egress is None
+    policy = parse_policy(namespace_per_group=True, egress={})
+    assert policy.egress == Egress(deny_private=True, allow_public=True)
+    policy = parse_policy(
+        namespace_per_group=True,
+        egress={
+            "allow_cidrs": ["10.20.0.0/16", "192.0.2.7", "2001:db8::/32"],
+            "deny_cidrs": ["198.51.100.0/24"],
+            "allow_dataset_servers": False,
+        },
+    )
+    # a bare address is that one address; networks are written as Kubernetes reads them
+    assert policy.egress.allow_cidrs == ("10.20.0.0/16", "192.0.2.7/32", "2001:db8::/32")
+    assert policy.egress.deny_cidrs == ("198.51.100.0/24",)
+    assert policy.egress.allow_dataset_servers is False
+
+
+@pytest.mark.parametrize(
+    ("egress", "message"),
+    [
+        (
+            {"deny_privat": True},
+            "egress.deny_privat: unknown key (allowed here: allow_cidrs, allow_dataset_servers, "
+            "allow_public, deny_cidrs, deny_private)",
+        ),
+        ("on", "egress: expected a mapping like {deny_private: true, allow_cidrs: [10.20.0.0/16]}"),
+        ({"allow_public": "yes"}, "egress.allow_public: expected true or false, got 'yes'"),
+        ({"deny_private": 1}, "egress.deny_private: expected true or false, got 1"),
+        (
+            {"allow_cidrs": ["10.0.0.1/8"]},
+            "egress.allow_cidrs[0]: '10.0.0.1/8' has host bits set: write '10.0.0.0/8'",
+        ),
+        (
+            {"allow_cidrs": ["10.0.0.0/8", "licence-server"]},
+            "egress.allow_cidrs[1]: expected a network like 10.20.0.0/16, got 'licence-server'",
+        ),
+        (
+            {"deny_cidrs": [8]},
+            "egress.deny_cidrs[0]: expected a network like 10.20.0.0/16, got 8",
+        ),
+        (
+            {"allow_cidrs": "10.0.0.0/8"},
+            "egress.allow_cidrs: expected a list of networks like [10.20.0.0/16], got '10.0.0.0/8'",
+        ),
+        (
+            {"allow_cidrs": ["10.2.0.0/16", "10.2.0.0/16"]},
+            "egress.allow_cidrs[1]: '10.2.0.0/16' is listed twice",
+        ),
+        (
+            {"deny_private": False},
+            "egress: denies nothing (deny_private: false, allow_public: true and no "
+            "deny_cidrs): set deny_private: true, list deny_cidrs, or remove egress",
+        ),
+        (
+            {"allow_public": False, "deny_cidrs": ["198.51.100.0/24"]},
+            "egress.deny_cidrs: has no effect with allow_public: false, which denies every "
+            "address not allowed: remove deny_cidrs, or allow_public",
+        ),
+    ],
+)
+def test_egress_mistakes_are_named_with_their_key_path(egress, message):
+    found = errors(namespace_per_group=True, egress=egress)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{P}.{message}"), found
+
+
+def test_egress_needs_a_namespace_per_group():
+    assert errors(egress={}) == [
+        f"{P}.egress: applies to group namespaces, and there are none without "
+        "namespace_per_group: turn namespace_per_group on (servers in the hub's namespace "
+        "are z2jh's singleuser.networkPolicy's to restrict)"
+    ]
+
+
+def test_egress_and_adopt_namespaces_are_read_from_the_hubs_config():
+    from traitlets.config import Config
+
+    from jupyterhub_gpu.config.policy import GPUPolicy
+
+    config = Config()
+    config.GPUPolicy.namespace_per_group = True
+    config.GPUPolicy.groups = {"lab": {}}
+    assert GPUPolicy(config=config).model.egress is None
+    config.GPUPolicy.egress = {"allow_cidrs": ["10.9.0.0/16"]}
+    config.GPUPolicy.adopt_namespaces = ["jupyterhub-gpu-lab"]
+    policy = GPUPolicy(config=config).model
+    assert policy.egress.allow_cidrs == ("10.9.0.0/16",)
+    assert policy.adopt_namespaces == ("jupyterhub-gpu-lab",)
+    config.GPUPolicy.egress = {"allow_cidrs": ["10.9.0.1/16"]}
+    with pytest.raises(PolicyError) as info:
+        _ = GPUPolicy(config=config).model
+    assert info.value.errors == [
+        f"{P}.egress.allow_cidrs[0]: '10.9.0.1/16' has host bits set: write '10.9.0.0/16'"
+    ]

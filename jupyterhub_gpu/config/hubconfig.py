@@ -23,6 +23,7 @@ problem with its key path (the same report as ``jupyterhub-gpu check``).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,13 +31,14 @@ from typing import Any, TextIO
 
 from traitlets.config import Config
 
-from ..core.model import PolicyError
+from ..core.model import PolicyError, hub_namespace_errors
 from .values import (
     ValuesError,
     check_extra_config,
     policy_from_config,
     service_setting_errors,
     setup_errors,
+    spawner_setting,
 )
 
 #: the file the hub image installs into z2jh's jupyterhub_config.d
@@ -84,6 +86,11 @@ def check_policy(
         policy = policy_from_config(config)
     except PolicyError as e:
         errors += e.errors
+    else:
+        # the hub's own namespace, where z2jh's hub runs: never a group's
+        hub_namespace = spawner_setting(config, "namespace") or os.environ.get("POD_NAMESPACE")
+        if hub_namespace:
+            errors += hub_namespace_errors(policy, hub_namespace)
     if errors:
         out = stream or sys.stderr
         print(

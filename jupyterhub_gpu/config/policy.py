@@ -9,7 +9,7 @@ listing every problem with its key path.
 
 from __future__ import annotations
 
-from traitlets import Bool, Dict, Enum, Unicode, Union, default, observe, validate
+from traitlets import Bool, Dict, Enum, List, Unicode, Union, default, observe, validate
 from traitlets.config import Configurable
 
 from ..core.model import PREFIX, Policy, PolicyError, parse_policy, unknown_settings
@@ -217,13 +217,82 @@ class GPUPolicy(Configurable):
         Put each group's servers in a namespace of its own
         (``namespace_prefix`` + group name), where the service keeps the group's
         ResourceQuota, LimitRange and NetworkPolicy.
+
+        A group's namespace may never be one of Kubernetes' own (``default``,
+        ``kube-system``, ``kube-public``, ``kube-node-lease``, any ``kube-*``)
+        nor the hub's: the hub, the service and ``jupyterhub-gpu check`` refuse
+        such a policy. An existing namespace the service did not make is never
+        taken over unless ``adopt_namespaces`` lists it.
         """,
     ).tag(config=True)
 
     namespace_prefix = Unicode(
         "jupyterhub-gpu-",
-        help="Prefix of the per-group namespaces (with ``namespace_per_group``).",
+        help="""
+        Prefix of the per-group namespaces (with ``namespace_per_group``): group
+        ``research`` runs in ``jupyterhub-gpu-research``. An empty prefix makes
+        the group's name its namespace's; a prefix starting with ``kube-`` is refused.
+        """,
     ).tag(config=True)
+
+    adopt_namespaces = List(
+        help="""
+        Existing namespaces the service may take over as group namespaces, e.g.
+        ``[jupyterhub-gpu-research]`` when a namespace was made by hand before
+        ``namespace_per_group`` was turned on.
+
+        The service writes only into namespaces it made itself (labelled
+        ``app.kubernetes.io/managed-by: jupyterhub-gpu`` and
+        ``gpu.jupyterhub.org/hub-namespace: <the hub's namespace>``). A group
+        namespace that already exists without those labels (a typo in a group's
+        name or ``namespace_prefix`` must not take over somebody's namespace) is
+        left untouched and reported, with no quota, network policy or label
+        written, until it is listed here. Once adopted it carries the labels like
+        any namespace the service made (``prune_namespaces`` may then delete it
+        when the group is dropped). Only the policy's own group namespaces may be
+        listed.
+        """,
+    ).tag(config=True)
+
+    egress = Dict(
+        None,
+        allow_none=True,
+        help="""
+        What servers in group namespaces may connect to (with
+        ``namespace_per_group``). Unset (the default): not restricted, servers
+        reach whatever the cluster's network lets them reach. Set, each group
+        namespace gets a NetworkPolicy ``jupyterhub-gpu-egress``:
+
+        .. code-block:: yaml
+
+            egress:
+              deny_private: true                 # default
+              allow_cidrs: [10.20.30.0/24]       # e.g. a licence server
+              deny_cidrs: [130.92.0.0/16]        # e.g. the site's own public range
+              allow_public: true                 # default
+              allow_dataset_servers: true        # default
+
+        Always allowed: DNS (port 53 to the cluster DNS in ``kube-system`` and
+        NodeLocal DNSCache's 169.254.20.10), the hub and proxy pods in the hub's
+        namespace, and pods of the same group namespace. ``deny_private`` denies
+        the private ranges 10.0.0.0/8, 172.16.0.0/12 and 192.168.0.0/16, the
+        shared range 100.64.0.0/10, link-local 169.254.0.0/16 (the cloud
+        metadata service) and IPv6's fc00::/7 and fe80::/10: storage nodes,
+        databases, the nodes and internal services. ``deny_cidrs`` adds
+        networks to deny; ``allow_cidrs`` allows networks even inside denied
+        ones; ``allow_public: false`` denies every address not allowed (the
+        public internet too). ``allow_dataset_servers`` allows the NFS servers
+        of a group's ``datasets`` written as addresses (the mount is made by
+        the node, which this rule does not govern, so ``false`` is stricter and
+        mounts still work). The cluster's network plugin must enforce
+        NetworkPolicy (Calico, Cilium, ...).
+        """,
+    ).tag(config=True)
+
+    @default("egress")
+    def _egress_unrestricted(self) -> None:
+        # traitlets would make an unset Dict {}: unset is off, {} is on with the defaults
+        return None
 
     extra_labels = Dict(
         help="""
@@ -322,6 +391,8 @@ class GPUPolicy(Configurable):
         "fair_share",
         "interfaces",
         "datasets",
+        "adopt_namespaces",
+        "egress",
     )
     def _settings_changed(self, change) -> None:
         self._model = None  # the next read of ``model`` checks the new settings
@@ -348,6 +419,8 @@ class GPUPolicy(Configurable):
                     fair_share=self.fair_share,
                     interfaces=self.interfaces,
                     datasets=self.datasets,
+                    adopt_namespaces=self.adopt_namespaces,
+                    egress=self.egress,
                 )
             except PolicyError as e:
                 raise PolicyError(unknown + e.errors) from None

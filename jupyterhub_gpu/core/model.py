@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import ipaddress
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,23 @@ _DNS_SUBDOMAIN = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 _MIG_PROFILE = re.compile(r"^([1-7])g\.\d+gb(\+me)?$")
+#: namespaces Kubernetes itself runs in or hands every user: never a group's (a quota,
+#: an isolating NetworkPolicy or our ownership labels there would take over the
+#: cluster's own services); every ``kube-`` name is reserved for Kubernetes too
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+#: what ``egress.deny_private`` denies: the private ranges (RFC 1918), the shared
+#: address space some clouds give pods and services, link-local (where the cloud's
+#: metadata service hands out the node's credentials), and IPv6's unique-local and
+#: link-local ranges
+PRIVATE_RANGES = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "fc00::/7",
+    "fe80::/10",
+)
 #: Keys a profile's kubespawner_override may not set: they would bypass accounting.
 ACCOUNTED_OVERRIDES = frozenset(
     {
@@ -381,6 +399,51 @@ class FairShare:
 
 
 @dataclass(frozen=True)
+class Egress:
+    """``GPUPolicy.egress``: what servers in group namespaces may connect to. DNS, the
+    hub and the proxy, and the servers' own namespace are always allowed."""
+
+    #: deny ``PRIVATE_RANGES`` (except what is allowed below)
+    deny_private: bool = True
+    #: allow every other address (the public internet); False: only what is listed
+    allow_public: bool = True
+    #: networks allowed even inside denied ranges (normalised, e.g. ``10.20.0.0/16``)
+    allow_cidrs: tuple[str, ...] = ()
+    #: more networks to deny, e.g. a site's own public range
+    deny_cidrs: tuple[str, ...] = ()
+    #: allow the NFS servers of a group's datasets that are given as addresses
+    allow_dataset_servers: bool = True
+
+    @property
+    def open_networks(self) -> tuple[str, ...]:
+        """The networks allowed before anything is denied: every address, or with
+        ``allow_public: false`` the private ranges unless they are denied too."""
+        if self.allow_public:
+            return ("0.0.0.0/0", "::/0")
+        return () if self.deny_private else PRIVATE_RANGES
+
+    @property
+    def denied_networks(self) -> tuple[str, ...]:
+        """What is cut out of ``open_networks``."""
+        return (*(PRIVATE_RANGES if self.deny_private else ()), *self.deny_cidrs)
+
+    def allowed_networks(self, datasets: Iterable[Dataset]) -> tuple[str, ...]:
+        """Networks allowed whatever is denied: ``allow_cidrs`` and the NFS servers of
+        ``datasets`` written as addresses (a host name has no address here; the mount
+        itself is made by the node, which no pod's egress rule governs)."""
+        servers = []
+        if self.allow_dataset_servers:
+            for dataset in datasets:
+                server = (dataset.source.get("nfs") or {}).get("server", "")
+                try:
+                    address = ipaddress.ip_address(server)
+                except ValueError:
+                    continue
+                servers.append(str(ipaddress.ip_network(address)))
+        return tuple(dict.fromkeys([*self.allow_cidrs, *servers]))
+
+
+@dataclass(frozen=True)
 class Scheduler:
     name: str = "default"
     in_quota_priority_class: str = "jupyterhub-gpu-in-quota"
@@ -410,6 +473,10 @@ class Policy:
     interfaces: Mapping[str, Interface] = field(default_factory=dict)
     #: shared data, mounted into the servers of the groups that list it
     datasets: Mapping[str, Dataset] = field(default_factory=dict)
+    #: existing namespaces without our ownership labels the reconciler may take over
+    adopt_namespaces: tuple[str, ...] = ()
+    #: what servers in group namespaces may connect to (None: not restricted)
+    egress: Egress | None = None
     #: what selection.offers computes per (group, profile): a pure function of the
     #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -1397,6 +1464,8 @@ def parse_policy(
     fair_share: Any = None,
     interfaces: Any = None,
     datasets: Any = None,
+    adopt_namespaces: Any = None,
+    egress: Any = None,
     prefix: str = PREFIX,
 ) -> Policy:
     """Check every part of a policy; return the model or raise PolicyError with all problems."""
@@ -1461,6 +1530,10 @@ def parse_policy(
         e.add("namespace_per_group", f"expected true or false, got {namespace_per_group!r}")
     elif namespace_per_group:
         _check_namespaces(e, str(namespace_prefix), [*parsed_groups, "everyone"])
+    adopted = _parse_adopt_namespaces(
+        e, adopt_namespaces, namespace_per_group is True, str(namespace_prefix), parsed_groups
+    )
+    parsed_egress = _parse_egress(e, egress, namespace_per_group is True)
     labels = e.string_map("extra_labels", extra_labels)
     for key, template in labels.items():
         try:
@@ -1507,6 +1580,8 @@ def parse_policy(
         fair_share=parsed_fair_share,
         interfaces=parsed_interfaces,
         datasets=parsed_datasets,
+        adopt_namespaces=adopted,
+        egress=parsed_egress,
     )
 
 
@@ -1542,10 +1617,23 @@ def dns_label(text: str) -> str:
     return _DNS_LABEL_BAD.sub("-", text.lower())[:63].strip("-")
 
 
+def is_system_namespace(namespace: str) -> bool:
+    """A namespace of Kubernetes itself (``kube-*``) or the one every user shares."""
+    return namespace in SYSTEM_NAMESPACES or namespace.startswith("kube-")
+
+
 def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
-    """Each group gets a namespace of its own: no two may map to the same valid name."""
+    """Each group gets a namespace of its own: no two may map to the same valid name,
+    and none may be one of Kubernetes' own."""
     if prefix and not _DNS_LABEL.match(prefix.rstrip("-") or "x"):
         e.add("namespace_prefix", f"{prefix!r} cannot start a namespace name: use e.g. 'jh-'")
+        return
+    if dns_label(f"{prefix}x").startswith("kube-"):
+        e.add(
+            "namespace_prefix",
+            f"{prefix!r} makes every group's namespace a kube-* name, which Kubernetes "
+            "reserves for its own namespaces: use e.g. 'jh-'",
+        )
         return
     taken: dict[str, str] = {}
     for name in groups:
@@ -1553,6 +1641,14 @@ def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
         where = "everyone" if name == "everyone" else f"groups.{name}"
         if not namespace:
             e.add(where, "with namespace_per_group this name gives no valid namespace name")
+        elif is_system_namespace(namespace):
+            e.add(
+                where,
+                f"with namespace_per_group its namespace would be {namespace!r}, one of "
+                "Kubernetes' own, where the GPU service's quota, network policy and "
+                "ownership labels would take over the cluster's services: set "
+                "namespace_prefix (e.g. 'jh-') or rename the group",
+            )
         elif namespace in taken:
             e.add(
                 where,
@@ -1561,6 +1657,147 @@ def _check_namespaces(e: _Errors, prefix: str, groups: list[str]) -> None:
             )
         else:
             taken[namespace] = name
+
+
+def hub_namespace_errors(policy: Policy, hub_namespace: str, prefix: str = PREFIX) -> list[str]:
+    """A group whose namespace would be the hub's own, each as a policy error.
+
+    Known only where the hub's namespace is (the hub's and the service's start-up,
+    ``jupyterhub-gpu manifests --hub-namespace``): the hub, the proxy and servers
+    from before the policy run there, and a group's quota and network policy would
+    fall on them."""
+    if not policy.namespace_per_group:
+        return []
+    errors = []
+    for group in [*policy.groups.values(), policy.everyone]:
+        if group is policy.everyone and not group.profiles:
+            continue  # no profile, no namespace
+        namespace = dns_label(f"{policy.namespace_prefix}{group.name}")
+        if namespace == hub_namespace:
+            where = "everyone" if group is policy.everyone else f"groups.{group.name}"
+            errors.append(
+                f"{prefix}.{where}: with namespace_per_group its namespace {namespace!r} "
+                "is the hub's own, where the hub, the proxy and servers from before the "
+                "policy run: set namespace_prefix (e.g. 'jh-') or rename the group"
+            )
+    return errors
+
+
+def _parse_adopt_namespaces(
+    e: _Errors, raw: Any, per_group: bool, prefix: str, groups: Mapping[str, Group]
+) -> tuple[str, ...]:
+    """Existing namespaces the admin lets the reconciler take over: only the policy's
+    own group namespaces, each named once."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str) or not isinstance(raw, list | tuple):
+        e.add("adopt_namespaces", f"expected a list of namespace names, got {raw!r}")
+        return ()
+    if raw and not per_group:
+        e.add(
+            "adopt_namespaces",
+            "only group namespaces are ever adopted, and there are none without "
+            "namespace_per_group: turn namespace_per_group on, or remove adopt_namespaces",
+        )
+        return ()
+    ours = {dns_label(f"{prefix}{g}"): g for g in [*groups, "everyone"]}
+    adopted: list[str] = []
+    for i, name in enumerate(raw):
+        where = f"adopt_namespaces[{i}]"
+        if not isinstance(name, str) or not name:
+            e.add(where, f"expected a namespace name, got {name!r}")
+        elif name not in ours:
+            listed = ", ".join(sorted(ours)) or "none"
+            e.add(
+                where,
+                f"{name!r} is not a group namespace of this policy, and no other namespace "
+                f"is ever adopted: name one of {listed}, or remove it",
+            )
+        elif name in adopted:
+            e.add(where, f"{name!r} is listed twice")
+        else:
+            adopted.append(name)
+    return tuple(adopted)
+
+
+_EGRESS_KEYS = frozenset(
+    {"deny_private", "allow_public", "allow_cidrs", "deny_cidrs", "allow_dataset_servers"}
+)
+
+
+def _parse_egress(e: _Errors, raw: Any, per_group: bool) -> Egress | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        e.add(
+            "egress",
+            f"expected a mapping like {{deny_private: true, allow_cidrs: [10.20.0.0/16]}}, "
+            f"got {raw!r}",
+        )
+        return None
+    e.keys("egress", raw, _EGRESS_KEYS)
+    flags = {}
+    for key in ("deny_private", "allow_public", "allow_dataset_servers"):
+        value = raw.get(key, True)
+        if not isinstance(value, bool):
+            e.add(f"egress.{key}", f"expected true or false, got {value!r}")
+        flags[key] = value is not False
+    allow = _cidrs(e, "egress.allow_cidrs", raw.get("allow_cidrs"))
+    deny = _cidrs(e, "egress.deny_cidrs", raw.get("deny_cidrs"))
+    if not per_group:
+        e.add(
+            "egress",
+            "applies to group namespaces, and there are none without namespace_per_group: "
+            "turn namespace_per_group on (servers in the hub's namespace are z2jh's "
+            "singleuser.networkPolicy's to restrict)",
+        )
+    if deny and not flags["allow_public"]:
+        e.add(
+            "egress.deny_cidrs",
+            "has no effect with allow_public: false, which denies every address not "
+            "allowed: remove deny_cidrs, or allow_public",
+        )
+    if not flags["deny_private"] and flags["allow_public"] and not deny:
+        e.add(
+            "egress",
+            "denies nothing (deny_private: false, allow_public: true and no deny_cidrs): "
+            "set deny_private: true, list deny_cidrs, or remove egress",
+        )
+    return Egress(
+        deny_private=flags["deny_private"],
+        allow_public=flags["allow_public"],
+        allow_cidrs=allow,
+        deny_cidrs=deny,
+        allow_dataset_servers=flags["allow_dataset_servers"],
+    )
+
+
+def _cidrs(e: _Errors, path: str, raw: Any) -> tuple[str, ...]:
+    """Networks in CIDR notation (a bare address is that one address), normalised."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str) or not isinstance(raw, list | tuple):
+        e.add(path, f"expected a list of networks like [10.20.0.0/16], got {raw!r}")
+        return ()
+    networks: list[str] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, str):
+            e.add(f"{path}[{i}]", f"expected a network like 10.20.0.0/16, got {item!r}")
+            continue
+        try:
+            network = ipaddress.ip_network(item.strip(), strict=True)
+        except ValueError as err:
+            if "host bits set" in str(err):
+                fixed = ipaddress.ip_network(item.strip(), strict=False)
+                e.add(f"{path}[{i}]", f"{item!r} has host bits set: write {str(fixed)!r}")
+            else:
+                e.add(f"{path}[{i}]", f"expected a network like 10.20.0.0/16, got {item!r}")
+            continue
+        if str(network) in networks:
+            e.add(f"{path}[{i}]", f"{item!r} is listed twice")
+        else:
+            networks.append(str(network))
+    return tuple(networks)
 
 
 def _check_parents(e: _Errors, groups: Mapping[str, Group]) -> None:
