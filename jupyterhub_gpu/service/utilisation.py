@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 
 from ..core.utilisation import Chunks, Coverage, Reading, Session, step_for
 from .idle import ENGINE_ACTIVE, GPU_UTIL, Prometheus, PrometheusError
@@ -90,12 +91,17 @@ class UtilisationReader:
         self._lock = asyncio.Lock()
 
     async def read(
-        self, since: float, until: float, sessions: Mapping[str, Session] | None = None
+        self,
+        since: float,
+        until: float,
+        sessions: Mapping[str, Session] | None = None,
+        executor: Executor | None = None,
     ) -> tuple[dict[str, float], Coverage]:
         """Each pod's mean utilisation (percent) over [since, until) and what part of it
         the chunks read cover (``sessions``: each session's, by its id, over its own
-        life: see ``Chunks.mean``). Reads what ``Chunks.wanted`` asks for; when
-        Prometheus fails, what was read is kept and the rest is reported as not read."""
+        life: see ``Chunks.mean``, worked out on ``executor``, a month's sessions being
+        many). Reads what ``Chunks.wanted`` asks for; when Prometheus fails, what was
+        read is kept and the rest is reported as not read."""
         error = None
         async with self._lock:
             now = self.clock()
@@ -108,7 +114,14 @@ class UtilisationReader:
                     error = str(e)
                     break
                 self.chunks.put(parse_reading(series, start, end, now))
-        found, coverage = self.chunks.mean(since, until, [m for m, _ in METRICS], sessions)
+            metrics = [m for m, _ in METRICS]
+            if sessions:
+                # under the lock: no reading is put meanwhile
+                found, coverage = await asyncio.get_running_loop().run_in_executor(
+                    executor, self.chunks.mean, since, until, metrics, sessions
+                )
+            else:
+                found, coverage = self.chunks.mean(since, until, metrics, sessions)
         if error is not None:
             coverage = dataclasses.replace(coverage, error=error)
         return found, coverage
