@@ -25,9 +25,11 @@ import pytest
 import yaml
 from ldap3.utils.dn import escape_rdn
 from loop_helpers import Heartbeat, silent_server
+from test_ldap_groups import Browser
 from tornado import web
 from traitlets.config import Config
 
+from hub_helpers import running_hub
 from jupyterhub_gpu.auth.ldap import (
     DIRECTORY_DOWN_AT_SPAWN,
     DIRECTORY_SLOW,
@@ -390,3 +392,54 @@ def test_check_warns_about_an_unverified_directory_and_still_passes(tmp_path, se
     )
     assert result.returncode == 0, result.stderr
     assert "warning" not in result.stderr
+
+
+# ---- the same through a real hub --------------------------------------------------
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_a_hung_directory_refuses_logins_while_the_hub_answers_everyone_else(
+    local_cluster, core, certificates
+):
+    async with silent_server() as port:
+        settings = dict(UNIVERSITY["hub"]["config"]["LDAPGroupsAuthenticator"])
+        settings.update(
+            server_address="127.0.0.1",
+            server_port=port,
+            tls_ca_file=str(certificates.ca),
+            connect_timeout=2,
+            receive_timeout=2,
+        )
+        async with running_hub(
+            local_cluster,
+            core,
+            z2jh_layout=True,
+            policy=POLICY,
+            hub_config={
+                "JupyterHub": UNIVERSITY["hub"]["config"]["JupyterHub"],
+                "LDAPGroupsAuthenticator": settings,
+            },
+        ) as hub:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            logins = asyncio.gather(
+                *(asyncio.to_thread(Browser(hub.url).log_in, n, password(n)) for n in "abc")
+            )
+            # while they wait for the directory, the hub answers everyone else at once
+            slowest = 0.0
+            while not logins.done():
+                asked = loop.time()
+                status, _ = await asyncio.to_thread(hub.request, "GET", "/hub/api/", None, None, 10)
+                assert status == 200
+                slowest = max(slowest, loop.time() - asked)
+            waited = loop.time() - started
+            results = await logins
+            log = hub.log_path.read_text(errors="replace")
+    for status, page in results:
+        assert status == 503
+        assert "the directory (LDAP) did not answer in time" in page
+        assert 'id="login_submit"' in page
+    assert 2 <= waited < 20
+    assert slowest < 0.5, f"the hub took {slowest:.2f} s to answer while logins waited"
+    assert f"ldaps://127.0.0.1:{port} did not answer in time" in log
