@@ -314,6 +314,18 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                     f"LDAPGroupsAuthenticator.{name} must be more than 0, "
                     f"got {getattr(self, name)!r}"
                 )
+        if self.tls_strategy == TlsStrategy.insecure:
+            self.log.warning(
+                "LDAPGroupsAuthenticator.tls_strategy is insecure: passwords go to %s "
+                "unencrypted; use on_connect (LDAPS) or before_bind (StartTLS)",
+                self.server_url,
+            )
+        elif self.tls_kwargs.get("validate", ssl.CERT_REQUIRED) == ssl.CERT_NONE:
+            self.log.warning(
+                "LDAPGroupsAuthenticator.tls_kwargs turns off the check of %s's certificate: "
+                "anyone on the path can pose as the directory; set tls_ca_file instead",
+                self.server_url,
+            )
         if not self.refresh_pre_spawn:
             self.log.warning(
                 "LDAPGroupsAuthenticator.refresh_pre_spawn is off: groups are read at login "
