@@ -84,6 +84,11 @@ class LastStops:
         #: each user's read under way: pages rendered meanwhile wait for the same one
         self._reading: dict[str, asyncio.Future[Stops]] = {}
 
+    def __deepcopy__(self, memo: dict) -> LastStops:
+        # traitlets deep-copies config values (c.JupyterHub.template_vars) as it loads
+        # them; this one holds a thread pool and a lock, and is one per hub by design
+        return self
+
     def __call__(self, user: Any) -> UserStops | list:
         if user is None:
             return []

@@ -7,6 +7,7 @@ import contextlib
 import http.cookiejar
 import json
 import re
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -18,6 +19,8 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
+from rbac_helpers import apply_rendered_rbac, token_kubeconfig
+from rbac_helpers import remove as remove_rbac
 
 from jupyterhub_gpu.core.manifests import namespace_objects, priority_classes
 from jupyterhub_gpu.core.model import parse_policy
@@ -280,17 +283,35 @@ async def left_behind(hub: LocalHub, core, answers: dict[str, int]) -> str:
 
 @contextlib.asynccontextmanager
 async def running_hub(
-    cluster: LocalCluster, core, *, start: bool = True, **settings: Any
+    cluster: LocalCluster,
+    core,
+    *,
+    start: bool = True,
+    rendered_rbac: bool = True,
+    **settings: Any,
 ) -> AsyncIterator[LocalHub]:
     """A ``LocalHub`` in a fresh namespace; afterwards its servers, the hub and the
     namespace are gone, and so are the group namespaces of a ``namespace_per_group`` policy.
 
     ``settings`` are LocalHub's (``policy``, ``users``, ``extra_config``, ...). With
     ``start=False`` the caller starts the hub, e.g. after making objects in its namespace.
+
+    Unless given a ``kubeconfig``, the hub and its GPU service authenticate as the hub's
+    service account, granted what a real install grants: z2jh's Role in the hub's
+    namespace and the RBAC ``jupyterhub-gpu manifests`` renders for the policy (the
+    group namespaces made as the admin applies them). ``rendered_rbac=False`` runs them
+    as the cluster's administrator (a test whose policy changes while the hub runs).
     """
     namespace = await fresh_namespace(core)
     hub: LocalHub | None = None
+    rbac_made: list[dict] = []
     try:
+        if rendered_rbac and "kubeconfig" not in settings:
+            # the hub and its service run as z2jh's hub service account, with exactly the
+            # chart's Role and the RBAC `jupyterhub-gpu manifests` renders for the policy
+            rbac_made, kubeconfig = await hub_account(cluster, core, namespace, settings)
+            settings["kubeconfig"] = kubeconfig
+            settings.setdefault("service_kubeconfig", kubeconfig)
         hub = LocalHub(cluster, namespace=namespace, **settings)
         if start:
             await asyncio.to_thread(hub.start)
@@ -302,6 +323,27 @@ async def running_hub(
         finally:
             for name in [namespace, *group_namespaces(hub and hub.policy)]:
                 await delete_namespace(core, name)
+            await remove_rbac(core.api_client, [o for o in rbac_made if o["kind"] != "Namespace"])
+
+
+async def hub_account(
+    cluster: LocalCluster, core, namespace: str, settings: dict[str, Any]
+) -> tuple[list[dict], Path]:
+    """The hub's service account in ``namespace`` with the chart's Role and the rendered
+    RBAC of the hub's policy; the objects made, and a kubeconfig with its token."""
+    from jupyterhub_gpu.core.model import PolicyError
+
+    policy = settings.get("policy")
+    try:
+        model = parse_policy(**policy) if policy is not None else None
+    except (PolicyError, TypeError):
+        model = None  # a test of a policy the hub refuses: the chart's Role alone
+    made = await apply_rendered_rbac(core.api_client, model, namespace, create_hub_namespace=False)
+    directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-account-"))
+    kubeconfig = await token_kubeconfig(
+        core.api_client, cluster.state.kubeconfig, namespace, "hub", directory / "hub.kubeconfig"
+    )
+    return made, kubeconfig
 
 
 class HubFactory:

@@ -69,7 +69,7 @@ async def allowed(
 
 async def apply_rendered_rbac(
     kube,
-    policy: Policy,
+    policy: Policy | None,
     hub_namespace: str,
     accounts: tuple[str, ...] = ("hub",),
     gpu_service_account: str | None = None,
@@ -101,6 +101,8 @@ async def apply_rendered_rbac(
             ],
         },
     )
+    if policy is None:  # a hub without the policy: the chart's Role is all it has
+        return made
     for obj in desired_objects(policy, hub_namespace):
         if obj["kind"] == "Namespace":
             await core.create_namespace(obj)

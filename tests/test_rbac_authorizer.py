@@ -14,6 +14,7 @@ import copy
 import json
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config import new_client_from_config
 from rbac_helpers import allowed, apply_rendered_rbac, remove, subject, token_kubeconfig, unique
@@ -230,11 +231,9 @@ async def test_a_real_hub_and_its_service_spawn_and_reconcile_under_exactly_the_
         },
         "groups": {"lab": {"quota": {"gpus": 1}, "profiles": ["gpu"]}},
     }
-    made: list[dict] = []
     async with running_hub(
         local_cluster,
         core,
-        start=False,
         users={"ann": ["lab"]},
         admin_users=("root",),
         policy=policy,
@@ -245,28 +244,25 @@ async def test_a_real_hub_and_its_service_spawn_and_reconcile_under_exactly_the_
             '"services": ["demo-admin"]})\n'
         ),
     ) as hub:
+        # running_hub's default, as for every real-hub test: the hub's own token
+        (user,) = yaml.safe_load(hub.kubeconfig.read_text())["users"]
+        assert set(user["user"]) == {"token"}
+        assert hub.service_kubeconfig == hub.kubeconfig
+        await start_server(hub, "ann", "lab--gpu")
+        pods = await core.list_namespaced_pod(f"{prefix}-lab")
+        assert [p.metadata.labels["hub.jupyter.org/username"] for p in pods.items] == ["ann"]
+        token = await user_token(hub, "root")
+
+        seen: dict = {}
+
+        async def all_tasks_ok():
+            seen.update(await task_states(hub, token))
+            return "reconcile" in seen and all(t["ok"] for t in seen.values())
+
         try:
-            made = await apply_rendered_rbac(
-                kube, parse_policy(**policy), hub.namespace, create_hub_namespace=False
-            )
-            kubeconfig = await token_kubeconfig(
-                kube, local_cluster.state.kubeconfig, hub.namespace, "hub", tmp_path / "hub.kc"
-            )
-            hub.kubeconfig = hub.service_kubeconfig = kubeconfig
-            await asyncio.to_thread(hub.start)
-            await start_server(hub, "ann", "lab--gpu")
-            pods = await core.list_namespaced_pod(f"{prefix}-lab")
-            assert [p.metadata.labels["hub.jupyter.org/username"] for p in pods.items] == ["ann"]
-            token = await user_token(hub, "root")
-
-            async def all_tasks_ok():
-                tasks = await task_states(hub, token)
-                return tasks if tasks.get("reconcile", {}).get("ok") else None
-
-            tasks = await eventually(all_tasks_ok, "the service's reconcile pass", within=90)
-            failing = {n: t for n, t in tasks.items() if not t.get("ok")}
-            assert not failing, failing
-            quota = await core.read_namespaced_resource_quota("jupyterhub-gpu", f"{prefix}-lab")
-            assert quota.spec.hard  # the group's quota, written by the service
-        finally:
-            await remove(kube, [o for o in made if o["kind"] != "Namespace"])
+            await eventually(all_tasks_ok, "every task of the service to succeed", within=90)
+        except AssertionError:
+            failing = {n: t["last_error"] for n, t in seen.items() if not t["ok"]}
+            raise AssertionError(f"tasks failing under the rendered RBAC: {failing}") from None
+        quota = await core.read_namespaced_resource_quota("jupyterhub-gpu", f"{prefix}-lab")
+        assert quota.spec.hard  # the group's quota, written by the service
