@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import yaml
 
 from . import build, nodepools, pki, sockets, volcano
 from . import kueue as kueue_manager
+from .ports import free_port as free_port
 
 #: Pod IPs come from one /18 of this range per cluster: two clusters running at
 #: once (a test session and the demo) must never give out the same pod IP, or one
@@ -80,12 +80,6 @@ class ClusterError(RuntimeError):
 PORT_TAKEN = "address already in use"
 #: the components that make simulated nodes Ready
 NODE_ROLES = ("kwok", "kube-controller-manager")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def state_root() -> Path:
