@@ -206,6 +206,8 @@ class GPUKubeSpawner(KubeSpawner):
     #: it was last seen alive (epoch seconds): what a server found stopped ends at
     _gpu_pod_seen: dict | None = None
     _gpu_alive_at: float | None = None
+    #: the end of the current pod's GPU time is written down (by a stop, or a poll)
+    _gpu_ended: bool = False
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -458,6 +460,7 @@ class GPUKubeSpawner(KubeSpawner):
         self._gpu_reservation = None
         # a new pod: what was seen of the last one says nothing of it
         self._gpu_pod_seen = self._gpu_alive_at = None
+        self._gpu_ended = False
         try:
             # a pod watch that gave up during an outage would never see this pod
             with kubernetes_reachable():
@@ -508,6 +511,10 @@ class GPUKubeSpawner(KubeSpawner):
         API server unreachable, KubeSpawner's first list of pods fails and every running
         server would be forgotten, while its pod lives on, charged. A pod list that
         failed is tried again at the next poll, once the API server answers.
+
+        A server found stopped (its pod gone: deleted, evicted; at a hub start, gone
+        while the hub was down) ends its GPU time here, at its pod's own end or last
+        sighting, and frees its charge: JupyterHub calls no ``stop`` for it.
         """
         try:
             await watch_pods(self)
@@ -521,7 +528,16 @@ class GPUKubeSpawner(KubeSpawner):
             return None
         # before KubeSpawner's poll, which deletes a pod whose server exited
         self._note_pod()
-        return await super().poll()
+        status = await super().poll()
+        running = self.server is not None  # as JupyterHub holds it
+        if status is not None and running and not self._gpu_starting and not self._gpu_ended:
+            # JupyterHub stops a server its poll finds stopped without calling stop()
+            # (it has nothing left to stop): its GPU time ends, and its charge goes, now
+            found = self._found_ended(self.admission.clock())
+            if found is not None:
+                await self._record_end(found[0], found)
+                await self._release()
+        return status
 
     def _reflected_pod(self) -> tuple[bool, dict | None]:
         """(whether the hub's pod watch has listed the pods, this server's pod there)."""
@@ -543,10 +559,10 @@ class GPUKubeSpawner(KubeSpawner):
         """How the server's pod ended when this stop found it ended already: (when,
         its uid, whether inferred); None when the hub asks a running pod to go.
 
-        JupyterHub calls ``stop`` both for a stop it was asked for and for a server
-        its poll found stopped (the pod gone, or its server's process exited), at
-        its start too for a server that went while it was down. The pod tells them
-        apart: a stop asked for finds it alive. A pod found ended ends at its own end
+        A stop asked for (a user's, an admin's, the service's through the hub's API)
+        finds the pod alive. A server found stopped does not: KubeSpawner's poll
+        stops a pod whose server's process exited, and a poll (at a hub start too)
+        finds a deleted or evicted pod gone. A pod found ended ends at its own end
         where it says it (its container's ``finishedAt``, its ``deletionTimestamp``),
         else at the last time it was seen alive, never when the hub noticed.
         """
@@ -562,7 +578,10 @@ class GPUKubeSpawner(KubeSpawner):
         return self._gpu_alive_at or 0.0, uid, True
 
     async def _record_end(self, asked_at: float, found: tuple[float, str | None, bool] | None):
-        """Write down the end of the server's GPU time (see ``_found_ended``)."""
+        """Write down the end of the server's GPU time (see ``_found_ended``), once."""
+        if self._gpu_ended:
+            return
+        self._gpu_ended = True
         if found is None:
             self.admission.record_stop(self._server_key, at=asked_at)
             return
@@ -583,10 +602,12 @@ class GPUKubeSpawner(KubeSpawner):
         if (book.records.get(uid) if uid else book.open_by_key.get(self._server_key)) is None:
             return  # no GPU time recorded: a server without GPUs, or no pod ever ran
         self.log.info(
-            "GPU time of %s: its pod had ended before the hub stopped it; %s at %s",
+            "GPU time of %s: its pod had ended before the hub stopped it; %s",
             self._log_name,
-            "counted until it was last seen" if inferred else "ended when the pod ended",
-            datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds") if at else "last seen",
+            "counted until it was last seen alive"
+            if inferred
+            else "ended when the pod ended, at "
+            + datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds"),
         )
         self.admission.record_stop(self._server_key, at=at, uid=uid, inferred=inferred)
 
