@@ -304,12 +304,11 @@ async def running_hub(
     """
     namespace = await fresh_namespace(core)
     hub: LocalHub | None = None
-    rbac_made: list[dict] = []
     try:
         if rendered_rbac and "kubeconfig" not in settings:
             # the hub and its service run as z2jh's hub service account, with exactly the
             # chart's Role and the RBAC `jupyterhub-gpu manifests` renders for the policy
-            rbac_made, kubeconfig = await hub_account(cluster, core, namespace, settings)
+            kubeconfig = await hub_account(cluster, core, namespace, settings.get("policy"))
             settings["kubeconfig"] = kubeconfig
             settings.setdefault("service_kubeconfig", kubeconfig)
         hub = LocalHub(cluster, namespace=namespace, **settings)
@@ -323,27 +322,30 @@ async def running_hub(
         finally:
             for name in [namespace, *group_namespaces(hub and hub.policy)]:
                 await delete_namespace(core, name)
-            await remove_rbac(core.api_client, [o for o in rbac_made if o["kind"] != "Namespace"])
+            await remove_rbac(core.api_client, namespace)
 
 
-async def hub_account(
-    cluster: LocalCluster, core, namespace: str, settings: dict[str, Any]
-) -> tuple[list[dict], Path]:
+async def hub_account(cluster: LocalCluster, core, namespace: str, policy: dict | None) -> Path:
     """The hub's service account in ``namespace`` with the chart's Role and the rendered
-    RBAC of the hub's policy; the objects made, and a kubeconfig with its token."""
+    RBAC of ``policy`` (applied again after a policy change, as an admin does); a
+    kubeconfig with its token."""
+    await apply_policy_rbac(core, namespace, policy)
+    directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-account-"))
+    return await token_kubeconfig(
+        core.api_client, cluster.state.kubeconfig, namespace, "hub", directory / "hub.kubeconfig"
+    )
+
+
+async def apply_policy_rbac(core, namespace: str, policy: dict | None) -> None:
+    """What an admin applies for ``policy`` (``jupyterhub-gpu manifests``) before the hub
+    runs it."""
     from jupyterhub_gpu.core.model import PolicyError
 
-    policy = settings.get("policy")
     try:
         model = parse_policy(**policy) if policy is not None else None
     except (PolicyError, TypeError):
         model = None  # a test of a policy the hub refuses: the chart's Role alone
-    made = await apply_rendered_rbac(core.api_client, model, namespace, create_hub_namespace=False)
-    directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-hub-account-"))
-    kubeconfig = await token_kubeconfig(
-        core.api_client, cluster.state.kubeconfig, namespace, "hub", directory / "hub.kubeconfig"
-    )
-    return made, kubeconfig
+    await apply_rendered_rbac(core.api_client, model, namespace, create_hub_namespace=False)
 
 
 class HubFactory:

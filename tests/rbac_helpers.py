@@ -67,6 +67,19 @@ async def allowed(
     return bool(review.status.allowed)
 
 
+async def _create(create, replace, namespace: str | None, body: dict) -> None:
+    """Create, or replace what a previous apply made: applying twice is what an admin
+    does after a policy change."""
+    args = (namespace,) if namespace else ()
+    try:
+        await create(*args, body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        if replace is not None:
+            await replace(body["metadata"]["name"], *args, body)
+
+
 async def apply_rendered_rbac(
     kube,
     policy: Policy | None,
@@ -75,23 +88,31 @@ async def apply_rendered_rbac(
     gpu_service_account: str | None = None,
     *,
     create_hub_namespace: bool = True,
-) -> list[dict]:
+) -> None:
     """As the docs say an admin does: the hub's namespace and accounts (the chart's), the
-    policy's namespaces, then the RBAC ``manifests`` renders. Returns what was made, for
-    ``remove``."""
+    policy's namespaces, then the RBAC ``manifests`` renders (again after a policy
+    change). ``remove`` takes the cluster-wide part away again."""
     core = client.CoreV1Api(kube)
     rbac = client.RbacAuthorizationV1Api(kube)
-    made: list[dict] = []
     if create_hub_namespace:
         await core.create_namespace({"metadata": {"name": hub_namespace}})
-        made.append({"kind": "Namespace", "metadata": {"name": hub_namespace}})
     for account in dict.fromkeys((*accounts, gpu_service_account or accounts[0])):
-        await core.create_namespaced_service_account(hub_namespace, {"metadata": {"name": account}})
+        await _create(
+            core.create_namespaced_service_account,
+            None,
+            hub_namespace,
+            {"metadata": {"name": account}},
+        )
     # the chart's own Role for the hub in its namespace
-    await rbac.create_namespaced_role(
-        hub_namespace, {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES}
+    await _create(
+        rbac.create_namespaced_role,
+        None,
+        hub_namespace,
+        {"metadata": {"name": "hub"}, "rules": Z2JH_HUB_RULES},
     )
-    await rbac.create_namespaced_role_binding(
+    await _create(
+        rbac.create_namespaced_role_binding,
+        None,
         hub_namespace,
         {
             "metadata": {"name": "hub"},
@@ -102,43 +123,41 @@ async def apply_rendered_rbac(
         },
     )
     if policy is None:  # a hub without the policy: the chart's Role is all it has
-        return made
+        return
     for obj in desired_objects(policy, hub_namespace):
         if obj["kind"] == "Namespace":
-            await core.create_namespace(obj)
-            made.append(obj)
+            await _create(core.create_namespace, None, None, obj)
     for obj in rbac_objects(policy, hub_namespace, accounts[0], gpu_service_account):
         kind, meta = obj["kind"], obj["metadata"]
         if kind == "ClusterRole":
-            try:
-                await rbac.create_cluster_role(obj)
-            except ApiException as e:
-                if e.status != 409:  # the shared namespaced roles, from an earlier test
-                    raise
-                await rbac.replace_cluster_role(meta["name"], obj)
+            await _create(rbac.create_cluster_role, rbac.replace_cluster_role, None, obj)
         elif kind == "ClusterRoleBinding":
-            await rbac.create_cluster_role_binding(obj)
+            await _create(
+                rbac.create_cluster_role_binding, rbac.replace_cluster_role_binding, None, obj
+            )
         else:
-            await rbac.create_namespaced_role_binding(meta["namespace"], obj)
-        made.append(obj)
-    return made
+            await _create(
+                rbac.create_namespaced_role_binding,
+                rbac.replace_namespaced_role_binding,
+                meta["namespace"],
+                obj,
+            )
 
 
-async def remove(kube, made: list[dict]) -> None:
-    core = client.CoreV1Api(kube)
+async def remove(kube, hub_namespace: str) -> None:
+    """This hub's cluster-wide RBAC (the namespaced part goes with its namespaces; the
+    shared spawner and service ClusterRoles stay for other hubs)."""
     rbac = client.RbacAuthorizationV1Api(kube)
-    for obj in reversed(made):
-        kind, name = obj["kind"], obj["metadata"]["name"]
-        try:
-            if kind == "Namespace":
-                await core.delete_namespace(name)
-            elif kind == "ClusterRoleBinding":
-                await rbac.delete_cluster_role_binding(name)
-            elif kind == "ClusterRole" and ("-read-" in name or "-reconcile-" in name):
-                await rbac.delete_cluster_role(name)  # this hub's own (the others are shared)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    for name in (
+        f"jupyterhub-gpu-read-{hub_namespace}",
+        f"jupyterhub-gpu-reconcile-{hub_namespace}",
+    ):
+        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+            try:
+                await delete(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
 
 
 async def token_kubeconfig(kube, admin_kubeconfig: Path, namespace: str, account: str, path: Path):

@@ -18,8 +18,9 @@ import uuid
 from fractions import Fraction
 
 import pytest
+from kubernetes_asyncio import client
 
-from hub_helpers import api, ready, wait_no_pods
+from hub_helpers import api, apply_policy_rbac, ready, wait_no_pods
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL, HUB_LABEL
 from kube_helpers import (
@@ -63,6 +64,9 @@ POLICY = {
 async def switch(hub, *, policy, extra_config) -> None:
     """Restart the hub with other settings, its servers left running (``helm upgrade``):
     with the policy, the GPU service too."""
+    # as an admin does before such an upgrade: the RBAC `manifests` renders for it
+    async with hub.cluster.api() as admin:
+        await apply_policy_rbac(client.CoreV1Api(admin), hub.namespace, policy)
     hub.policy = policy
     hub.gpu_service = policy is not None
     # the test's own token may issue users' tokens for the service's API

@@ -238,13 +238,32 @@ async def test_volcano_divides_the_gpus_between_queues_by_the_groups_shares(
             except client.ApiException as e:
                 if e.status != 409:  # 409: the other case made it
                     raise
-        await create_servers(kube, path, namespace, prefix)
-        report = await Reconciler(kube, namespace).reconcile(policy)
-        assert report.ok, report.summary()
-        queue = await client.CustomObjectsApi(kube).get_cluster_custom_object(
-            "scheduling.volcano.sh", "v1beta1", "queues", f"{prefix}a"
-        )
-        assert queue["spec"]["weight"] == shares[0]
+        # ... and no node takes any of them until both queues and every server's
+        # PodGroup exist: the queues are created one after the other, and a scheduling
+        # session between the two would give the first all the GPUs
+        nodes = [n.metadata.name for n in (await core.list_node()).items]
+        for node in nodes:
+            await core.patch_node(node, {"spec": {"unschedulable": True}})
+        try:
+            await create_servers(kube, path, namespace, prefix)
+            report = await Reconciler(kube, namespace).reconcile(policy)
+            assert report.ok, report.summary()
+            custom = client.CustomObjectsApi(kube)
+            queue = await custom.get_cluster_custom_object(
+                "scheduling.volcano.sh", "v1beta1", "queues", f"{prefix}a"
+            )
+            assert queue["spec"]["weight"] == shares[0]
+
+            async def every_podgroup():
+                listed = await custom.list_namespaced_custom_object(
+                    "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
+                )
+                return len(listed["items"]) == 8
+
+            await eventually(every_podgroup, "Volcano's PodGroups for the 8 servers", within=60)
+        finally:
+            for node in nodes:
+                await core.patch_node(node, {"spec": {"unschedulable": False}})
 
         async def placed_per_group() -> Counter:
             pods = (await core.list_namespaced_pod(namespace)).items

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.config import new_client_from_config
 from rbac_helpers import allowed, apply_rendered_rbac, remove, subject, token_kubeconfig, unique
 
-from hub_helpers import running_hub
+from hub_helpers import delete_namespace, running_hub
 from jupyterhub_gpu.config.values import load_values, policy_from_loaded
 from jupyterhub_gpu.core.manifests import desired_objects
 from jupyterhub_gpu.core.model import parse_policy
@@ -43,14 +43,23 @@ def example_policy(name: str, prefix: str):
 
 
 @pytest.fixture
-async def rendered(kube, request):
-    made: list[dict] = []
+async def rendered(kube, core):
+    made: list[tuple[str, list[str]]] = []
 
     async def apply(policy, hub_namespace, **accounts):
-        made.extend(await apply_rendered_rbac(kube, policy, hub_namespace, **accounts))
+        namespaces = [
+            o["metadata"]["name"]
+            for o in desired_objects(policy, hub_namespace)
+            if o["kind"] == "Namespace"
+        ]
+        made.append((hub_namespace, [n for n in namespaces if n != hub_namespace]))
+        await apply_rendered_rbac(kube, policy, hub_namespace, **accounts)
 
     yield apply
-    await remove(kube, made)
+    for hub_namespace, namespaces in made:
+        await remove(kube, hub_namespace)
+        for name in [hub_namespace, *namespaces]:
+            await delete_namespace(core, name)
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

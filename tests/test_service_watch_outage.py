@@ -246,9 +246,10 @@ async def test_a_stop_judged_on_a_pod_no_longer_seen_spares_the_server_started_s
         assert second.metadata.uid != first.metadata.uid
         restarted = await server(hub, "carl")
         # A's max_runtime passes while the service still holds A as carl's server's pod
+        # (on a loaded machine the restart itself may take longer: then it has passed);
+        # B's own max_runtime counts from B's start, checked below
         due = first.status.start_time.timestamp() + MAX_RUNTIME
-        assert time.time() < due, "the restart took longer than A's max_runtime"
-        await asyncio.sleep(due - time.time())
+        await asyncio.sleep(max(0.0, due - time.time()))
         # the rule runs, judging A past its max_runtime each time
         await runs_of(hub, root, "runtime rules", 3)
         # B is still the server: not stopped, not stopping, and not yet due itself
