@@ -25,7 +25,7 @@ import re
 
 import pytest
 from kubernetes_asyncio import client
-from test_service_failures import service_account_kubeconfig
+from test_service_failures import RESTRICTED, service_account_kubeconfig
 
 from hub_helpers import api, logged_in_opener, no_server, pod_json, ready, running_hub
 from jupyterhub_gpu.core.shaping import GROUP_LABEL
@@ -331,7 +331,9 @@ async def test_without_rbac_to_read_claims_the_check_says_what_to_grant_then_rec
                     "kind": "Role",
                     "name": "claims",
                 },
-                "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": hub.namespace}],
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": RESTRICTED, "namespace": hub.namespace}
+                ],
             },
         )
 

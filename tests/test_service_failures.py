@@ -11,8 +11,8 @@ import asyncio
 import json
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
+from rbac_helpers import token_kubeconfig
 
 from hub_helpers import running_hub
 from kube_helpers import eventually
@@ -32,19 +32,22 @@ POLICY = {
         },
     },
 }
+#: the GPU service's own account here, granted less than the rendered RBAC gives it
+RESTRICTED = "gpu-restricted"
 ALL_PODS_AND_NODES = [
     {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
 ]
 
 
 async def service_account_kubeconfig(kube, core, local_cluster, namespace: str, path) -> None:
-    """A kubeconfig for a service account that may only read pods in ``namespace``."""
+    """A kubeconfig for a service account (``RESTRICTED``) that may only read pods in
+    ``namespace``."""
     rbac = client.RbacAuthorizationV1Api(kube)
-    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "hub"}})
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": RESTRICTED}})
     await rbac.create_namespaced_role(
         namespace,
         {
-            "metadata": {"name": "hub"},
+            "metadata": {"name": RESTRICTED},
             "rules": [
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
             ],
@@ -53,29 +56,16 @@ async def service_account_kubeconfig(kube, core, local_cluster, namespace: str, 
     await rbac.create_namespaced_role_binding(
         namespace,
         {
-            "metadata": {"name": "hub"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
-            "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": namespace}],
+            "metadata": {"name": RESTRICTED},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": RESTRICTED,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": RESTRICTED, "namespace": namespace}],
         },
     )
-    token = await core.create_namespaced_service_account_token(
-        "hub", namespace, {"spec": {"expirationSeconds": 3600}}
-    )
-    admin = yaml.safe_load(local_cluster.state.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    if not cluster["certificate-authority"].startswith("/"):
-        cluster["certificate-authority"] = str(
-            local_cluster.state.kubeconfig.parent / cluster["certificate-authority"]
-        )
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster}],
-        "users": [{"name": "hub", "user": {"token": token.status.token}}],
-        "contexts": [{"name": "hub", "context": {"cluster": "local", "user": "hub"}}],
-        "current-context": "hub",
-    }
-    path.write_text(yaml.safe_dump(config))
+    await token_kubeconfig(kube, local_cluster.state.kubeconfig, namespace, RESTRICTED, path)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +135,11 @@ async def test_without_node_rbac_capacity_is_unknown_then_recovers_without_resta
                 "name": name,
             },
             "subjects": [
-                {"kind": "ServiceAccount", "name": "hub", "namespace": restricted_hub.namespace}
+                {
+                    "kind": "ServiceAccount",
+                    "name": RESTRICTED,
+                    "namespace": restricted_hub.namespace,
+                }
             ],
         }
     )
