@@ -188,7 +188,9 @@ async def test_requests_a_second_apart_share_one_answer_until_the_next_pass(usag
     assert first.times[0] % 300 == 0
     # the same as summing the records for the window asked, aligned
     direct = await gpu_time.history("lab", first.times[0], first.times[-1] + 300, 300)
-    assert first.values == direct.values
+    assert first.values.keys() == direct.values.keys()
+    for flavor, values in first.values.items():
+        assert values == pytest.approx(direct.values[flavor])  # summed in another order
     # a cached answer is never refused, even with every slot taken
     slow = asyncio.create_task(reads.history("bob", "lab", NOW - 300 * DAY, NOW, DAY))
     await asyncio.sleep(0)

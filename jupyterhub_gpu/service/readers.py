@@ -12,8 +12,10 @@ behind them, or a flood of requests could hold back every budget's stop. So:
   reader never takes a thread or a connection they need.
 - **Windows aligned to the step.** ``from`` is rounded down and ``to`` up to a
   multiple of the step, so requests a second apart ask for the same window and
-  share one answer, kept until the next pass reads the book again. Identical
-  requests made while one is computed wait for that one.
+  share one answer, kept until the next pass reads the book again (a window that
+  ended before the months kept in memory, whose rows no pass changes, until it
+  is pushed out by newer ones). Identical requests made while one is computed
+  wait for that one.
 - **Bounded.** At most ``per_user`` computations at once per user and ``total``
   overall; a request beyond is refused at once (``TooManyReads``, the API's
   429 with ``Retry-After``), a cached answer never.
@@ -41,6 +43,8 @@ CACHED = 512
 SWITCH_INTERVAL = 0.001
 
 HistoryKey = tuple[str, float, float, float]
+#: what an answer of a window older than the book is made from: rows no pass changes
+SETTLED = "settled"
 
 
 class TooManyReads(Exception):
@@ -87,8 +91,9 @@ class HistoryReads:
         self.per_user = max(per_user, 1)
         self.total = max(total, 1)
         self.timeout = timeout
-        #: answers by window, with the pass (the book's read time) they were made from
-        self._cache: dict[HistoryKey, tuple[float | None, Series]] = {}
+        #: answers by window, with the pass (the book's read time) they were made from,
+        #: or SETTLED for a window older than the book
+        self._cache: dict[HistoryKey, tuple[float | str | None, Series]] = {}
         #: the computations under way, by window (their askers share them)
         self._running: dict[HistoryKey, asyncio.Future[Series]] = {}
         self._by_user: Counter[str] = Counter()
@@ -115,6 +120,8 @@ class HistoryReads:
         check_history(since, until, step)
         key = (group, since, until, step)
         made_from = self.gpu_time.snapshot.read_at
+        if until <= self.gpu_time.clock() - self.gpu_time.book.horizon:
+            made_from = SETTLED
         cached = self._cache.get(key)
         if cached is not None and cached[0] == made_from:
             self.hits += 1
@@ -131,7 +138,9 @@ class HistoryReads:
                 "the usage database is slow or the service is busy; try again later"
             ) from None
 
-    def _begin(self, user: str, key: HistoryKey, made_from: float | None) -> asyncio.Future[Series]:
+    def _begin(
+        self, user: str, key: HistoryKey, made_from: float | str | None
+    ) -> asyncio.Future[Series]:
         if self._by_user[user] >= self.per_user or len(self._running) >= self.total:
             mine = self._by_user[user] >= self.per_user
             raise TooManyReads(
