@@ -196,16 +196,13 @@ def month_argument(value: str, zone: Any) -> str:
     """A showback month, ``YYYY-MM`` from ``FIRST_YEAR`` to ``LAST_YEAR`` (else HTTP 400):
     checked before anything is read, so an impossible month is the asker's mistake, not
     the service's."""
-    match = re.fullmatch(r"([0-9]{4})-([0-9]{2})", value)
-    if (
-        match is None
-        or not FIRST_YEAR <= int(match.group(1)) <= LAST_YEAR
-        or not 1 <= int(match.group(2)) <= 12
-    ):
+    match = re.fullmatch(r"([0-9]{4})-(0[1-9]|1[0-2])", value)
+    if match is None:
+        raise web.HTTPError(400, f"month: expected YYYY-MM, such as 2026-11, got {shown(value)}")
+    if not FIRST_YEAR <= int(match.group(1)) <= LAST_YEAR:
         raise web.HTTPError(
             400,
-            f"month: expected YYYY-MM from {FIRST_YEAR}-01 to {LAST_YEAR}-12, such as "
-            f"2026-11, got {shown(value)}",
+            f"month: expected a month from {FIRST_YEAR}-01 to {LAST_YEAR}-12, got {shown(value)}",
         )
     try:
         month_bounds(value, zone)
