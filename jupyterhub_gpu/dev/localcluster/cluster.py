@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from . import build, nodepools, pki, sockets, volcano
+from . import build, dra, nodepools, pki, sockets, volcano
 from . import kueue as kueue_manager
 from .ports import free_port as free_port
 
@@ -65,6 +65,9 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     "root-ca-certificate-publisher-controller",
     "persistentvolume-binder-controller",
+    # a pod's ResourceClaimTemplate becomes its ResourceClaim, released and deleted
+    # with the pod (DRA)
+    "resourceclaim-controller",
 )
 
 ProgressFn = Callable[[str], None]
@@ -250,6 +253,7 @@ class LocalCluster:
         binaries = build.ensure_binaries(bin_dir, progress=progress, schedulers=schedulers)
         description = node_pools or yaml.safe_load(DEFAULT_NODE_POOLS.read_text())
         nodes = nodepools.render_nodes(description)  # fail on a bad description before starting
+        slices = dra.render_resource_slices(description)
         if directory is None:
             state_root().mkdir(parents=True, exist_ok=True)
             directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=state_root()))
@@ -276,7 +280,7 @@ class LocalCluster:
             )
             cluster = cls(state)
             try:
-                cluster._start(Path(binaries), nodes, progress, start_timeout)
+                cluster._start(Path(binaries), nodes, progress, start_timeout, slices)
             except ClusterError as e:
                 cluster.down()
                 if attempt == 1 and PORT_TAKEN in str(e):
@@ -344,7 +348,14 @@ class LocalCluster:
         path.write_text(yaml.safe_dump(config))
         return [f"--config={path}"]
 
-    def _start(self, bins: Path, nodes: list[dict], progress: ProgressFn, timeout: float) -> None:
+    def _start(
+        self,
+        bins: Path,
+        nodes: list[dict],
+        progress: ProgressFn,
+        timeout: float,
+        slices: list[dict] | None = None,
+    ) -> None:
         started = time.monotonic()
         d = self.state.path
         p = self.state.ports
@@ -466,6 +477,9 @@ class LocalCluster:
         )
         progress(f"registering {len(nodes)} simulated nodes")
         asyncio.run(self._register_nodes(nodes, timeout - (time.monotonic() - started)))
+        if slices:
+            progress(f"publishing {len(slices)} ResourceSlices of the DRA driver")
+            asyncio.run(self._publish_slices(slices))
         if "kueue" in self.state.schedulers:
             self._start_kueue(bins, progress, timeout)
         if "volcano" in self.state.schedulers:
@@ -667,6 +681,23 @@ class LocalCluster:
                     )
                     raise ClusterError(f"cluster not ready in time: {missing}{tails}")
                 await asyncio.sleep(0.25)
+
+    async def _publish_slices(self, slices: list[dict]) -> None:
+        """What NVIDIA's DRA driver publishes: its DeviceClasses (as its chart installs
+        them) and each DRA node's ResourceSlice (as its kubelet plugin does)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client import ApiException
+
+        async with self.api() as api:
+            resource = client.ResourceV1Api(api)
+            for device_class in dra.DEVICE_CLASSES:
+                try:
+                    await resource.create_device_class(device_class)
+                except ApiException as e:
+                    if e.status != 409:
+                        raise
+            for resource_slice in slices:
+                await resource.create_resource_slice(resource_slice)
 
     @staticmethod
     async def _not_ready(core, nodes: list[dict]) -> str:

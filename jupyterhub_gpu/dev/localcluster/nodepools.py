@@ -22,6 +22,11 @@ modes; ``mig.strategy: single`` exposes slices as ``nvidia.com/gpu``;
 ``hami_split: N`` models HAMi's device plugin (each device as N shares, with
 ``nvidia.com/gpumem`` and ``nvidia.com/gpucores``).
 
+``dra: true`` on a pool models NVIDIA's DRA driver in place of the device
+plugin: the nodes keep GFD's labels and the GPU taint but advertise no GPU
+resource; their GPUs (and MIG partitions) are published as ResourceSlices
+(see ``dra``).
+
 Pure functions, but for ``read_node_pools``, which reads a description from a file
 and names the line of a mistake.
 """
@@ -173,7 +178,12 @@ def render_nodes(
     for pool, spec in pools.items():
         if not isinstance(spec, Mapping):
             raise NodePoolError(f"node_pools.{pool}: expected a mapping, got {spec!r}")
-        _check_keys(f"node_pools.{pool}", spec, {"count", "cpu", "memory", "pods", "gpu", "labels"})
+        _check_keys(
+            f"node_pools.{pool}", spec, {"count", "cpu", "memory", "pods", "gpu", "labels", "dra"}
+        )
+        dra = spec.get("dra", False)
+        if not isinstance(dra, bool):
+            raise NodePoolError(f"node_pools.{pool}.dra: expected true or false, got {dra!r}")
         count = _require(pool, spec, "count", int)
         capacity = {
             "cpu": str(_require(pool, spec, "cpu", (int, str))),
@@ -185,7 +195,8 @@ def render_nodes(
         taints: list[dict] = []
         if spec.get("gpu") is not None:
             resources, gpu_labels = gpu_resources_and_labels(pool, spec["gpu"])
-            capacity.update(resources)
+            if not dra:  # under DRA the devices are in ResourceSlices, not allocatable
+                capacity.update(resources)
             labels.update(gpu_labels)
             taints.append(dict(GPU_TAINT))
         for i in range(count):
@@ -257,8 +268,11 @@ def read_node_pools(path: str | Path) -> dict[str, Any]:
         raise NodePoolError(f"{where}: not YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(description, Mapping):
         raise NodePoolError(f"{path}:1: expected a mapping with node_pools, got {description!r}")
+    from .dra import render_resource_slices
+
     try:
         render_nodes(description)
+        render_resource_slices(description)
     except NodePoolError as e:
         key_path = str(e).split(":", 1)[0]
         line = _line_of(text, key_path)

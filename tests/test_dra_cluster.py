@@ -1,0 +1,208 @@
+"""DRA for real in the local cluster: nodes of a ``dra: true`` pool publish
+ResourceSlices as NVIDIA's DRA driver does, the real kube-scheduler allocates a
+server's claim (rendered as the policy's dra flavor renders it) to a device on
+the node the pod lands on, the claim goes with the pod, and the group
+namespace's ResourceQuota makes the API server refuse a claim beyond the quota."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from jupyterhub_gpu.core.manifests import claim_template, resource_quota
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.shaping import PodShape, apply_to_pod
+from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.dev.localcluster.dra import DEVICE_CLASSES
+from kube_helpers import eventually, pod_manifest
+
+pytestmark = pytest.mark.k8s
+
+#: two DRA nodes of two H200s each, one DRA node with a MIG-mode A100, and a plain
+#: device-plugin node beside them
+DRA_POOLS = {
+    "node_pools": {
+        "h200dra": {
+            "count": 2,
+            "cpu": 64,
+            "memory": "512Gi",
+            "dra": True,
+            "gpu": {"product": "NVIDIA-H200-NVL", "memory": 143771, "count": 2},
+        },
+        "migdra": {
+            "count": 1,
+            "cpu": 32,
+            "memory": "256Gi",
+            "dra": True,
+            "gpu": {
+                "product": "NVIDIA-A100-SXM4-40GB",
+                "memory": 40960,
+                "count": 2,
+                "mig": {"strategy": "mixed", "devices": {"1g.5gb": 7}},
+            },
+        },
+        "a100": {
+            "count": 1,
+            "cpu": 32,
+            "memory": "128Gi",
+            "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "memory": 40960, "count": 2},
+        },
+    }
+}
+
+POLICY = parse_policy(
+    flavors={
+        "h200": {
+            "kind": "dra",
+            "device_class": "gpu.nvidia.com",
+            "selectors": ["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"],
+        },
+    },
+    profiles={"h200": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}}},
+    everyone={"profiles": []},
+    groups={"lab": {"quota": {"gpus": 1}, "profiles": ["h200"]}},
+)
+
+
+@pytest.fixture(scope="module")
+def dra_cluster(tmp_path_factory):
+    cluster = LocalCluster.create(
+        name=f"pytest-dra-{os.getpid()}",
+        directory=Path(tmp_path_factory.mktemp("dra-cluster")),
+        node_pools=DRA_POOLS,
+    )
+    yield cluster
+    cluster.down()
+
+
+@pytest.fixture
+async def kube(dra_cluster):
+    async with dra_cluster.api() as api:
+        yield api
+
+
+async def test_dra_nodes_publish_slices_and_classes_as_nvidias_driver(kube):
+    resource = client.ResourceV1Api(kube)
+    core = client.CoreV1Api(kube)
+    slices = (await resource.list_resource_slice()).items
+    by_node = {s.spec.node_name: s for s in slices}
+    assert sorted(by_node) == ["h200dra-0", "h200dra-1", "migdra-0"]  # not the a100 node
+    h200 = by_node["h200dra-0"].spec
+    assert h200.driver == "gpu.nvidia.com"
+    assert [d.name for d in h200.devices] == ["gpu-0", "gpu-1"]
+    gpu = h200.devices[1]
+    assert gpu.attributes["productName"].string == "NVIDIA H200 NVL"
+    assert gpu.attributes["index"].int == 1
+    assert gpu.attributes["uuid"].string.startswith("GPU-")
+    assert gpu.capacity["memory"].value == "143771Mi"
+    # the MIG-mode A100: one GPU as seven 1g.5gb partitions, the other whole
+    mig = by_node["migdra-0"].spec.devices
+    types = [d.attributes["type"].string for d in mig]
+    assert types.count("mig") == 7
+    assert types.count("gpu") == 1
+    assert {
+        d.attributes["profile"].string for d in mig if d.attributes["type"].string == "mig"
+    } == {"1g.5gb"}
+    # a DRA node advertises no device-plugin GPUs; the plain node still does
+    dra_node = await core.read_node("h200dra-0")
+    assert "nvidia.com/gpu" not in dra_node.status.allocatable
+    assert dra_node.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200-NVL"
+    assert (await core.read_node("a100-0")).status.allocatable["nvidia.com/gpu"] == "2"
+    classes = {c.metadata.name for c in (await resource.list_device_class()).items}
+    assert classes >= {c["metadata"]["name"] for c in DEVICE_CLASSES}
+
+
+def _server_pod(name: str, count: int = 1) -> dict:
+    flavor = POLICY.flavors["h200"]
+    pod = pod_manifest(name, {"cpu": "100m"})
+    return apply_to_pod(
+        pod,
+        PodShape(
+            resource_claims=[
+                {"name": "gpu", "resourceClaimTemplateName": flavor.claim_template_name(count)}
+            ]
+        ),
+    )
+
+
+async def test_kube_scheduler_allocates_the_claim_on_the_node_the_pod_lands_on(kube):
+    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    ns = "dra-alloc"
+    await core.create_namespace({"metadata": {"name": ns}})
+    flavor = POLICY.flavors["h200"]
+    await resource.create_namespaced_resource_claim_template(
+        ns, claim_template(flavor, 1, ns, "hub")
+    )
+
+    async def account():
+        accounts = await core.list_namespaced_service_account(ns)
+        return any(a.metadata.name == "default" for a in accounts.items)
+
+    await eventually(account, "the namespace's default service account")
+    await core.create_namespaced_pod(ns, _server_pod("server"))
+
+    async def running():
+        pod = await core.read_namespaced_pod("server", ns)
+        return pod if pod.status.phase == "Running" else None
+
+    pod = await eventually(running, "the DRA server pod Running", within=60)
+    node = pod.spec.node_name
+    assert node.startswith("h200dra-")  # not the MIG node, not the device-plugin node
+    (status,) = pod.status.resource_claim_statuses
+    claim = await resource.read_namespaced_resource_claim(status.resource_claim_name, ns)
+    (result,) = claim.status.allocation.devices.results
+    assert (result.driver, result.pool) == ("gpu.nvidia.com", node)
+    assert result.device in ("gpu-0", "gpu-1")
+    # the allocation is pinned to the node the pod runs on
+    (term,) = claim.status.allocation.node_selector.node_selector_terms
+    assert [f.values for f in term.match_fields] == [[node]]
+    # kube-scheduler reserves the claim for the pod (kwok prepares nothing)
+    assert [r.name for r in claim.status.reserved_for] == ["server"]
+
+    await core.delete_namespaced_pod("server", ns, grace_period_seconds=0)
+
+    async def claim_gone():
+        claims = await resource.list_namespaced_resource_claim(ns)
+        return not claims.items
+
+    await eventually(claim_gone, "the pod's claim deleted with the pod", within=60)
+
+
+async def test_a_claim_beyond_the_groups_quota_is_refused_by_the_api_server(kube):
+    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    ns = "dra-quota"
+    await core.create_namespace({"metadata": {"name": ns}})
+    quota = resource_quota(POLICY, POLICY.group("lab"), ns, "hub")
+    assert quota["spec"]["hard"]["gpu.nvidia.com.deviceclass.resource.k8s.io/devices"] == "1"
+    await core.create_namespaced_resource_quota(ns, quota)
+
+    async def counted():
+        found = await core.read_namespaced_resource_quota(quota["metadata"]["name"], ns)
+        return found.status is not None and found.status.hard
+
+    await eventually(counted, "the quota controller to count the quota")
+    flavor = POLICY.flavors["h200"]
+    one = claim_template(flavor, 1, ns, "hub")["spec"]
+    two = claim_template(flavor, 2, ns, "hub")["spec"]
+
+    def claim(name: str, spec: dict) -> dict:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": spec["spec"],
+        }
+
+    with pytest.raises(ApiException) as refused:
+        await resource.create_namespaced_resource_claim(ns, claim("two", two))
+    assert refused.value.status == 403
+    assert "exceeded quota" in refused.value.body
+    await resource.create_namespaced_resource_claim(ns, claim("one", one))
+    with pytest.raises(ApiException) as refused:
+        await resource.create_namespaced_resource_claim(ns, claim("another", one))
+    assert refused.value.status == 403
+    assert "gpu.nvidia.com.deviceclass.resource.k8s.io/devices" in refused.value.body
