@@ -27,8 +27,12 @@ What "capacity" means per kind (honest about what node allocatable can tell):
   request a whole device, so a device shared by fractions counts as allocated;
   ``free`` is the number of devices a new fraction could open, not the room
   left on devices already shared.
-- ``dra``: devices are published in ResourceSlices, not node allocatable:
-  ``allocatable``, ``allocated`` and ``free`` are ``None`` (unknown).
+- ``dra``: devices published in ResourceSlices that the flavor's DeviceClass
+  and selectors accept, on nodes a pod of the flavor could land on, minus those
+  ResourceClaims hold (see ``core.dra``, which says what subset of CEL is
+  evaluated). Without the DRA objects (``dra=None``), or for a selector outside
+  that subset, ``allocatable``, ``allocated`` and ``free`` are ``None`` (unknown)
+  and ``note`` says why.
 
 Pure: no I/O.
 """
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from .dra import DraInventory, dra_count
 from .model import Flavor, Policy
 from .quantities import QuantityError, parse_quantity
 
@@ -153,9 +158,17 @@ def node_is_usable(node: Mapping[str, Any]) -> bool:
 def node_serves(flavor: Flavor, node: Mapping[str, Any]) -> bool:
     """Whether a pod of this flavor could be placed on this node at all."""
     resource = flavor.node_resource
-    if resource is None or not node_is_usable(node):
+    if resource is None:
         return False
     if _whole(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0)) <= 0:
+        return False
+    return node_admits(flavor, node)
+
+
+def node_admits(flavor: Flavor, node: Mapping[str, Any]) -> bool:
+    """Whether a pod of this flavor may land on this node, whatever it advertises:
+    usable, selected by the flavor's ``node_selector``, its taints tolerated."""
+    if not node_is_usable(node):
         return False
     labels = (node.get("metadata") or {}).get("labels") or {}
     if any(labels.get(k) != v for k, v in flavor.node_selector.items()):
@@ -195,13 +208,17 @@ def flavor_capacity(
     pods: Iterable[Mapping[str, Any]] = (),
     *,
     allocated: Mapping[str, Mapping[str, Fraction]] | None = None,
+    dra: DraInventory | None = None,
 ) -> dict[str, FlavorCapacity]:
     """Capacity of every flavor of ``policy``, keyed by flavor name (see the module doc).
 
     ``allocated`` (node -> resource -> amount, as ``allocated_per_node`` gives)
     replaces ``pods`` for a caller that keeps it up to date event by event.
+    ``dra``: the cluster's ResourceSlices, DeviceClasses and ResourceClaims, for
+    the dra flavors (None: their capacity is unknown).
     """
     nodes = list(nodes)
+    by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
     if allocated is None:
         allocated = allocated_per_node(pods, counted_resources(policy))
     result = {}
@@ -209,15 +226,26 @@ def flavor_capacity(
         resource = flavor.node_resource
         unit = _UNITS[flavor.kind]
         if resource is None:
+            if dra is None:
+                count = None
+                note = "DRA devices are published in ResourceSlices, not read here"
+            else:
+                count = dra_count(
+                    flavor.device_class,
+                    flavor.selectors,
+                    dra,
+                    lambda node, f=flavor: node in by_name and node_admits(f, by_name[node]),
+                )
+                note = count.note
             result[name] = FlavorCapacity(
                 flavor=name,
                 resource=None,
                 unit=unit,
                 unit_equivalents=flavor.unit_equivalents,
-                allocatable=None,
-                allocated=None,
-                nodes=0,
-                note="DRA devices are published in ResourceSlices, not counted here",
+                allocatable=count.allocatable if count else None,
+                allocated=count.allocated if count else None,
+                nodes=count.nodes if count else 0,
+                note=note,
             )
             continue
         total = used = serving = 0
