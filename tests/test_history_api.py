@@ -1,13 +1,16 @@
 """api/history and api/showback through a real hub and its GPU service: one member's
 flood of history requests is bounded (429 with Retry-After), answers a second apart
-are the cached one, the usage pass and the budget rule keep their pace meanwhile, and
-an impossible showback month is the asker's 400."""
+are the cached one, the usage pass and the budget rule keep their pace meanwhile (a stop
+budget's stop comes at its announced time through the flood), and an impossible
+showback month is the asker's 400."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,7 +18,7 @@ from hub_helpers import running_hub
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.budgets import UsageRecord
 from kube_helpers import eventually
-from test_service_hub import aget, user_token, wait_for_service
+from test_service_hub import aget, start_server, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -25,6 +28,13 @@ POLICY = {
     "groups": {
         "alpha": {"display_name": "Alpha Lab", "quota": {"gpus": 4}, "profiles": ["small"]},
         "sysadmins": {"admin": True, "unlimited": True, "profiles": ["small"]},
+        # 0.002 GPU-hours: 7.2 GPU-seconds, used up by one server within seconds
+        "course": {
+            "display_name": "Short Course",
+            "quota": {"gpus": 2},
+            "profiles": ["small"],
+            "budget": {"gpu_hours": 0.002, "period": "1h", "when_exhausted": "stop", "grace": "6s"},
+        },
     },
 }
 DAY = 86400.0
@@ -58,7 +68,7 @@ async def history_hub(local_cluster, core, priority_class_objects):
         local_cluster,
         core,
         start=False,
-        users={"amy": ["alpha"], "olga": ["sysadmins"]},
+        users={"amy": ["alpha"], "olga": ["sysadmins"], "cid": ["course"]},
         admin_users=("root",),
         policy=POLICY,
         gpu_service=True,
@@ -173,3 +183,51 @@ async def test_an_impossible_showback_month_is_a_400_saying_what_to_send(history
         return status == 200 and body
 
     assert (await eventually(answered, "a possible month's showback")).startswith("month,")
+
+
+async def test_a_stop_budget_stops_at_its_announced_time_through_a_flood(history_hub):
+    """cid's course budget runs out while amy floods api/history: the notice announces
+    the stop, and the server stops then, not later."""
+    amy = await user_token(history_hub, "amy")
+    cid = await user_token(history_hub, "cid")
+    done = asyncio.Event()
+    now, statuses = time.time(), []
+
+    async def flood(n: int) -> None:
+        i = 0
+        while not done.is_set():
+            status, _, _ = await get(history_hub, amy, window(280 - (n * 50 + i) % 60, now))
+            statuses.append(status)
+            i += 1
+
+    flooding = [asyncio.create_task(flood(n)) for n in range(3)]
+    try:
+        await start_server(history_hub, "cid", "course--small")
+
+        async def announced():
+            status, _, view = await get(history_hub, cid, "api/usage")
+            assert status == 200, view
+            for notice in view["notices"]:
+                found = re.search(r"stops at (\d\d:\d\d:\d\d) UTC", notice["text"])
+                if found:
+                    return found[1]
+            return None
+
+        said = await eventually(announced, "cid to be told when the server stops", within=60)
+        today = datetime.now(UTC)
+        at = datetime.combine(
+            today.date(), datetime.strptime(said, "%H:%M:%S").time(), tzinfo=UTC
+        ).timestamp()
+
+        async def stopped():
+            _, model = await asyncio.to_thread(history_hub.api, "GET", "/users/cid")
+            return model["servers"] == {} and time.time()
+
+        gone = await eventually(stopped, "cid's server to be stopped", within=60, interval=0.2)
+    finally:
+        done.set()
+        await asyncio.gather(*flooding)
+    assert 429 in statuses, statuses
+    # never before the announced time; after it by at most a budget run (1 s), the hub's
+    # stop and this test's poll
+    assert at - 1 <= gone <= at + 5, (said, gone - at)
