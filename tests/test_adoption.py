@@ -151,3 +151,32 @@ def test_while_servers_from_before_run_new_servers_get_classes_that_never_preemp
     assert class_of(parse_policy(**{**POLICY, "groups": own}), "in-quota", False) == "site-high"
     kai = parse_policy(**{**POLICY, "scheduler": {"name": "kai"}})
     assert class_of(kai, "in-quota", False) == "build"
+
+
+def test_an_adopted_servers_gpu_time_is_recorded_for_its_group_only_once_its_users_groups_are_known():
+    """The service sees pods before the hub has told it the users' groups: a server from
+    before the policy is then charged to the fallback group, but its GPU time (a row
+    that keeps its group once written) waits for the groups, and goes to the group the
+    quota charges."""
+    from jupyterhub_gpu.service.state import ServiceState
+
+    policy = parse_policy(**POLICY, adopted_servers_group="ml")
+    state = ServiceState(policy, hub_namespace="jhub")
+    pod = server_pod(
+        {"nvidia.com/gpu": "1"},
+        selector={"gpu": "a100"},
+        uid="uid-ann",
+        creationTimestamp="2026-01-05T12:00:00Z",
+    )
+    pod["status"]["startTime"] = "2026-01-05T12:00:01Z"
+    found = state.server_pod(pod)
+    assert found is not None
+    state.server_pods_listed({found.key: found})
+    before = state.server_pods[found.key]
+    assert before.usage is None  # nobody's groups known yet: no row that would stick
+    state.set_user_groups({"ann": ["lab"]})  # lab alone offers the a100 she holds
+    after = state.server_pods[found.key]
+    assert after.charge is not None
+    assert after.charge.group == "lab"
+    assert after.usage is not None
+    assert after.usage.group == "lab"

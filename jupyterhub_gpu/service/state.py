@@ -54,7 +54,7 @@ from ..core.shaping import (
     terminating,
     usage_record_from_pod,
 )
-from ..kube.clusterview import capacity_watches
+from ..kube.clusterview import capacity_watches, dra_inventory, dra_watches
 from ..kube.reflector import Reflector, slim_pod
 from .views import Notice, Server, Snapshot, server_label, waiting_lines
 
@@ -257,6 +257,8 @@ class ServiceState:
         self.server_pods_watch: Reflector | None = None
         self.nodes: dict[str, Any] | None = None
         self.cluster_pods: dict[str, Any] | None = None
+        #: the DRA watches (slices, classes, claims), for a policy with dra flavors
+        self._dra: tuple[Reflector, ...] = ()
         self.servers: list[Server] | None = None
         self.notices: deque[Notice] = deque(maxlen=notices)
         self.over_limit: dict[str, str] = {}
@@ -311,7 +313,14 @@ class ServiceState:
             on_pod_event=self.bound_pod_event,
             watch_timeout=watch_timeout,
         )
-        return [servers, nodes, bound_pods]
+        if any(f.kind == "dra" for f in self.policy.flavors.values()):
+            # dra flavors' devices are counted from the DRA objects, not the nodes
+            self._dra = dra_watches(
+                client.ResourceV1Api(core.api_client) if core is not None else None,
+                on_change=self._dra_changed,
+                watch_timeout=watch_timeout,
+            )
+        return [servers, nodes, bound_pods, *self._dra]
 
     # ---- server pods -----------------------------------------------------------------
 
@@ -372,7 +381,15 @@ class ServiceState:
             return replace(found, charge=None, usage=None)
         uid = (pod.get("metadata") or {}).get("uid")
         usage = None
-        if adoption.group is not None and adoption.request.gpus and uid and found.started:
+        if (
+            adoption.group is not None
+            and adoption.request.gpus
+            and uid
+            and found.started
+            # the row, once written, keeps its group: not before the hub has said the
+            # user's groups, which may charge another group than the fallback
+            and self.user_groups is not None
+        ):
             # its time before the policy was nobody's budget: counted from when it is
             # first charged (the row, once written, keeps that start)
             since = self._adopted_since.setdefault(uid, datetime.now(UTC).timestamp())
@@ -584,6 +601,9 @@ class ServiceState:
         self.nodes = items
         self._capacity = None
 
+    def _dra_changed(self, _reflector: Reflector) -> None:
+        self._capacity = None
+
     def bound_pods_listed(self, items: dict[str, Any]) -> None:
         if items is self.cluster_pods:
             return  # the same list, changed by events already applied
@@ -674,7 +694,10 @@ class ServiceState:
             return None
         if self._capacity is None:
             self._capacity = flavor_capacity(
-                self.policy, self.nodes.values(), allocated=self._allocated or {}
+                self.policy,
+                self.nodes.values(),
+                allocated=self._allocated or {},
+                dra=dra_inventory(*self._dra) if self._dra else None,
             )
         return self._capacity
 
