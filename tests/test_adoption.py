@@ -153,7 +153,7 @@ def test_while_servers_from_before_run_new_servers_get_classes_that_never_preemp
     assert class_of(kai, "in-quota", False) == "build"
 
 
-def test_an_adopted_servers_gpu_time_is_recorded_for_its_group_only_once_its_users_groups_are_known():
+def test_an_adopted_servers_gpu_time_is_recorded_only_once_its_users_groups_are_known():
     """The service sees pods before the hub has told it the users' groups: a server from
     before the policy is then charged to the fallback group, but its GPU time (a row
     that keeps its group once written) waits for the groups, and goes to the group the
