@@ -80,6 +80,11 @@ def cluster_read_rules() -> list[dict[str, Any]]:
     rules = [
         _rule("", ["nodes", "pods", "namespaces"], _READ),
         _rule("scheduling.k8s.io", ["priorityclasses"], _READ),
+        # DRA capacity, as nodes and pods for device-plugin capacity: the devices
+        # published (resourceslices) and what selects them (deviceclasses) are cluster
+        # scoped; a device is free unless a claim in any namespace holds it, whoever's,
+        # so claims are read cluster wide like pods (no narrower grant exists)
+        _rule("resource.k8s.io", ["deviceclasses", "resourceclaims", "resourceslices"], _READ),
     ]
     # every scheduler's cluster-scoped kinds, whichever the policy names: the reconciler
     # lists them to find its own after a change of scheduler

@@ -7,10 +7,17 @@ what ``core.capacity`` reads. The spawner's ``ClusterView`` runs them for the
 profile list; the service runs the same two behind its page. Thin I/O: the
 arithmetic is in ``core.capacity``.
 
-Reading nodes and pods in every namespace needs RBAC the z2jh chart does not
-grant (``jupyterhub-gpu manifests`` renders it). Without it the view says so
-once in the log, reports capacity as unknown, and tries again every few
-minutes; nothing else depends on it, so spawns go on.
+``dra_watches`` are the three DRA capacity is read from: ResourceSlices (the
+devices drivers publish), DeviceClasses (what selects them) and ResourceClaims
+in every namespace (which devices are allocated); ``dra_inventory`` makes them
+the ``core.dra.DraInventory`` that ``flavor_capacity`` counts dra flavors from.
+
+Reading nodes, pods and DRA objects in every namespace needs RBAC the z2jh chart
+does not grant (``jupyterhub-gpu manifests`` renders it). Without it the view
+says so once in the log, reports capacity as unknown, and tries again every few
+minutes; nothing else depends on it, so spawns go on. A cluster that serves no
+DRA API (``resource.k8s.io/v1``, Kubernetes 1.34 on) leaves only the dra
+flavors' capacity unknown.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from ..core.capacity import FlavorCapacity, flavor_capacity
+from ..core.dra import DraInventory
 from ..core.model import Policy
 from .client import KubeAPIError
 from .reflector import Reflector, slim_node, slim_pod
@@ -66,6 +74,102 @@ def capacity_watches(
     return nodes, pods
 
 
+def slim_slice(resource_slice: dict[str, Any]) -> dict[str, Any]:
+    """What DRA capacity needs of a ResourceSlice: its pool, node and devices' attributes."""
+    spec = resource_slice.get("spec") or {}
+    return {
+        "metadata": {"name": (resource_slice.get("metadata") or {}).get("name")},
+        "spec": {
+            "driver": spec.get("driver"),
+            "nodeName": spec.get("nodeName"),
+            "pool": spec.get("pool") or {},
+            "devices": [
+                {"name": d.get("name"), "attributes": d.get("attributes") or {}}
+                for d in spec.get("devices") or []
+            ],
+        },
+    }
+
+
+def slim_class(device_class: dict[str, Any]) -> dict[str, Any]:
+    """What DRA capacity needs of a DeviceClass: its name and selectors."""
+    return {
+        "metadata": {"name": (device_class.get("metadata") or {}).get("name")},
+        "spec": {"selectors": (device_class.get("spec") or {}).get("selectors") or []},
+    }
+
+
+def slim_claim(claim: dict[str, Any]) -> dict[str, Any]:
+    """What DRA capacity needs of a ResourceClaim: the devices it was allocated."""
+    metadata = claim.get("metadata") or {}
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return {
+        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {k: r.get(k) for k in ("driver", "pool", "device")} for r in results
+                    ]
+                }
+            }
+        },
+    }
+
+
+def dra_watches(
+    resource: client.ResourceV1Api | None,
+    *,
+    on_change: Callable[[Reflector], None],
+    watch_timeout: int = 300,
+) -> tuple[Reflector, Reflector, Reflector]:
+    """The ResourceSlice, DeviceClass and (cluster-wide) ResourceClaim watches
+    (``resource`` None: fed by hand, in tests)."""
+
+    def call(name: str) -> Callable[..., Any] | None:
+        return getattr(resource, name) if resource is not None else None
+
+    return (
+        Reflector(
+            "resourceslices",
+            call("list_resource_slice"),
+            transform=slim_slice,
+            on_change=on_change,
+            watch_timeout=watch_timeout,
+        ),
+        Reflector(
+            "deviceclasses",
+            call("list_device_class"),
+            transform=slim_class,
+            on_change=on_change,
+            watch_timeout=watch_timeout,
+        ),
+        Reflector(
+            "resource claims",
+            call("list_resource_claim_for_all_namespaces"),
+            transform=slim_claim,
+            on_change=on_change,
+            watch_timeout=watch_timeout,
+        ),
+    )
+
+
+def dra_inventory(
+    slices: Reflector, classes: Reflector, claims: Reflector, problem: str | None = None
+) -> DraInventory:
+    """The three watches' objects as ``flavor_capacity`` counts them; ``problem`` (or
+    a watch not listed yet) makes the dra flavors' capacity unknown, saying why."""
+    for reflector in (slices, classes, claims):
+        if reflector.items is None and problem is None:
+            problem = f"{reflector.what} not listed yet"
+    if problem is not None:
+        return DraInventory(problem=problem)
+    return DraInventory(
+        (slices.items or {}).values(), (classes.items or {}).values(), (claims.items or {}).values()
+    )
+
+
 class _Watch:
     """Keeps one ``Reflector`` running: relists after errors with backoff, and says
     what is wrong (e.g. no RBAC) in ``problem`` until a list succeeds again."""
@@ -76,12 +180,16 @@ class _Watch:
         self.forbidden_retry = forbidden_retry
         self.problem: str | None = "not listed yet"
         self.ready = asyncio.Event()
+        #: set once the API server has answered: listed, or refused for good (no
+        #: RBAC, a kind it does not serve), so a first page need not wait longer
+        self.answered = asyncio.Event()
         self.status = SimpleNamespace(last_result="")  # what Reflector.run reports to
         self._warned = False
 
     def succeeded(self, _result: str) -> None:
         self.problem = None
         self.ready.set()
+        self.answered.set()
 
     async def run(self) -> None:
         delay = 1.0
@@ -94,7 +202,8 @@ class _Watch:
                 raise
             except KubeAPIError as e:
                 self.problem = str(e)
-                if e.status in (401, 403):
+                if e.status in (401, 403, 404):  # 404: an API this cluster does not serve
+                    self.answered.set()
                     if not self._warned:
                         self.log.warning(
                             "GPU capacity unknown: %s; the profile list says so and spawns go on",
@@ -111,7 +220,7 @@ class _Watch:
 
 
 class ClusterView:
-    """Nodes and bound pods, and free capacity per flavor derived from them."""
+    """Nodes, bound pods and DRA objects, and free capacity per flavor derived from them."""
 
     def __init__(
         self,
@@ -127,6 +236,10 @@ class ClusterView:
         )
         self.nodes = _Watch(nodes, log, forbidden_retry)
         self.pods = _Watch(pods, log, forbidden_retry)
+        self.dra = [
+            _Watch(r, log, forbidden_retry)
+            for r in dra_watches(client.ResourceV1Api(api_client), on_change=self._changed)
+        ]
         self._tasks: list[asyncio.Task] = []
         self._cache: tuple[tuple[int, int], dict[str, FlavorCapacity]] | None = None
         self._computed_at = 0.0
@@ -135,7 +248,7 @@ class ClusterView:
         self.version += 1
 
     def start(self) -> ClusterView:
-        self._tasks = [asyncio.create_task(k.run()) for k in (self.nodes, self.pods)]
+        self._tasks = [asyncio.create_task(k.run()) for k in (self.nodes, self.pods, *self.dra)]
         return self
 
     async def stop(self) -> None:
@@ -151,6 +264,8 @@ class ClusterView:
             async with asyncio.timeout(within):
                 await self.nodes.ready.wait()
                 await self.pods.ready.wait()
+                for watch in self.dra:
+                    await watch.answered.wait()
         return self.problem is None
 
     @property
@@ -169,6 +284,10 @@ class ClusterView:
         if stale or (self._cache[0] != key and now - self._computed_at >= self.refresh):
             nodes = (self.nodes.reflector.items or {}).values()
             pods = (self.pods.reflector.items or {}).values()
-            computed = flavor_capacity(policy, nodes, pods)
+            problems = [w.problem for w in self.dra if w.problem is not None]
+            dra = dra_inventory(
+                *(w.reflector for w in self.dra), problem=problems[0] if problems else None
+            )
+            computed = flavor_capacity(policy, nodes, pods, dra=dra)
             self._cache, self._computed_at = (key, computed), now
         return self._cache[1]
