@@ -259,19 +259,28 @@ def _note_unchecked_claims(paths: list[str], pod: dict[str, Any]) -> None:
 
 
 def cmd_manifests(args: argparse.Namespace) -> int:
-    from .config.values import policy_from_values
+    from .config.values import hub_config, load_values, policy_from_loaded, spawner_setting
     from .core.manifests import desired_objects, rbac_objects
-
-    policy = policy_from_values(args.values)
     from .core.model import PolicyError, hub_namespace_errors
 
-    if errors := hub_namespace_errors(policy, args.hub_namespace):
+    values = load_values(args.values)
+    policy = policy_from_loaded(values)
+    # the RBAC binds the hub's service account in the release's namespace: a guessed
+    # namespace would bind an account that does not exist, and every spawn would fail
+    hub_namespace = args.hub_namespace or spawner_setting(hub_config(values), "namespace")
+    if not hub_namespace:
+        raise UserError(
+            "the namespace the z2jh release runs in is not known: pass --hub-namespace "
+            "NAMESPACE (the one `helm upgrade --install --namespace` installs into), or set "
+            "hub.config.KubeSpawner.namespace in the values"
+        )
+    if errors := hub_namespace_errors(policy, hub_namespace):
         raise PolicyError(errors)
-    desired = desired_objects(policy, args.hub_namespace)
+    desired = desired_objects(policy, hub_namespace)
     # the namespaces first: the RoleBindings that follow live in them
     objects = [
         *(o for o in desired if o["kind"] == "Namespace"),
-        *rbac_objects(policy, args.hub_namespace, args.service_account, args.gpu_service_account),
+        *rbac_objects(policy, hub_namespace, args.service_account, args.gpu_service_account),
         *(o for o in desired if o["kind"] != "Namespace"),
     ]
     if args.for_removal:
@@ -419,8 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("values", nargs="+", help=values_help)
     m.add_argument(
         "--hub-namespace",
-        default="jupyterhub",
-        help="the namespace the z2jh release (hub, proxy) runs in (default: jupyterhub)",
+        help="the namespace the z2jh release (hub, proxy) runs in, where the hub's service "
+        "account is bound (default: hub.config.KubeSpawner.namespace in the values; one "
+        "of the two is required)",
     )
     m.add_argument(
         "--service-account",

@@ -59,7 +59,7 @@ def test_the_offline_commands_work_without_the_demo_extra_and_the_cluster_says_w
         f"""
         from jupyterhub_gpu.cli import main
         assert main(["check", *{values!r}]) == 0
-        assert main(["manifests", *{values!r}]) == 0
+        assert main(["manifests", *{values!r}, "--hub-namespace", "jhub"]) == 0
         sys.exit(main(["cluster", "status"]))
         """
     )

@@ -458,8 +458,9 @@ def test_manifests_command_exits_1_with_the_policy_errors(tmp_path):
 def test_manifests_for_removal_leave_out_the_namespaces_and_nothing_else():
     # `... --for-removal | kubectl delete -f -` removes the bundle's objects; a group's
     # namespace would take its running servers and their volumes with it
-    whole = list(yaml.safe_load_all(cli("manifests", "helm-values/enterprise.yaml").stdout))
-    out = cli("manifests", "helm-values/enterprise.yaml", "--for-removal")
+    ns = ("--hub-namespace", "jhub")
+    whole = list(yaml.safe_load_all(cli("manifests", "helm-values/enterprise.yaml", *ns).stdout))
+    out = cli("manifests", "helm-values/enterprise.yaml", *ns, "--for-removal")
     assert out.returncode == 0, out.stderr
     removal = list(yaml.safe_load_all(out.stdout))
     assert [d for d in whole if d["kind"] != "Namespace"] == removal

@@ -60,7 +60,7 @@ def test_check_and_manifests_refuse_a_system_namespace_with_the_key_path_and_fix
 
 def test_manifests_refuse_a_group_namespace_that_is_the_hubs(tmp_path, capsys):
     values = values_file(tmp_path, typo_policy("jupyterhub"))
-    assert main(["manifests", values]) == 1  # --hub-namespace defaults to jupyterhub
+    assert main(["manifests", values, "--hub-namespace", "jupyterhub"]) == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert (
