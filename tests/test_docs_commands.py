@@ -356,17 +356,33 @@ def kubectl_json(kubeconfig: Path, *argv: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory):
+    """A cluster of this module's own: the guide's objects have the names a real
+    deployment's have (``jupyterhub-gpu-spawner``, the queues ``research``, ...), which
+    other modules' hubs use in the session's cluster."""
+    from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+
+    cluster = LocalCluster.create(
+        name=f"pytest-docs-commands-{os.getpid()}",
+        directory=tmp_path_factory.mktemp("docs-commands-cluster"),
+    )
+    yield cluster
+    cluster.down()
+
+
 @pytest.mark.k8s
 async def test_the_deploy_guides_install_and_removal_lines_run_against_a_real_api_server(
-    local_cluster, kube, root
+    own_cluster, root
 ):
-    """The guide's namespace, manifests and removal lines, as printed, on the local
+    """The guide's namespace, manifests and removal lines, as printed, on a local
     cluster: the RBAC binds the chart's service account where the chart installs it,
     and the removal leaves the namespace to delete by hand."""
     from jupyterhub_gpu.dev.localcluster import crds
 
-    await crds.install(kube, "kai")  # the university's scheduler: its CRDs come first
-    await asyncio.to_thread(install_and_remove, Path(local_cluster.state.kubeconfig), root)
+    async with own_cluster.api() as api:
+        await crds.install(api, "kai")  # the university's scheduler: its CRDs come first
+    await asyncio.to_thread(install_and_remove, Path(own_cluster.state.kubeconfig), root)
 
 
 def install_and_remove(kubeconfig: Path, root: Path) -> None:
