@@ -67,6 +67,10 @@ BUDGETS_UNCHECKED = (
     "GPU servers of groups with a budget start again once it is back"
 )
 
+#: why a budget refused a spawn, in one word (the hub counts refused spawns by it)
+REFUSED_BUDGET = "budget"
+REFUSED_USAGE_DATABASE = "usage_database"
+
 
 class SpawnAdmission:
     """The ledger every spawn is admitted against, and the lines they wait in."""
@@ -519,7 +523,9 @@ class SpawnAdmission:
                     # check and reserve happen in this one synchronous step: atomic
                     over_budget = self.budget_refusal(policy, user, group, request)
                     if over_budget:
-                        return Decision("refuse", reason=over_budget)
+                        unchecked = over_budget == BUDGETS_UNCHECKED
+                        kind = REFUSED_USAGE_DATABASE if unchecked else REFUSED_BUDGET
+                        return Decision("refuse", reason=over_budget, kind=kind)
                     decision = self.ledger.admit(policy, key, user, group, request)
                     if decision.admitted:
                         self.starting.add(key)

@@ -32,13 +32,22 @@ if TYPE_CHECKING:
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
 JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
 
+#: why a spawn was refused, in one word, where its status does not say it
+#: (the hub counts refused spawns by it: ``spawn_metrics``)
+REFUSED_OPTIONS = "options"
+REFUSED_DATASET_CLAIM = "dataset_claim"
+REFUSED_KUBERNETES = "kubernetes"
+
 
 class SpawnRefused(web.HTTPError):
     """A spawn the policy does not allow; its text is what the user reads."""
 
-    def __init__(self, message: str, status: int = 403) -> None:
+    def __init__(self, message: str, status: int = 403, kind: str = "") -> None:
         super().__init__(status, "%s", message)
         self.message = message
+        #: why, in one word, for the hub's count of refused spawns (``spawn_metrics``);
+        #: empty: read from the status
+        self.kind = kind
         # JupyterHub shows this on the spawn-pending page of a failed spawn
         # (format_exception(only_jupyterhub=True)); without it that page says
         # only "Spawn failed"
@@ -110,7 +119,9 @@ def _select(policy: Policy, groups: list[str], options: Any) -> Selection:
         return select(policy, groups, options)
     except Refused as e:
         # options of the wrong type are a bad request; the rest is forbidden
-        raise SpawnRefused(str(e), 400 if isinstance(e, Malformed) else 403) from None
+        raise SpawnRefused(
+            str(e), 400 if isinstance(e, Malformed) else 403, kind=REFUSED_OPTIONS
+        ) from None
 
 
 def _options_are_the_saved_ones(spawner: GPUKubeSpawner) -> bool:
@@ -167,7 +178,8 @@ async def refuse_missing_claims(
             raise SpawnRefused(
                 f"the dataset {dataset.display_name} needs the PersistentVolumeClaim {claim} "
                 f"in namespace {namespace}, and there is none: nothing was started; an admin "
-                "must create the claim (or remove the dataset from the group)"
+                "must create the claim (or remove the dataset from the group)",
+                kind=REFUSED_DATASET_CLAIM,
             ) from None
 
 

@@ -63,6 +63,7 @@ from .server_pods import charges_from_pods, finish_stop_in_background, watch_pod
 from .service.server_status import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
 from .spawn_admission import SpawnAdmission, register_hub_metrics
 from .spawn_checks import (
+    REFUSED_KUBERNETES,
     SpawnRefused,
     checked_policy,
     kubernetes_reachable,
@@ -73,6 +74,7 @@ from .spawn_checks import (
     selected,
     unreachable,
 )
+from .spawn_metrics import count_refusal
 from .spawn_profiles import offered_profiles
 from .spawn_progress import explained, progress_events
 
@@ -198,6 +200,9 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_reservation: Charge | None = None
     #: the last start was refused before anything was written to Kubernetes
     _gpu_refused_before_kubernetes: bool = False
+    #: the group the current start is charged to, once its options chose one (a
+    #: refusal is counted under it)
+    _gpu_start_group: str = ""
     #: this spawner's starts while its scheduler holds the server's pod in a queue
     _queue_watch: QueueWatch
     #: KubeSpawner is applying validated options (it reads the profile list for them)
@@ -348,6 +353,7 @@ class GPUKubeSpawner(KubeSpawner):
         policy = checked_policy(self)
         self._refuse_a_site_profile_list()
         selection = selected(self, policy, self._user_groups())
+        self._gpu_start_group = selection.group.name
         # KubeSpawner applies the profile list (the same offers) to the options as the
         # form would send them, never to the raw input: a JSON number for a choice
         # ("gpus": 1) is the choice "1" to us, and a KeyError in KubeSpawner
@@ -413,7 +419,7 @@ class GPUKubeSpawner(KubeSpawner):
             poll_interval=self.wait_poll_interval,
         )
         if not decision.admitted:
-            raise SpawnRefused(decision.reason)
+            raise SpawnRefused(decision.reason, kind=decision.kind)
         self._gpu_reservation = self.admission.charge(key)
         self.log.info(
             "GPU admission: %s charged to %s (%s)", key, selection.group.name, decision.tier
@@ -448,9 +454,12 @@ class GPUKubeSpawner(KubeSpawner):
         return super().is_pod_running(pod)
 
     async def _start(self):
+        self._gpu_start_group = ""
         try:
             return await self._queue_watch.bounded(self._start_charged())
         except SpawnRefused as e:
+            # on the hub's /hub/metrics, for the refused-spawns alert
+            count_refusal(self._gpu_start_group, e)
             if e.status_code < 500:
                 not_a_hub_failure(self)
             raise
@@ -483,7 +492,8 @@ class GPUKubeSpawner(KubeSpawner):
             if e.status == 403:
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
                 raise SpawnRefused(
-                    f"Kubernetes refused the server: {exception_message(e)}"
+                    f"Kubernetes refused the server: {exception_message(e)}",
+                    kind=REFUSED_KUBERNETES,
                 ) from None
             raise
         except (aiohttp.ClientError, OSError) as e:

@@ -1,4 +1,4 @@
-"""Prometheus alerting rules for the GPU service's metrics, shipped with the package.
+"""Prometheus alerting rules for the GPU service's and the hub's metrics, in the package.
 
 ``RULES_FILE`` is a plain Prometheus rules file (``rule_files``). The same groups,
 for kube-prometheus-stack, are rendered from it by ``prometheus_rule_yaml`` (a
@@ -11,6 +11,14 @@ for kube-prometheus-stack, are rendered from it by ``prometheus_rule_yaml`` (a
 
 The rendering is textual, so the rules file's notes on the thresholds to tune
 come along.
+
+Each alert's ``runbook_url`` points at its entry in the operations guide
+(``docs/operations.md``, "What each alert means, and what to do"), under
+``DOCS_URL``. A site that publishes the docs elsewhere renders every form with its
+own address (``docs_url``), from the command line::
+
+    python3 -m jupyterhub_gpu.alerts --docs-url https://docs.example.edu/jupyterhub-gpu/ \\
+        prometheusrule > prometheusrule.yaml
 """
 
 from __future__ import annotations
@@ -29,20 +37,34 @@ DEFAULT_RELEASE = "kube-prometheus-stack"
 #: the line of the rules file from which its text is carried into the other forms
 _CARRIED_FROM = "# The thresholds to tune"
 
+#: where the built documentation is published (Sphinx's HTML: ``operations.html``
+#: holds each alert's entry); a placeholder until a site renders its own address
+DOCS_URL = "https://docs.example.org/jupyterhub-gpu/"
 
-def rule_groups() -> list[dict[str, Any]]:
+#: the page under ``DOCS_URL`` each ``runbook_url`` points into
+RUNBOOK_PAGE = "operations.html"
+
+
+def rules_text(docs_url: str = DOCS_URL) -> str:
+    """The rules file, its runbook links under ``docs_url``."""
+    if not docs_url.endswith("/"):
+        docs_url += "/"
+    return RULES_FILE.read_text().replace(DOCS_URL + RUNBOOK_PAGE, docs_url + RUNBOOK_PAGE)
+
+
+def rule_groups(docs_url: str = DOCS_URL) -> list[dict[str, Any]]:
     """The rule groups of ``RULES_FILE``, parsed."""
-    return yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return yaml.safe_load(rules_text(docs_url))["groups"]
 
 
-def _carried(indent: int) -> str:
-    text = RULES_FILE.read_text()
+def _carried(indent: int, docs_url: str) -> str:
+    text = rules_text(docs_url)
     start = text.index(_CARRIED_FROM)
     pad = " " * indent
     return "".join(pad + line if line.strip() else line for line in text[start:].splitlines(True))
 
 
-def prometheus_rule_yaml(release: str = DEFAULT_RELEASE) -> str:
+def prometheus_rule_yaml(release: str = DEFAULT_RELEASE, docs_url: str = DOCS_URL) -> str:
     """The rules as a PrometheusRule object, for ``kubectl apply``."""
     return (
         "# The jupyterhub-gpu alerting rules as a PrometheusRule (monitoring.coreos.com/v1),\n"
@@ -62,11 +84,11 @@ def prometheus_rule_yaml(release: str = DEFAULT_RELEASE) -> str:
         "  labels:\n"
         "    app.kubernetes.io/name: jupyterhub-gpu\n"
         f"    release: {release}\n"
-        "spec:\n" + _carried(2)
+        "spec:\n" + _carried(2, docs_url)
     )
 
 
-def kube_prometheus_stack_values_yaml() -> str:
+def kube_prometheus_stack_values_yaml(docs_url: str = DOCS_URL) -> str:
     """The rules as kube-prometheus-stack values (``additionalPrometheusRulesMap``)."""
     return (
         "# kube-prometheus-stack values that load the jupyterhub-gpu alerting rules: the\n"
@@ -78,5 +100,5 @@ def kube_prometheus_stack_values_yaml() -> str:
         "#   helm upgrade kube-prometheus-stack prometheus-community/kube-prometheus-stack \\\n"
         "#       -n monitoring --reuse-values -f helm-values/alerts/kube-prometheus-stack.yaml\n"
         "additionalPrometheusRulesMap:\n"
-        "  jupyterhub-gpu:\n" + _carried(4)
+        "  jupyterhub-gpu:\n" + _carried(4, docs_url)
     )

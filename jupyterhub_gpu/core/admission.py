@@ -25,6 +25,11 @@ from .selection import Request
 IN_QUOTA = "in-quota"
 OVER_QUOTA = "over-quota"
 
+#: why a request was refused, in one word (the hub counts refused spawns by it)
+REFUSED_USER_CAP = "user_cap"
+REFUSED_TOO_LARGE = "too_large"
+REFUSED_GROUP_FULL = "group_full"
+
 
 @dataclass
 class Usage:
@@ -64,6 +69,8 @@ class Decision:
     reason: str = ""
     #: for "wait": the group whose limit it waits for (the group or a parent)
     level: str | None = None
+    #: for "refuse": why, in one word (``REFUSED_*``)
+    kind: str = ""
 
     @property
     def admitted(self) -> bool:
@@ -131,7 +138,7 @@ class Ledger:
         )
         if per_user:
             # waiting would not help: the user frees this by stopping a server
-            return Decision("refuse", reason=per_user)
+            return Decision("refuse", reason=per_user, kind=REFUSED_USER_CAP)
         tier = IN_QUOTA
         for level in policy.ancestors(group.name):
             if level.unlimited:
@@ -142,11 +149,14 @@ class Ledger:
                 return Decision(
                     "refuse",
                     reason=f"{level.display_name} allows less than this server needs ({never})",
+                    kind=REFUSED_TOO_LARGE,
                 )
             over_limit = _exceeded(level.display_name, self.usage(level.name), request, level.limit)
             if over_limit:
                 outcome = "wait" if policy.when_full_of(group.name) == "wait" else "refuse"
-                return Decision(outcome, reason=over_limit, level=level.name)
+                return Decision(
+                    outcome, reason=over_limit, level=level.name, kind=REFUSED_GROUP_FULL
+                )
             if _exceeded(level.display_name, self.usage(level.name), request, level.quota):
                 tier = OVER_QUOTA
         return Decision("admit", tier=tier)
