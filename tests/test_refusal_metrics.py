@@ -108,3 +108,29 @@ def test_refusals_are_counted_per_group_and_reason():
     assert sample(metric, {"group": "lab", "reason": "group_full"}) == 3
     assert sample(metric, {"group": "", "reason": "options"}) == 1
     assert sample(metric, {"group": "lab", "reason": "options"}) is None
+
+
+async def test_a_spawn_refused_by_a_used_up_budget_says_so(tmp_path):
+    from jupyterhub_gpu.core.budgets import UsageRecord
+
+    now = 1_800_000_000.0
+    store = UsageStore(f"sqlite:///{tmp_path}/usage.sqlite")
+    # a server of lab's that has run for 200 hours: lab's 100 GPU-hours are used up
+    started = now - 200 * 3600
+    record = UsageRecord("old", "ns/jupyter-old", "bob", "lab", "p", "h200", 1.0, started, now)
+    store.open([record], now=now)
+    admission = SpawnAdmission(loaded=True)
+    admission.use_store(store, fail_open=False)
+    admission.clock = lambda: now
+    await admission.read_usage(POLICY)
+    decision = await admission.admit(
+        POLICY,
+        "ns/jupyter-ann",
+        "ann",
+        POLICY.find_group("lab"),
+        gpus(1),
+        show_wait=lambda message: None,
+        poll_interval=1,
+    )
+    assert (decision.outcome, decision.kind) == ("refuse", "budget")
+    assert decision.reason != BUDGETS_UNCHECKED
