@@ -131,19 +131,41 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .config.values import checked_values, hub_config, identity_tls_warnings, spawner_setting
+    from .config.values import (
+        checked_values,
+        deployment_warnings,
+        hub_config,
+        identity_tls_warnings,
+        load_values,
+        spawner_setting,
+    )
     from .core.model import PolicyError, hub_namespace_errors
+    from .hub_classes import check_classes
 
-    values, policy = checked_values(args.values)
-    for warning in identity_tls_warnings(values):
+    # the hub's classes and every setting of theirs, beside the policy: one report
+    sections = (load_values(args.values).get("hub") or {}).get("config") or {}
+    classes = check_classes(sections if isinstance(sections, dict) else {})
+    for warning in classes.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    try:
+        values, policy = checked_values(args.values)
+    except PolicyError as e:
+        raise PolicyError(e.errors + classes.errors) from None
+    errors = list(classes.errors)
     hub_namespace = args.hub_namespace or spawner_setting(hub_config(values), "namespace")
-    if hub_namespace and (errors := hub_namespace_errors(policy, hub_namespace)):
+    if hub_namespace:
+        errors += hub_namespace_errors(policy, hub_namespace)
+    if errors:
         raise PolicyError(errors)
+    for warning in identity_tls_warnings(values) + deployment_warnings(values, policy):
+        print(f"warning: {warning}", file=sys.stderr)
     print(
         f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"
     )
+    for extra, why in classes.extras:
+        install = f"pip install 'jupyterhub-gpu[{extra}]'"
+        print(f"the hub image needs the [{extra}] extra ({why}): {install}")
     return 0
 
 

@@ -359,3 +359,37 @@ def test_an_unknown_billing_time_zone_is_an_error(tmp_path):
     ) in result.stderr
     values["hub"]["config"]["GPUService"]["billing_timezone"] = "Europe/Berlin"
     assert check(tmp_path, values).returncode == 0
+
+
+def test_the_hubs_start_up_log_warns_of_a_policy_that_cannot_do_what_it_says():
+    """A valid policy whose memory quota leaves its GPUs out of reach, and an idle rule
+    over whole GPUs without Prometheus: the hub starts, and its log says both with the
+    fix, as ``jupyterhub-gpu check`` does."""
+    config = Config()
+    config.GPUPolicy.update(
+        {
+            "flavors": {"a100": {"kind": "gpu"}},
+            "profiles": {"gpu": {"cpu": 4, "memory": "64Gi", "gpu": {"flavor": "a100"}}},
+            "groups": {
+                "lab": {
+                    "profiles": ["gpu"],
+                    "quota": {"gpus": 4, "memory": "128Gi"},
+                    "idle": {"after": "1h"},
+                }
+            },
+        }
+    )
+    report = io.StringIO()
+    check_policy(config, stream=report)  # returns: the hub starts
+    assert report.getvalue().splitlines() == [
+        "jupyterhub-gpu: warning: hub.config.GPUPolicy.groups.lab.quota.memory: 128Gi leaves "
+        "room for at most 2 of the group's guaranteed 4 GPUs (2 of its largest GPU servers "
+        "fit: 1 GPU, 4 CPUs and 64Gi each); raise quota.memory to at least 256Gi, or give "
+        "its GPU profiles less memory",
+        "jupyterhub-gpu: warning: hub.config.GPUPolicy.groups.lab.idle: its a100 servers' GPU "
+        "use is read from DCGM through Prometheus, but hub.config.GPUService.prometheus_url is "
+        "not set, so they are judged by notebook activity alone: a training run in a "
+        "terminal, which makes none, is stopped after 1h and the notice; set "
+        "hub.config.GPUService.prometheus_url to the Prometheus that scrapes dcgm-exporter",
+        "jupyterhub-gpu: GPU policy checked: 1 groups, 1 profiles, 1 flavors",
+    ]

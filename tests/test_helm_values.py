@@ -81,8 +81,9 @@ def config_classes() -> dict[str, type]:
     from jupyterhub_gpu.auth.ldap import LDAPGroupsAuthenticator
     from jupyterhub_gpu.auth.oidc import OIDCGroupsAuthenticator
     from jupyterhub_gpu.config.policy import GPUPolicy
+    from jupyterhub_gpu.service.app import GPUService
 
-    classes = [JupyterHub, KubeSpawner, GPUKubeSpawner, GPUPolicy]
+    classes = [JupyterHub, KubeSpawner, GPUKubeSpawner, GPUPolicy, GPUService]
     classes += [GenericOAuthenticator, LDAPAuthenticator, LDAPGroupsAuthenticator]
     classes += [OIDCGroupsAuthenticator]
     return {c.__name__: c for c in classes}

@@ -36,6 +36,7 @@ from .values import (
     ValuesError,
     check_extra_config,
     policy_from_config,
+    policy_warnings,
     service_setting_errors,
     setup_errors,
     spawner_setting,
@@ -103,6 +104,10 @@ def check_policy(
         print("Fix these settings (check with `jupyterhub-gpu check VALUES`).", file=out)
         out.flush()
         raise SystemExit(1)
+    # valid, but not doing what it says (GPUs out of reach of the CPU or memory quota,
+    # an idle rule without its metrics): the hub starts, and its log says so
+    for warning in policy_warnings(config, policy):
+        print(f"jupyterhub-gpu: warning: {warning}", file=stream or sys.stderr)
     print(
         f"jupyterhub-gpu: GPU policy checked: {len(policy.groups)} groups, "
         f"{len(policy.profiles)} profiles, {len(policy.flavors)} flavors",
