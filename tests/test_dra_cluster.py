@@ -18,7 +18,7 @@ from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.shaping import PodShape, apply_to_pod
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.dev.localcluster.dra import DEVICE_CLASSES
-from kube_helpers import eventually, pod_manifest
+from kube_helpers import eventually, failed_scheduling, pod_manifest
 
 pytestmark = pytest.mark.k8s
 
@@ -116,8 +116,29 @@ async def test_dra_nodes_publish_slices_and_classes_as_nvidias_driver(kube):
     assert classes >= {c["metadata"]["name"] for c in DEVICE_CLASSES}
 
 
-def _server_pod(name: str, count: int = 1) -> dict:
-    flavor = POLICY.flavors["h200"]
+MIG = parse_policy(
+    flavors={
+        "mig-1g": {
+            "kind": "dra",
+            "device_class": "mig.nvidia.com",
+            "selectors": ["device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"],
+        }
+    }
+).flavors["mig-1g"]
+
+
+async def _ready_namespace(core: client.CoreV1Api, ns: str) -> None:
+    await core.create_namespace({"metadata": {"name": ns}})
+
+    async def account():
+        accounts = await core.list_namespaced_service_account(ns)
+        return any(a.metadata.name == "default" for a in accounts.items)
+
+    await eventually(account, "the namespace's default service account")
+
+
+def _server_pod(name: str, count: int = 1, flavor=None) -> dict:
+    flavor = flavor or POLICY.flavors["h200"]
     pod = pod_manifest(name, {"cpu": "100m"})
     return apply_to_pod(
         pod,
@@ -170,6 +191,71 @@ async def test_kube_scheduler_allocates_the_claim_on_the_node_the_pod_lands_on(k
         return not claims.items
 
     await eventually(claim_gone, "the pod's claim deleted with the pod", within=60)
+
+
+async def test_past_the_last_free_device_the_pod_waits_with_the_schedulers_reason(kube):
+    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    ns = "dra-full"
+    await _ready_namespace(core, ns)
+    flavor = POLICY.flavors["h200"]
+    await resource.create_namespaced_resource_claim_template(
+        ns, claim_template(flavor, 2, ns, "hub")
+    )
+    await resource.create_namespaced_resource_claim_template(
+        ns, claim_template(flavor, 1, ns, "hub")
+    )
+    # two servers of two H200s each take all four devices of the two DRA nodes
+    for name in ("big-a", "big-b"):
+        await core.create_namespaced_pod(ns, _server_pod(name, count=2))
+
+    async def both_running():
+        pods = (await core.list_namespaced_pod(ns)).items
+        return sorted(p.spec.node_name for p in pods if p.status.phase == "Running")
+
+    assert await eventually(lambda: _two(both_running), "both 2-GPU servers Running") == [
+        "h200dra-0",
+        "h200dra-1",
+    ]
+    await core.create_namespaced_pod(ns, _server_pod("late"))
+    events = await failed_scheduling(core, ns, "late")
+    assert "cannot allocate all claims" in events[-1].message, events[-1].message
+    late = await core.read_namespaced_pod("late", ns)
+    assert late.status.phase == "Pending"
+    assert not late.spec.node_name
+    # a device freed: the waiting pod gets it
+    await core.delete_namespaced_pod("big-a", ns, grace_period_seconds=0)
+
+    async def late_running():
+        pod = await core.read_namespaced_pod("late", ns)
+        return pod.status.phase == "Running"
+
+    await eventually(late_running, "the waiting pod Running on the freed device", within=90)
+    await core.delete_namespace(ns)
+
+
+async def _two(probe):
+    found = await probe()
+    return found if len(found) == 2 else None
+
+
+async def test_a_mig_partition_is_claimed_through_the_mig_device_class(kube):
+    core, resource = client.CoreV1Api(kube), client.ResourceV1Api(kube)
+    ns = "dra-mig"
+    await _ready_namespace(core, ns)
+    await resource.create_namespaced_resource_claim_template(ns, claim_template(MIG, 1, ns, "hub"))
+    await core.create_namespaced_pod(ns, _server_pod("mig", flavor=MIG))
+
+    async def running():
+        pod = await core.read_namespaced_pod("mig", ns)
+        return pod if pod.status.phase == "Running" else None
+
+    pod = await eventually(running, "the MIG server pod Running", within=60)
+    assert pod.spec.node_name == "migdra-0"
+    (status,) = pod.status.resource_claim_statuses
+    claim = await resource.read_namespaced_resource_claim(status.resource_claim_name, ns)
+    (result,) = claim.status.allocation.devices.results
+    assert result.device.startswith("gpu-0-mig-1g5gb-")
+    await core.delete_namespace(ns)
 
 
 async def test_a_claim_beyond_the_groups_quota_is_refused_by_the_api_server(kube):
