@@ -6,6 +6,7 @@ namespace's ResourceQuota makes the API server refuse a claim beyond the quota."
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -15,9 +16,11 @@ from kubernetes_asyncio.client import ApiException
 
 from jupyterhub_gpu.core.manifests import claim_template, resource_quota
 from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.rbac import cluster_read_rules
 from jupyterhub_gpu.core.shaping import PodShape, apply_to_pod
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.dev.localcluster.dra import DEVICE_CLASSES
+from jupyterhub_gpu.kube.clusterview import ClusterView
 from kube_helpers import eventually, failed_scheduling, pod_manifest
 
 pytestmark = pytest.mark.k8s
@@ -292,3 +295,84 @@ async def test_a_claim_beyond_the_groups_quota_is_refused_by_the_api_server(kube
         await resource.create_namespaced_resource_claim(ns, claim("another", one))
     assert refused.value.status == 403
     assert "gpu.nvidia.com.deviceclass.resource.k8s.io/devices" in refused.value.body
+
+
+async def test_without_rbac_for_dra_objects_only_the_dra_flavors_are_unknown(dra_cluster, kube):
+    """An account that reads nodes and pods but not the DRA kinds (a hub whose RBAC
+    predates them): device-plugin flavors are counted, dra flavors say why they are
+    not; once the rendered RBAC is applied they are counted too."""
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    ns = "dra-rbac"
+    await _ready_namespace(core, ns)
+    await core.create_namespaced_service_account(ns, {"metadata": {"name": "hub"}})
+    role = {
+        "metadata": {"name": "dra-test-read"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}],
+    }
+    await rbac.create_cluster_role(role)
+    await rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": "dra-test-read"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "dra-test-read",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}],
+        }
+    )
+    token = await core.create_namespaced_service_account_token(
+        "hub", ns, {"spec": {"expirationSeconds": 600}}
+    )
+    configuration = client.Configuration(host=dra_cluster.state.server)
+    configuration.api_key = {"BearerToken": token.status.token}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    configuration.ssl_ca_cert = str(dra_cluster.state.kubeconfig.parent / "ca.crt")
+    policy = parse_policy(
+        flavors={
+            "h200": {
+                "kind": "dra",
+                "selectors": [
+                    "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"
+                ],
+            },
+            "a100": {"kind": "gpu"},
+        }
+    )
+    try:
+        async with client.ApiClient(configuration) as account:
+            view = ClusterView(account, logging.getLogger("test.dra"), forbidden_retry=0.2)
+            view.start()
+            try:
+                assert await view.wait_ready(30)  # nodes and pods: capacity is known
+                capacity = view.capacity(policy)
+                assert capacity["a100"].free == 2
+                assert capacity["h200"].free is None
+                assert "resourceslices" in capacity["h200"].note
+                assert "forbidden" in capacity["h200"].note
+                role["rules"] = cluster_read_rules()
+                await rbac.replace_cluster_role("dra-test-read", role)
+
+                resource = client.ResourceV1Api(kube)
+
+                async def counted():
+                    # other tests' claims may still be going: free is 4 minus what the
+                    # API server's claims hold on the H200 nodes
+                    claims = (await resource.list_resource_claim_for_all_namespaces()).items
+                    held = [
+                        r
+                        for c in claims
+                        if c.status and c.status.allocation
+                        for r in c.status.allocation.devices.results
+                        if r.pool.startswith("h200dra-")
+                    ]
+                    return view.capacity(policy)["h200"].free == 4 - len(held)
+
+                await eventually(counted, "the H200 devices counted")
+                assert view.capacity(policy)["h200"].allocatable == 4
+            finally:
+                await view.stop()
+    finally:
+        await rbac.delete_cluster_role_binding("dra-test-read")
+        await rbac.delete_cluster_role("dra-test-read")
+        await core.delete_namespace(ns)
