@@ -131,9 +131,9 @@ def _groups(text: str) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from .config.deployment import deployment_warnings
     from .config.values import (
         checked_values,
-        deployment_warnings,
         hub_config,
         identity_tls_warnings,
         load_values,

@@ -315,3 +315,16 @@ def test_a_usage_database_a_hub_restart_loses_is_a_warning(tmp_path, values, war
         (warning,) = found
         assert warning.startswith(warned), warning
         assert "point it at the hub's PostgreSQL" in warning
+
+
+def test_values_that_set_a_policy_and_no_spawner_run_z2jhs_kubespawner_an_error(tmp_path):
+    # without base.yaml: z2jh's own config sets KubeSpawner, which ignores the policy
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(config(GPUPolicy=GOOD)))
+    result = cli("check", str(path))
+    assert result.returncode == 1, result.stdout
+    assert (
+        "hub.config.JupyterHub.spawner_class: not set (z2jh's kubespawner.KubeSpawner) is "
+        "KubeSpawner, which does not enforce hub.config.GPUPolicy"
+    ) in result.stderr
+    assert "set spawner_class: gpu-kubespawner" in result.stderr

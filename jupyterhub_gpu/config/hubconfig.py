@@ -32,11 +32,11 @@ from typing import Any, TextIO
 from traitlets.config import Config
 
 from ..core.model import PolicyError, hub_namespace_errors
+from .deployment import policy_warnings
 from .values import (
     ValuesError,
     check_extra_config,
     policy_from_config,
-    policy_warnings,
     service_setting_errors,
     setup_errors,
     spawner_setting,
