@@ -165,6 +165,15 @@ def check_classes(sections: Mapping[str, Any]) -> Report:
             report.extras.append((extra, f"{key}: {given}"))
         if resolved.cls is not None:
             in_use.append(resolved.cls)
+        if key == "spawner_class" and has_policy and resolved.missing:
+            # a site's own spawner, perhaps a GPUKubeSpawner subclass, not installed here
+            report.warnings.append(
+                f"{where}: {given} cannot be imported here ({resolved.missing}): unless it "
+                "is GPUKubeSpawner or a subclass of it, hub.config.GPUPolicy is not "
+                f"enforced (set spawner_class: {GPU_SPAWNER_NAME}); install it here to "
+                "have it checked"
+            )
+            continue
         if key == "spawner_class" and has_policy:
             if resolved.cls is None or not _is_gpu_spawner(resolved.cls):
                 report.errors.append(_unenforced(where, shown, resolved))
@@ -196,8 +205,7 @@ def _unenforced(where: str, shown: str, resolved: Resolved) -> str:
     if resolved.cls is not None:
         what = f"{shown} is {resolved.cls.__name__}, which does not enforce"
     else:
-        why = problem or f"it cannot be imported here: {resolved.missing}"
-        what = f"{shown} is not GPUKubeSpawner ({why}), the only spawner that enforces"
+        what = f"{shown} is not GPUKubeSpawner ({problem}), the only spawner that enforces"
     return (
         f"{where}: {what} hub.config.GPUPolicy: servers would start with none of its "
         f"profiles, quotas or GPU checks; set spawner_class: {GPU_SPAWNER_NAME}"

@@ -328,3 +328,37 @@ def test_values_that_set_a_policy_and_no_spawner_run_z2jhs_kubespawner_an_error(
         "KubeSpawner, which does not enforce hub.config.GPUPolicy"
     ) in result.stderr
     assert "set spawner_class: gpu-kubespawner" in result.stderr
+
+
+def test_the_most_gpus_servers_can_hold_mixes_server_sizes():
+    """Pure: the packing that decides the warning. 149 servers of 3/7 GPU stop 1/7
+    short of 64 GPUs; one 1/7 slice beside them reaches it, so no cap falls short."""
+    from fractions import Fraction
+
+    from jupyterhub_gpu.config.deployment import most_gpus
+    from jupyterhub_gpu.core.model import Amounts
+    from jupyterhub_gpu.core.selection import Request
+
+    gib = 2**30
+    big = Request(gpus=Fraction(3, 7), cpu=8000, memory=64 * gib, devices=(("3g", 1),))
+    small = Request(gpus=Fraction(1, 7), cpu=8000, memory=64 * gib, devices=(("1g", 1),))
+    assert most_gpus([big, small], Amounts(gpus=Fraction(64))) == 64
+    # memory for 3 servers: the best three are the big ones
+    caps = Amounts(gpus=Fraction(64), memory=200 * gib)
+    assert most_gpus([small, big], caps) == Fraction(9, 7)
+    # a device cap binds too: at most one 3g slice, then the small ones
+    caps = Amounts(gpus=Fraction(64), memory=200 * gib, flavors={"3g": 1})
+    assert most_gpus([small, big], caps) == Fraction(5, 7)
+
+
+def test_a_spawner_not_installed_where_check_runs_is_a_warning(tmp_path):
+    # a site's own spawner (perhaps a GPUKubeSpawner subclass) that only its image has
+    values = config(JupyterHub={"spawner_class": "mysite.spawners.SiteSpawner"}, GPUPolicy=GOOD)
+    result = check(tmp_path, values)
+    assert result.returncode == 0, result.stderr
+    assert warnings(result) == [
+        "warning: hub.config.JupyterHub.spawner_class: mysite.spawners.SiteSpawner cannot be "
+        "imported here (ModuleNotFoundError: No module named 'mysite'): unless it is "
+        "GPUKubeSpawner or a subclass of it, hub.config.GPUPolicy is not enforced (set "
+        "spawner_class: gpu-kubespawner); install it here to have it checked"
+    ]
