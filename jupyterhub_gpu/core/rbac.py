@@ -8,8 +8,9 @@ Least privilege, by construction:
 - **Cluster-wide grants only for what is cluster-wide, or read-only where nothing
   narrower exists.** Read: nodes (free capacity per flavor), pods in every namespace
   (a node's free capacity is its allocatable minus the pods bound to it, whoever's
-  they are; Kubernetes has no narrower grant for that), namespaces and the
-  scheduler's queue kinds (to compare with the policy). Write: only the cluster
+  they are; Kubernetes has no narrower grant for that), DRA's ResourceSlices,
+  DeviceClasses and ResourceClaims (free devices, by the same reasoning),
+  namespaces and the scheduler's queue kinds (to compare with the policy). Write: only the cluster
   objects the policy names, by ``resourceNames`` (its namespaces, PriorityClasses,
   queues); a name the policy does not list cannot be changed or deleted.
 - **Namespaced rights only in the namespaces servers run in** (the policy's group
