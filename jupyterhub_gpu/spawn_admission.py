@@ -30,11 +30,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from .accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
-from .accounting.store import AccountingUnavailable, UsageStore
+from .accounting.store import AccountingUnavailable, UsageStore, collector_paused
 from .core.admission import Charge, Decision, Ledger
 from .core.budgets import (
     BudgetState,
     UsageBook,
+    UsageRecord,
     budget_refusal,
     budgets_of,
     has_budget,
@@ -262,16 +263,12 @@ class SpawnAdmission:
                 self._failed(e)
                 return
             if first:
-                mine = list(self.usage.records.values())
-                self.usage = UsageBook.for_policy(policy)
-                self.fair = None
-                for record in mine:
-                    # this hub's own starts and stops since it started
-                    self.count_usage(policy, record)
-            for record in records:
-                pending = self.backlog.get(record.uid)
-                self.count_usage(policy, pending.applied(record) if pending else record)
-            self.usage.prune(policy, now)
+                await self._first_book(policy, records, now)  # pruned there
+            else:
+                for record in records:
+                    pending = self.backlog.get(record.uid)
+                    self.count_usage(policy, pending.applied(record) if pending else record)
+                self.usage.prune(policy, now)
             if self.fair is not None:
                 self.fair.settle(now)
             self._usage_revision = revision
@@ -281,6 +278,42 @@ class SpawnAdmission:
             self.usage_error = None
             self.usage_failing_since = None
             self.usage_loaded = True
+
+    async def _first_book(self, policy: Policy, records: list[UsageRecord], now: float) -> None:
+        """The book of the first read, built in a thread: a year of a large cluster's
+        rows (some hundred thousand) take seconds to index, and spawns and the hub's
+        pages must not wait on them. This hub's own starts and stops meanwhile (and
+        since it started) are put in on the loop, then the rows with events not yet
+        written, as a later read does."""
+
+        def build() -> tuple[UsageBook, FairShareBook | None]:
+            with collector_paused():
+                return build_book()
+
+        def build_book() -> tuple[UsageBook, FairShareBook | None]:
+            book = UsageBook.for_policy(policy)
+            fair = FairShareBook(policy) if policy.fair_share is not None else None
+            for record in records:
+                earlier = book.open_by_key.get(record.key)
+                book.put(policy, record)
+                if fair is not None:
+                    if earlier is not None and earlier is not record and earlier.ended is not None:
+                        fair.ended(earlier)  # the book ended the pod this one replaced
+                    fair.put(record)
+            book.prune(policy, now)
+            return book, fair
+
+        book, fair = await asyncio.to_thread(build)
+        mine = [r for r in self.usage.records.values() if r.uid not in book.records]
+        self.usage, self.fair = book, fair
+        for record in mine:
+            # this hub's own starts and stops since it started (the database's row of
+            # one, where there is one, is the later word, as it always was)
+            self.count_usage(policy, record)
+        for record in records if len(self.backlog) else ():
+            pending = self.backlog.get(record.uid)
+            if pending is not None:
+                self.count_usage(policy, pending.applied(record))
 
     async def _write_kept(self) -> bool:
         """Write the starts and ends kept (the caller holds the database lock);

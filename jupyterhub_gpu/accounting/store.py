@@ -34,10 +34,13 @@ hub has one. Synchronous (SQLAlchemy Core); async callers run it in a thread.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sqlite3
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +117,36 @@ _FIELDS = ("uid", "key", "user", "group", "profile", "flavor", "gpus", "started"
 
 class AccountingUnavailable(RuntimeError):
     """The usage database could not be read or written."""
+
+
+_collector = threading.Lock()
+_collector_paused = 0
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cycle collector while a first read makes its hundreds of thousands
+    of records (in a thread), then set them aside from it.
+
+    Each collection of the oldest generation looks at every object alive and holds the
+    interpreter while it does: made as they are read, a year's rows set off several
+    such collections, each stalling the event loop a tenth of a second or more, and
+    once read, every later one walks them again. The records are kept until they leave
+    every window, and hold no cycles (refcounting frees them), so they are frozen out
+    of the collector's view (``gc.freeze``) rather than walked again and again."""
+    global _collector_paused
+    with _collector:
+        _collector_paused += 1
+        if _collector_paused == 1:
+            gc.disable()
+    try:
+        yield
+    finally:
+        with _collector:
+            _collector_paused -= 1
+            if _collector_paused == 0:
+                gc.freeze()
+                gc.enable()
 
 
 def _record(row: Any) -> UsageRecord:
@@ -494,7 +527,8 @@ class UsageStore:
             )
             return [_record(r) for r in connection.execute(query)], revision
 
-        return self._guarded("be read", work)
+        with collector_paused():  # a year's rows: see there
+            return self._guarded("be read", work)
 
     def overlapping(
         self, since: float, until: float, groups: Iterable[str] | None = None

@@ -39,7 +39,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
-from ..accounting.store import AccountingUnavailable, UsageStore
+from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
 from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
@@ -346,29 +346,70 @@ class GPUTime:
         """Bring the book up to date and recompute what the views show."""
         now = self.clock()
         if self._revision is None:
-            since = now - max(self.book.horizon, read_window(self.policy))
-            records, revision = await asyncio.to_thread(self.store.snapshot, since, now)
-        else:
-            # every row written since, in the order written (whatever its times)
-            records, revision = await asyncio.to_thread(self.store.changed_since, self._revision)
-        for record in records:
-            earlier = self.book.open_by_key.get(record.key)
-            self.book.put(self.policy, record)
-            self.tally.put(record, now)
-            if self.fair is not None:
-                if earlier is not None and earlier is not record and earlier.ended is not None:
-                    self.fair.ended(earlier)  # ended in place by the book
-                self.fair.put(record)
-        if self.fair is not None:
-            self.fair.settle(now)
-        self.book.prune(self.policy, now)
-        self.tally.prune(now - self.book.horizon)
+            await self._first_read(now)
+            return
+        # every row written since, in the order written (whatever its times)
+        records, revision = await asyncio.to_thread(self.store.changed_since, self._revision)
+        self._take(self.book, self.tally, self.fair, records, now)
         self._revision = revision
         self._read_at = now
         self._failing_since = None
         self.snapshot = self.compute(now)
         self._forget_showbacks(records)
         self._histories.clear()
+
+    async def _first_read(self, now: float) -> None:
+        """The first read: every row of the book's reach (a year's at a large site, some
+        hundred thousand), read, indexed and summed in a thread, so the event loop keeps
+        answering meanwhile; what the views read is swapped in at once when it is done.
+        Nothing else touches these books before then (views and history go to the
+        database until the first read is in)."""
+        since = now - max(self.book.horizon, read_window(self.policy))
+        # the pods' watch changes ``running`` on the loop: the thread sums a copy
+        running = frozenset(self.running)
+
+        def build() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
+            with collector_paused():
+                return build_books()
+
+        def build_books() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
+            records, revision = self.store.snapshot(since, now)
+            book = UsageBook(horizon=self.book.horizon)
+            tally = ShowbackTally(self.zone)
+            fair = FairShareBook(self.policy) if self.policy.fair_share else None
+            self._take(book, tally, fair, records, now)
+            return book, tally, fair, revision, self._sums(book, fair, now, running)
+
+        self.book, self.tally, self.fair, revision, sums = await asyncio.to_thread(build)
+        self._revision = revision
+        self._read_at = now
+        self._failing_since = None
+        self.snapshot = self._snapshot(*sums)
+        self._showbacks.clear()
+        self.rendered = {}
+        self._histories.clear()
+
+    def _take(
+        self,
+        book: UsageBook,
+        tally: ShowbackTally,
+        fair: FairShareBook | None,
+        records: list[UsageRecord],
+        now: float,
+    ) -> None:
+        """Put rows read into the book, the month tally and the fair-share standings."""
+        for record in records:
+            earlier = book.open_by_key.get(record.key)
+            book.put(self.policy, record)
+            tally.put(record, now)
+            if fair is not None:
+                if earlier is not None and earlier is not record and earlier.ended is not None:
+                    fair.ended(earlier)  # ended in place by the book
+                fair.put(record)
+        if fair is not None:
+            fair.settle(now)
+        book.prune(self.policy, now)
+        tally.prune(now - book.horizon)
 
     def _forget_showbacks(self, changed: list[UsageRecord]) -> None:
         """Drop the showbacks the rows just read change, and what was rendered from them.
@@ -391,10 +432,17 @@ class GPUTime:
         self.rendered = {k: v for k, v in self.rendered.items() if not months.intersection(k)}
 
     def compute(self, now: float) -> GPUTimeSnapshot:
-        running = self.running
+        return self._snapshot(*self._sums(self.book, self.fair, now, self.running))
+
+    def _sums(
+        self, book: UsageBook, fair_book: FairShareBook | None, now: float, running: Container[str]
+    ) -> tuple[
+        float, dict[str, HoursView], dict[tuple[str, str], HoursView], FairShareSnapshot | None
+    ]:
+        """Every group's and member's GPU-hours in its window, and the fair-share standings."""
         groups = {
             group.name: hours_view(
-                self.book.group_records(group.name),
+                book.group_records(group.name),
                 None if group.unlimited else group.budget,
                 now,
                 running,
@@ -402,15 +450,22 @@ class GPUTime:
             for group in self.policy.all_groups
         }
         users = {}
-        for (user, group_name), records in self.book.by_user.items():
+        for (user, group_name), records in book.by_user.items():
             group = self.policy.find_group(group_name)
             budget = group.user_budget if group else None
             users[(user, group_name)] = hours_view(records.values(), budget, now, running)
         fair = None
-        if self.fair is not None:
-            fair = fair_share_snapshot(
-                self.policy, self.fair, self.book.records.values(), now, running
-            )
+        if fair_book is not None:
+            fair = fair_share_snapshot(self.policy, fair_book, book.records.values(), now, running)
+        return now, groups, users, fair
+
+    def _snapshot(
+        self,
+        now: float,
+        groups: dict[str, HoursView],
+        users: dict[tuple[str, str], HoursView],
+        fair: FairShareSnapshot | None,
+    ) -> GPUTimeSnapshot:
         return GPUTimeSnapshot(
             groups,
             users,
