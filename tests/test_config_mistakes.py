@@ -391,5 +391,5 @@ def test_the_hubs_start_up_log_warns_of_a_policy_that_cannot_do_what_it_says():
         "not set, so they are judged by notebook activity alone: a training run in a "
         "terminal, which makes none, is stopped after 1h and the notice; set "
         "hub.config.GPUService.prometheus_url to the Prometheus that scrapes dcgm-exporter",
-        "jupyterhub-gpu: GPU policy checked: 1 groups, 1 profiles, 1 flavors",
+        "jupyterhub-gpu: GPU policy checked: 1 group, 1 profile, 1 flavor",
     ]

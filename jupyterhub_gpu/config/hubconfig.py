@@ -109,8 +109,15 @@ def check_policy(
     for warning in policy_warnings(config, policy):
         print(f"jupyterhub-gpu: warning: {warning}", file=stream or sys.stderr)
     print(
-        f"jupyterhub-gpu: GPU policy checked: {len(policy.groups)} groups, "
-        f"{len(policy.profiles)} profiles, {len(policy.flavors)} flavors",
+        "jupyterhub-gpu: GPU policy checked: "
+        + ", ".join(
+            f"{len(things)} {word}{'' if len(things) == 1 else 's'}"
+            for things, word in (
+                (policy.groups, "group"),
+                (policy.profiles, "profile"),
+                (policy.flavors, "flavor"),
+            )
+        ),
         file=stream or sys.stderr,
     )
 
