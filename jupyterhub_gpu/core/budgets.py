@@ -18,6 +18,7 @@ are epoch seconds.
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from bisect import bisect_left, bisect_right
@@ -282,6 +283,153 @@ MAX_ROOMS = 1000
 SUMMED_UP_TO = 1000
 
 
+#: an owner of GPU-hours: (group, None) for a group (its children's records too), or
+#: (group, member) for a member's own in it
+Owner = tuple[str, str | None]
+
+
+def _exact_add(partials: list[float], x: float) -> None:
+    """Add ``x`` to a sum kept exactly as non-overlapping partials (Shewchuk's, as
+    ``math.fsum`` keeps it): a sum added to and taken from for a year drifts by nothing,
+    so a window's total reads as ``math.fsum`` of its records would."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
+
+
+#: a closed record as a window keeps it: start, end, GPUs, owners, inside the window
+_Entry = tuple[float, float, float, tuple[Owner, ...], bool]
+
+
+class _Window:
+    """Every owner's GPU-seconds of closed records in the window of one ``period``
+    ending at the latest moment asked, kept as the window moves on: a record inside
+    it whole is summed once; one across its start is counted from the start (a few:
+    the servers running at that moment); one ending after the moment asked is counted
+    up to it. A record leaves the whole-inside sum once, when the window's start
+    passes its start, and the window once, when it passes its end: per moment asked,
+    the cost is the records that moved, not all of them."""
+
+    __slots__ = (
+        "edge",
+        "edge_heap",
+        "entries",
+        "floor",
+        "inside",
+        "inside_heap",
+        "later",
+        "now",
+        "period",
+    )  # fmt: skip
+
+    def __init__(self, period: float, now: float) -> None:
+        self.period = period
+        self.now = now
+        #: the window's start (now - period)
+        self.floor = now - period
+        #: the records it counts, by uid (those inside it whole, and across its start)
+        self.entries: dict[str, _Entry] = {}
+        #: each owner's sum of its records inside the window whole (exact partials)
+        self.inside: dict[Owner, list[float]] = {}
+        #: records across the window's start, by uid
+        self.edge: dict[str, _Entry] = {}
+        #: records ending after the latest moment asked, by uid (rare: a clock ahead)
+        self.later: dict[str, _Entry] = {}
+        #: (start, uid) of the records inside whole; (end, uid) of those across the
+        #: start: the next to move as the window moves on (stale ones are skipped)
+        self.inside_heap: list[tuple[float, str]] = []
+        self.edge_heap: list[tuple[float, str]] = []
+
+    def add(
+        self, uid: str, start: float, end: float, gpus: float, owners: tuple[Owner, ...]
+    ) -> None:
+        """A closed record to count (``remove`` it first if it was counted)."""
+        if end <= start:
+            return  # counts nothing in any window
+        if end > self.now:
+            self.later[uid] = (start, end, gpus, owners, False)
+        elif end <= self.floor:
+            return  # the window has passed it
+        elif start >= self.floor:
+            self.entries[uid] = (start, end, gpus, owners, True)
+            heapq.heappush(self.inside_heap, (start, uid))
+            used = gpus * (end - start)
+            for owner in owners:
+                _exact_add(self.inside.setdefault(owner, []), used)
+        else:
+            self.entries[uid] = self.edge[uid] = (start, end, gpus, owners, False)
+            heapq.heappush(self.edge_heap, (end, uid))
+
+    def remove(self, uid: str) -> None:
+        """Count a record no more (changed, reopened, or pruned)."""
+        if self.later.pop(uid, None) is not None:
+            return
+        entry = self.entries.pop(uid, None)
+        if entry is None:
+            return
+        start, end, gpus, owners, whole = entry
+        if whole:
+            for owner in owners:
+                _exact_add(self.inside[owner], -gpus * (end - start))
+        else:
+            del self.edge[uid]
+
+    def advance(self, now: float) -> None:
+        """Move the window on to end at ``now`` (not before the last moment asked)."""
+        floor = now - self.period
+        self.now = now
+        self.floor = floor
+        heap, entries = self.inside_heap, self.entries
+        while heap and heap[0][0] < floor:
+            start, uid = heapq.heappop(heap)
+            entry = entries.get(uid)
+            if entry is None or not entry[4] or entry[0] != start:
+                continue  # removed, or counted anew since
+            _, end, gpus, owners, _ = entry
+            for owner in owners:
+                _exact_add(self.inside[owner], -gpus * (end - start))
+            if end > floor:
+                entries[uid] = self.edge[uid] = (start, end, gpus, owners, False)
+                heapq.heappush(self.edge_heap, (end, uid))
+            else:
+                del entries[uid]
+        heap = self.edge_heap
+        while heap and heap[0][0] <= floor:
+            end, uid = heapq.heappop(heap)
+            entry = entries.get(uid)
+            if entry is None or entry[4] or entry[1] != end:
+                continue
+            del entries[uid]
+            del self.edge[uid]
+        for uid in [u for u, e in self.later.items() if e[1] <= now]:
+            start, end, gpus, owners, _ = self.later.pop(uid)
+            self.add(uid, start, end, gpus, owners)
+
+    def seconds(self) -> dict[Owner, float]:
+        """Every owner's GPU-seconds of closed records in the window now."""
+        totals = {owner: math.fsum(partials) for owner, partials in self.inside.items()}
+        floor, now = self.floor, self.now
+        for _start, end, gpus, owners, _ in self.edge.values():
+            used = gpus * (end - floor)
+            for owner in owners:
+                totals[owner] = totals.get(owner, 0.0) + used
+        for start, end, gpus, owners, _ in self.later.values():
+            end = min(end, now)
+            start = max(start, floor)
+            if end > start:
+                for owner in owners:
+                    totals[owner] = totals.get(owner, 0.0) + gpus * (end - start)
+        return totals
+
+
 class UsageBook:
     """Records that may still count, by owner: each group (parents included) and
     each (user, group)."""
@@ -297,6 +445,14 @@ class UsageBook:
         #: by (group, member or None), kept in step with the owner's records by every
         #: change; the least recently asked about is forgotten first
         self._rooms: dict[tuple[str, str | None], _Room] = {}
+        #: each period's window of closed records, kept as the clock moves (made when
+        #: ``window_seconds`` is first asked about that period)
+        self._windows: dict[float, _Window] = {}
+        #: the owners of the records of each (group, user), one tuple shared by all
+        self._owner_tuples: dict[tuple[str, str], tuple[Owner, ...]] = {}
+        #: when closed records end, and their uids: the next to prune first (stale
+        #: entries, of records changed or gone since, are skipped)
+        self._ends: list[tuple[float, str]] = []
 
     def _room(self, group: str, member: str | None, period: float, now: float) -> _Room | None:
         """What is kept of the records of ``group`` (``member``'s own in it, if given),
@@ -460,6 +616,29 @@ class UsageBook:
             self.open_by_key[record.key] = record
         if self._rooms:
             self._rooms_put(policy, old, record, closed)
+        owners = self._owner_tuples.get((record.group, record.user))
+        if owners is None:
+            owners = self._owner_tuples[(record.group, record.user)] = tuple(
+                self._owners(policy, record)
+            )
+        if record.ended is not None:
+            heapq.heappush(self._ends, (record.ended, record.uid))
+        if closed is not None and closed.ended is not None:
+            heapq.heappush(self._ends, (closed.ended, closed.uid))
+        for window in self._windows.values():
+            if old is not None:
+                window.remove(old.uid)
+            if record.ended is not None:
+                window.add(record.uid, record.started, record.ended, record.gpus, owners)
+            if closed is not None and closed.ended is not None:
+                window.remove(closed.uid)
+                window.add(
+                    closed.uid,
+                    closed.started,
+                    closed.ended,
+                    closed.gpus,
+                    self._owner_tuples[(closed.group, closed.user)],
+                )
 
     def _unindex(self, policy: Policy, record: UsageRecord) -> None:
         for name in policy.charged_groups(record.group):
@@ -475,24 +654,76 @@ class UsageBook:
             record.ended = max(at, record.started)
             for room in self._rooms.values():
                 room.closes(record)
+            heapq.heappush(self._ends, (record.ended, record.uid))
+            owners = self._owner_tuples.get((record.group, record.user))
+            for window in self._windows.values() if owners is not None else ():
+                window.remove(record.uid)
+                window.add(record.uid, record.started, record.ended, record.gpus, owners)
         return record
 
     def prune(self, policy: Policy, now: float) -> int:
         """Drop records that ended before any budget's window: they never count again."""
         cutoff = now - self.horizon
-        gone = [r for r in self.records.values() if r.ended is not None and r.ended < cutoff]
+        # the records in the order they end: only those leaving are looked at, not
+        # every record (a year's, at a large site) at every pass
+        found: dict[str, UsageRecord] = {}
+        ends = self._ends
+        while ends and ends[0][0] < cutoff:
+            _, uid = heapq.heappop(ends)
+            record = self.records.get(uid)
+            if record is not None and record.ended is not None and record.ended < cutoff:
+                found[uid] = record
+        gone = list(found.values())
         for record in gone:
             self._unindex(policy, record)
             del self.records[record.uid]
+            for window in self._windows.values():
+                window.remove(record.uid)
             for owner in self._owners(policy, record) if self._rooms else ():
                 room = self._rooms.get(owner)
                 if room is not None:
                     room.size -= 1
                     room.dropped = max(room.dropped, record.end(now))
-        for index in (self.by_group, self.by_user):
+        for index in (self.by_group, self.by_user) if gone else ():
             for owner in [o for o, owned in index.items() if not owned]:
                 del index[owner]
         return len(gone)
+
+    def window_seconds(
+        self, period: float, now: float, running: Container[str] = ()
+    ) -> dict[Owner, float]:
+        """Every owner's GPU-equivalent-seconds in the ``period`` before ``now``: by
+        (group, None) what ``gpu_seconds`` sums of ``group_records(group)``, by (group,
+        member) of ``user_records(member, group)``, the same sums (an owner without
+        records in the window may be missing: none).
+
+        The closed records are kept summed as the window moves on (``_Window``), so
+        asking again later costs the records that changed or moved through the window's
+        ends since, and the open ones (servers running or unseen lately), summed each
+        time: a pass at a year of records costs what a pass at a day's does. Asking
+        about an earlier ``now`` than the last (a clock set back) sums them all again."""
+        window = self._windows.get(period)
+        if window is None or now < window.now:
+            window = _Window(period, now)
+            owner_tuples = self._owner_tuples
+            for r in self.records.values():
+                if r.ended is not None:
+                    window.add(r.uid, r.started, r.ended, r.gpus, owner_tuples[(r.group, r.user)])
+            self._windows[period] = window
+        elif now != window.now:
+            window.advance(now)
+        totals = window.seconds()
+        since = now - period
+        owner_tuples = self._owner_tuples
+        # ``gpu_seconds`` of an open record, inlined
+        for r in self.open_by_key.values():
+            end = now if r.key in running else max(r.last_seen, r.started)
+            start = r.started if r.started > since else since
+            if end > start:
+                used = r.gpus * (end - start)
+                for owner in owner_tuples[(r.group, r.user)]:
+                    totals[owner] = totals.get(owner, 0.0) + used
+        return totals
 
     def group_records(self, group: str) -> Iterable[UsageRecord]:
         return self.by_group.get(group, {}).values()

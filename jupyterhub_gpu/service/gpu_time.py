@@ -40,7 +40,7 @@ from zoneinfo import ZoneInfo
 
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
-from ..core.budgets import UsageBook, UsageRecord, gpu_hours, longest_period
+from ..core.budgets import HOUR, UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
 from ..core.showback import (
@@ -439,21 +439,32 @@ class GPUTime:
     ) -> tuple[
         float, dict[str, HoursView], dict[tuple[str, str], HoursView], FairShareSnapshot | None
     ]:
-        """Every group's and member's GPU-hours in its window, and the fair-share standings."""
+        """Every group's and member's GPU-hours in its window, and the fair-share standings.
+
+        Each window's sums are kept by the book as the clock moves (closed records
+        summed once, open ones each pass): a pass at a year of a large cluster's
+        records costs what one at a day's does."""
+        windows: dict[float, dict[tuple[str, str | None], float]] = {}
+
+        def view(owner: tuple[str, str | None], budget: Budget | None) -> HoursView:
+            period = budget.period if budget else DEFAULT_WINDOW
+            sums = windows.get(period)
+            if sums is None:
+                sums = windows[period] = book.window_seconds(float(period), now, running)
+            used = sums.get(owner, 0.0) / HOUR
+            cap = float(budget.gpu_hours) if budget else None
+            return HoursView(used, cap, period, cap is not None and used >= cap)
+
         groups = {
-            group.name: hours_view(
-                book.group_records(group.name),
-                None if group.unlimited else group.budget,
-                now,
-                running,
-            )
+            group.name: view((group.name, None), None if group.unlimited else group.budget)
             for group in self.policy.all_groups
         }
         users = {}
-        for (user, group_name), records in book.by_user.items():
+        for user, group_name in book.by_user:
             group = self.policy.find_group(group_name)
-            budget = group.user_budget if group else None
-            users[(user, group_name)] = hours_view(records.values(), budget, now, running)
+            users[(user, group_name)] = view(
+                (group_name, user), group.user_budget if group else None
+            )
         fair = None
         if fair_book is not None:
             fair = fair_share_snapshot(self.policy, fair_book, book.records.values(), now, running)
