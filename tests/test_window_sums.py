@@ -96,6 +96,11 @@ def test_kept_window_sums_match_the_records_summed_one_by_one(seed):
         running = {r.key for r in book.open_by_key.values() if rng.random() < 0.7}
         for period in PERIODS:
             same(book.window_seconds(period, now, running), brute(book, period, now, running))
+            # the records a window holds: every one ending in it (fair share's day)
+            held = book.window_records(period, now)
+            assert len({r.uid for r in held}) == len(held)
+            ending = {r.uid for r in book.records.values() if r.end(now, running) > now - period}
+            assert ending <= {r.uid for r in held}
 
 
 def test_a_year_of_records_is_asked_about_at_flat_cost():
@@ -114,3 +119,43 @@ def test_a_year_of_records_is_asked_about_at_flat_cost():
     book.window_seconds(30 * DAY, now + 60.0)
     moved = moved_before - (len(window.inside_heap) + len(window.edge_heap))
     assert moved <= 2  # a record every 26 minutes: one minute moves at most one or two
+
+
+def test_fair_share_standings_from_the_window_are_those_from_every_record():
+    """The service's fair-share standings compare now with a day ago: read from the
+    day's records the book holds, they are those read from all of them."""
+    from jupyterhub_gpu.core.fairshare import FairShareBook
+    from jupyterhub_gpu.service.fair_share import CHANGE_OVER, fair_share_snapshot
+
+    pol = parse_policy(
+        fair_share={"half_life": "7d", "max_wait": "30m"},
+        flavors={"a100": {"kind": "gpu"}},
+        profiles={"gpu": {"gpu": {"flavor": "a100"}}},
+        groups={
+            "lab": {"quota": {"gpus": 8}, "profiles": ["gpu"]},
+            "class": {"quota": {"gpus": 8}, "profiles": ["gpu"]},
+        },
+    )
+    rng = random.Random(7)
+    book, fair = UsageBook(horizon=40 * DAY), FairShareBook(pol)
+    now = T0
+    for i in range(2000):
+        user, group = rng.choice((("ann", "lab"), ("bob", "lab"), ("cy", "class")))
+        start = now - rng.uniform(0, 40 * DAY)
+        ended = None if i % 50 == 0 else start + rng.uniform(-60, 2 * DAY)
+        record = UsageRecord(f"u{i}", f"ns/p{i}", user, group, "gpu", "a100",
+                             rng.choice((1.0, 2.0)), start, start + 60, ended)  # fmt: skip
+        book.put(pol, record)
+        fair.put(record)
+    book.prune(pol, now)
+    running = {r.key for r in book.open_by_key.values()}
+    held = book.window_records(CHANGE_OVER, now)
+    assert len(held) < len(book.records) / 5
+    every = fair_share_snapshot(pol, fair, book.records.values(), now, running)
+    window = fair_share_snapshot(pol, fair, held, now, running)
+    assert every.groups.keys() == window.groups.keys()
+    assert every.users.keys() == window.users.keys()
+    for name, standing in every.groups.items():
+        assert window.groups[name].to_json() == standing.to_json()
+    for owner, standing in every.users.items():
+        assert window.users[owner].to_json() == standing.to_json()

@@ -322,6 +322,7 @@ class _Window:
         "edge",
         "edge_heap",
         "entries",
+        "flat",
         "floor",
         "inside",
         "inside_heap",
@@ -343,6 +344,9 @@ class _Window:
         self.edge: dict[str, _Entry] = {}
         #: records ending after the latest moment asked, by uid (rare: a clock ahead)
         self.later: dict[str, _Entry] = {}
+        #: records ending no later than they start, by uid, with their end: they count
+        #: nothing, but they are in the window until it passes their end
+        self.flat: dict[str, float] = {}
         #: (start, uid) of the records inside whole; (end, uid) of those across the
         #: start: the next to move as the window moves on (stale ones are skipped)
         self.inside_heap: list[tuple[float, str]] = []
@@ -353,7 +357,9 @@ class _Window:
     ) -> None:
         """A closed record to count (``remove`` it first if it was counted)."""
         if end <= start:
-            return  # counts nothing in any window
+            if end > self.floor:
+                self.flat[uid] = end  # counts nothing in any window
+            return
         if end > self.now:
             self.later[uid] = (start, end, gpus, owners, False)
         elif end <= self.floor:
@@ -370,7 +376,7 @@ class _Window:
 
     def remove(self, uid: str) -> None:
         """Count a record no more (changed, reopened, or pruned)."""
-        if self.later.pop(uid, None) is not None:
+        if self.later.pop(uid, None) is not None or self.flat.pop(uid, None) is not None:
             return
         entry = self.entries.pop(uid, None)
         if entry is None:
@@ -409,6 +415,8 @@ class _Window:
                 continue
             del entries[uid]
             del self.edge[uid]
+        if self.flat:
+            self.flat = {uid: end for uid, end in self.flat.items() if end > floor}
         for uid in [u for u, e in self.later.items() if e[1] <= now]:
             start, end, gpus, owners, _ = self.later.pop(uid)
             self.add(uid, start, end, gpus, owners)
@@ -689,6 +697,30 @@ class UsageBook:
                 del index[owner]
         return len(gone)
 
+    def _window(self, period: float, now: float) -> _Window:
+        """The window of ``period`` ending at ``now``, made or moved on."""
+        window = self._windows.get(period)
+        if window is None or now < window.now:
+            window = _Window(period, now)
+            owner_tuples = self._owner_tuples
+            for r in self.records.values():
+                if r.ended is not None:
+                    window.add(r.uid, r.started, r.ended, r.gpus, owner_tuples[(r.group, r.user)])
+            self._windows[period] = window
+        elif now != window.now:
+            window.advance(now)
+        return window
+
+    def window_records(self, period: float, now: float) -> list[UsageRecord]:
+        """At least every record whose end (as ``UsageRecord.end`` tells it, whatever
+        servers run) is after ``now - period``: the closed ones the window holds, and
+        every open one; a few besides, at most (those ending after ``now``)."""
+        window = self._window(period, now)
+        records = self.records
+        found = [records[uid] for uid in chain(window.entries, window.later, window.flat)]
+        found.extend(self.open_by_key.values())
+        return found
+
     def window_seconds(
         self, period: float, now: float, running: Container[str] = ()
     ) -> dict[Owner, float]:
@@ -702,17 +734,7 @@ class UsageBook:
         ends since, and the open ones (servers running or unseen lately), summed each
         time: a pass at a year of records costs what a pass at a day's does. Asking
         about an earlier ``now`` than the last (a clock set back) sums them all again."""
-        window = self._windows.get(period)
-        if window is None or now < window.now:
-            window = _Window(period, now)
-            owner_tuples = self._owner_tuples
-            for r in self.records.values():
-                if r.ended is not None:
-                    window.add(r.uid, r.started, r.ended, r.gpus, owner_tuples[(r.group, r.user)])
-            self._windows[period] = window
-        elif now != window.now:
-            window.advance(now)
-        totals = window.seconds()
+        totals = self._window(period, now).seconds()
         since = now - period
         owner_tuples = self._owner_tuples
         # ``gpu_seconds`` of an open record, inlined

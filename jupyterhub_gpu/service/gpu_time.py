@@ -54,7 +54,7 @@ from ..core.showback import (
     showback,
 )
 from ..core.utilisation import Chunks, Coverage
-from .fair_share import FairShareSnapshot, fair_share_snapshot
+from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
 from .idle import SHARED_KINDS, Prometheus
 from .state import ServiceState
 from .tasks import RetryAtInterval
@@ -467,7 +467,9 @@ class GPUTime:
             )
         fair = None
         if fair_book is not None:
-            fair = fair_share_snapshot(self.policy, fair_book, book.records.values(), now, running)
+            # only the records of the window it compares with (not a year's)
+            recent = book.window_records(float(CHANGE_OVER), now)
+            fair = fair_share_snapshot(self.policy, fair_book, recent, now, running)
         return now, groups, users, fair
 
     def _snapshot(
