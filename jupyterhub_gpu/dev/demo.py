@@ -1267,6 +1267,10 @@ def run_demo(plan: DemoPlan, bin_dir: str | None = None, port: int = 8000) -> in
             _mark(cluster, None, prometheus)
             metrics = GPUMetrics(exporter, prometheus)
             service_settings["prometheus_url"] = prometheus.url
+        else:
+            # the values' own Prometheus is the site's, never reached from here (loopback
+            # only): without the demo's, the idle rule falls back to notebook activity
+            service_settings.pop("prometheus_url", None)
         hub_config = plan.hub_config
         if plan.auth == "ldap":
             try:
