@@ -29,7 +29,9 @@ CPU = {"cpu": {"cpu": "100m", "memory": "128Mi"}}
 
 def values_file(tmp_path: Path, policy: dict, **hub_config) -> str:
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({"hub": {"config": {"GPUPolicy": policy, **hub_config}}}))
+    # the spawner that enforces the policy (check says so of any other)
+    config = {"JupyterHub": {"spawner_class": "gpu-kubespawner"}, "GPUPolicy": policy}
+    path.write_text(yaml.safe_dump({"hub": {"config": {**config, **hub_config}}}))
     return str(path)
 
 

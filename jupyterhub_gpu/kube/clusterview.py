@@ -193,10 +193,11 @@ class _Watch:
 
     async def run(self) -> None:
         delay = 1.0
+        refused_delay = 1.0
         while True:
             try:
                 await self.reflector.run(self)  # returns when a watch expires: list again
-                delay = 1.0
+                delay = refused_delay = 1.0
                 continue
             except asyncio.CancelledError:
                 raise
@@ -210,7 +211,11 @@ class _Watch:
                             e,
                         )
                         self._warned = True
-                    await asyncio.sleep(self.forbidden_retry)
+                    # asked again soon, then less and less often: an API server that
+                    # has just restarted refuses for a moment while its authorizer
+                    # warms up, where a missing grant stays missing until an admin adds it
+                    await asyncio.sleep(min(refused_delay, self.forbidden_retry))
+                    refused_delay *= 2
                     continue
             except Exception as e:  # the API server restarting, the network: retry
                 self.problem = f"reading {self.reflector.what} failed: {e!r}"
