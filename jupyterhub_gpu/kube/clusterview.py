@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -118,36 +119,43 @@ def slim_claim(claim: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: DRA's API (GA in Kubernetes 1.34), read through the generic object API: the
+#: kubernetes_asyncio of older hub images (z2jh 4.0's) has no typed client for it
+DRA_API = ("resource.k8s.io", "v1")
+
+
 def dra_watches(
-    resource: client.ResourceV1Api | None,
+    custom: client.CustomObjectsApi | None,
     *,
     on_change: Callable[[Reflector], None],
     watch_timeout: int = 300,
 ) -> tuple[Reflector, Reflector, Reflector]:
     """The ResourceSlice, DeviceClass and (cluster-wide) ResourceClaim watches
-    (``resource`` None: fed by hand, in tests)."""
+    (``custom`` None: fed by hand, in tests)."""
 
-    def call(name: str) -> Callable[..., Any] | None:
-        return getattr(resource, name) if resource is not None else None
+    def call(plural: str) -> Callable[..., Any] | None:
+        if custom is None:
+            return None
+        return functools.partial(custom.list_cluster_custom_object, *DRA_API, plural)
 
     return (
         Reflector(
             "resourceslices",
-            call("list_resource_slice"),
+            call("resourceslices"),
             transform=slim_slice,
             on_change=on_change,
             watch_timeout=watch_timeout,
         ),
         Reflector(
             "deviceclasses",
-            call("list_device_class"),
+            call("deviceclasses"),
             transform=slim_class,
             on_change=on_change,
             watch_timeout=watch_timeout,
         ),
         Reflector(
             "resource claims",
-            call("list_resource_claim_for_all_namespaces"),
+            call("resourceclaims"),
             transform=slim_claim,
             on_change=on_change,
             watch_timeout=watch_timeout,
@@ -243,7 +251,7 @@ class ClusterView:
         self.pods = _Watch(pods, log, forbidden_retry)
         self.dra = [
             _Watch(r, log, forbidden_retry)
-            for r in dra_watches(client.ResourceV1Api(api_client), on_change=self._changed)
+            for r in dra_watches(client.CustomObjectsApi(api_client), on_change=self._changed)
         ]
         self._tasks: list[asyncio.Task] = []
         self._cache: tuple[tuple[int, int], dict[str, FlavorCapacity]] | None = None

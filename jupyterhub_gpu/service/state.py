@@ -316,7 +316,7 @@ class ServiceState:
         if any(f.kind == "dra" for f in self.policy.flavors.values()):
             # dra flavors' devices are counted from the DRA objects, not the nodes
             self._dra = dra_watches(
-                client.ResourceV1Api(core.api_client) if core is not None else None,
+                client.CustomObjectsApi(core.api_client) if core is not None else None,
                 on_change=self._dra_changed,
                 watch_timeout=watch_timeout,
             )
