@@ -344,19 +344,40 @@ class Reconciler:
         load looks like, and pruning for it would delete every group's objects.
         """
         objects = desired_objects(policy, self.hub_namespace)
-        objects, refused, adopted = await self._only_our_namespaces(policy, objects)
+        # one list of our namespaces per pass, for the ownership check and the pass alike
+        listed = await self._list_namespaces()
+        objects, refused, adopted = await self._only_our_namespaces(policy, objects, listed)
         if not policy.groups:
             report = await self._reconcile(
-                objects, prune=False, why_not="the policy has no groups (pruning skipped)"
+                objects,
+                prune=False,
+                why_not="the policy has no groups (pruning skipped)",
+                listed_namespaces=listed,
             )
         else:
-            report = await self._reconcile(objects, prune=True, namespaces=self.prune_namespaces)
+            report = await self._reconcile(
+                objects,
+                prune=True,
+                namespaces=self.prune_namespaces,
+                listed_namespaces=listed,
+            )
         report.errors[:0] = refused
         report.adopted += adopted
         return report
 
+    async def _list_namespaces(self) -> list[dict[str, Any]] | ApiException:
+        """Our namespaces, or the API server's refusal to list them (reported by the
+        pass; any other error, the API server not being there, is raised)."""
+        try:
+            return await self._list(_BY_TYPE[("v1", "Namespace")])
+        except ApiException as e:
+            return e
+
     async def _only_our_namespaces(
-        self, policy: Policy, objects: list[dict[str, Any]]
+        self,
+        policy: Policy,
+        objects: list[dict[str, Any]],
+        listed: list[dict[str, Any]] | ApiException,
     ) -> tuple[list[dict[str, Any]], list[ObjectError], list[str]]:
         """``objects`` without those in a namespace that is not ours to write: the hub's
         own, or an existing one without this hub's ownership labels that the policy's
@@ -365,22 +386,21 @@ class Reconciler:
         delete it). Each such namespace is an error naming it and the fix; with the
         errors, the namespaces adopted this pass.
 
-        One list of our namespaces per pass; a namespace missing from it is read by name,
-        which happens only until it is made (or adopted)."""
+        ``listed`` is the pass's list of our namespaces; a namespace missing from it is
+        read by name, which happens only until it is made (or adopted)."""
         wanted = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
         if not wanted:
             return objects, [], []
         ns_kind = _BY_TYPE[("v1", "Namespace")]
-        try:
-            ours = {o["metadata"]["name"] for o in await self._list(ns_kind)}
-        except ApiException as e:
+        if isinstance(listed, ApiException):
             why = (
                 "this hub's namespaces could not be listed to tell which are its own, so "
-                f"nothing is written into it: {self._error_message(ns_kind, e)}"
+                f"nothing is written into it: {self._error_message(ns_kind, listed)}"
             )
             refused_all = set(wanted)
             kept = [o for o in objects if _namespace_of(o) not in refused_all]
             return kept, [ObjectError(_kind_text(ns_kind), n, why) for n in wanted], []
+        ours = {o["metadata"]["name"] for o in listed}
         refused: dict[str, str] = {}
         adopted: list[str] = []
         for name in wanted:
@@ -437,6 +457,7 @@ class Reconciler:
         prune: bool,
         namespaces: bool = False,
         why_not: str = "",
+        listed_namespaces: list[dict[str, Any]] | ApiException | None = None,
     ) -> ReconcileReport:
         report = ReconcileReport(dry_run=self.dry_run)
         writes_before = self.writes
@@ -447,13 +468,18 @@ class Reconciler:
             annotations[APPLIED_HASH] = applied_hash(obj)
             desired[kind].append(obj)
 
-        cluster_kinds = [k for k in KINDS if not k.namespaced]
-        lists = await asyncio.gather(
-            *(self._list(k) for k in cluster_kinds), return_exceptions=True
-        )
-        namespace_kind = KINDS[0]
-        owned = lists[cluster_kinds.index(namespace_kind)]
-        owned = [] if isinstance(owned, BaseException) else owned  # reported below
+        namespace_kind = _BY_TYPE[("v1", "Namespace")]
+        if listed_namespaces is None:
+            listed_namespaces = await self._list_namespaces()
+        other_cluster_kinds = [k for k in KINDS if not k.namespaced and k is not namespace_kind]
+        cluster_kinds = [namespace_kind, *other_cluster_kinds]
+        lists = [
+            listed_namespaces,
+            *await asyncio.gather(
+                *(self._list(k) for k in other_cluster_kinds), return_exceptions=True
+            ),
+        ]
+        owned = [] if isinstance(listed_namespaces, BaseException) else listed_namespaces
         wanted = {
             o["metadata"]["namespace"] for kind in KINDS if kind.namespaced for o in desired[kind]
         } | {self.hub_namespace}
