@@ -33,7 +33,7 @@ from typing import Any
 
 from .model import Policy
 from .objects import OWNER, OWNER_LABEL
-from .schedulers import SCHEDULERS
+from .schedulers import SCHEDULERS, object_kinds
 
 #: bound in each namespace servers run in: what KubeSpawner needs there (the hub)
 SPAWNER_ROLE = "jupyterhub-gpu-spawner"
@@ -62,8 +62,6 @@ def _api_group(api_version: str) -> str:
 
 def _cluster_names(objects: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
     """The names of the cluster-scoped objects among ``objects``, by (API group, plural)."""
-    from .schedulers import object_kinds
-
     plurals = {(k.api_version, k.kind): k.plural for k in object_kinds()}
     plurals[("v1", "Namespace")] = "namespaces"
     plurals[("scheduling.k8s.io/v1", "PriorityClass")] = "priorityclasses"
