@@ -40,6 +40,9 @@ from .state import ServerPod, ServiceState
 from .tasks import RetryAtInterval
 from .views import Notice, server_label
 
+#: a pass's result before the GPU-hours are first read: nobody is told or stopped yet
+NOT_READ_YET = "GPU-hours not read yet"
+
 
 class BudgetsNotApplied(RetryAtInterval):
     """The GPU-hours could not be refreshed: no one is told or stopped on stale ones."""
@@ -172,7 +175,7 @@ class BudgetRule:
                 f"{snapshot.error})"
             )
         if snapshot.read_at is None:
-            return "GPU-hours not read yet"
+            return NOT_READ_YET
         rows = await asyncio.to_thread(self.store.read)
         told_of: dict[str, dict[BudgetKey, ToldRow]] = {}
         for row in rows:
