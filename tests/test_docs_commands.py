@@ -286,6 +286,33 @@ def test_every_docker_build_line_names_a_dockerfile_its_arguments_and_context(co
         assert not build_args["BASE_IMAGE"].endswith("latest"), str(command)
 
 
+def profile_images(policy: dict) -> set[str]:
+    """Every image a profile of ``policy`` (hub.config.GPUPolicy) runs, its image
+    option's choices included."""
+    images = set()
+    for profile in (policy.get("profiles") or {}).values():
+        if profile.get("image"):
+            images.add(profile["image"])
+        choices = ((profile.get("options") or {}).get("image") or {}).get("choices") or []
+        images |= set(choices.values() if isinstance(choices, dict) else choices)
+    return images
+
+
+@pytest.mark.parametrize("example", ["university", "department", "enterprise"])
+def test_every_recipe_image_is_a_single_user_image_the_docs_build_with_the_extension(example):
+    """A recipe's profiles run only images the docs build from images/singleuser (each
+    installs the JupyterLab extension, tests/test_hub_image.py) on a pinned base."""
+    built = {
+        option(c.argv, "-t")
+        for c in of("docker", "build")
+        if (option(c.argv, "-f") or "").startswith("images/singleuser/")
+    }
+    values = load_values([ROOT / "helm-values" / f"{example}.yaml"])
+    images = profile_images(values["hub"]["config"]["GPUPolicy"])
+    assert images
+    assert images <= built, f"{example}: not built by the docs: {sorted(images - built)}"
+
+
 def test_manifests_takes_the_namespace_from_the_values_or_asks_for_the_option(tmp_path):
     def manifests(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -226,7 +226,8 @@ async def test_department_gpu_member_gets_runtime_class_and_chosen_image():
     )
     assert pod["spec"]["runtimeClassName"] == "nvidia"
     assert (
-        pod["spec"]["containers"][0]["image"] == "quay.io/jupyter/tensorflow-notebook:cuda-latest"
+        pod["spec"]["containers"][0]["image"]
+        == "registry.example.org/jupyter/tensorflow-gpu:cuda-2024-12-23"
     )
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert "schedulerName" not in pod["spec"]
