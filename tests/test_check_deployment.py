@@ -317,6 +317,45 @@ def test_a_usage_database_a_hub_restart_loses_is_a_warning(tmp_path, values, war
         assert "point it at the hub's PostgreSQL" in warning
 
 
+@pytest.mark.parametrize(
+    ("values", "warned"),
+    [
+        ({}, True),
+        ({"hub": {"allowNamedServers": True}}, False),
+        (config(JupyterHub={"allow_named_servers": True}), False),
+        # hub.config is applied after the chart's own setting, and wins
+        (
+            {
+                "hub": {
+                    "allowNamedServers": True,
+                    **config(JupyterHub={"allow_named_servers": False})["hub"],
+                }
+            },
+            True,
+        ),
+    ],
+)
+def test_a_per_user_server_cap_above_one_without_named_servers_is_a_warning(
+    tmp_path, values, warned
+):
+    policy = {
+        "profiles": {"cpu": {"cpu": "100m", "memory": "128Mi"}},
+        "everyone": {"profiles": ["cpu"], "per_user": {"servers": 3}},
+        "groups": {"lab": {"profiles": ["cpu"], "per_user": {"servers": 2}}, "one": {}},
+    }
+    layered = {**values, "hub": {**values.get("hub", {})}}
+    layered["hub"]["config"] = {**layered["hub"].get("config", {}), "GPUPolicy": policy}
+    result = check(tmp_path, layered)
+    assert result.returncode == 0, result.stderr
+    expected = [
+        f"warning: hub.config.GPUPolicy.{where}.per_user.servers: {n}, but named servers are "
+        "off, so JupyterHub gives each user one server and no member ever starts a second; "
+        "set hub.config.JupyterHub.allow_named_servers: true, or per_user.servers: 1"
+        for where, n in (("groups.lab", 2), ("everyone", 3))
+    ]
+    assert warnings(result) == (expected if warned else []), result.stderr
+
+
 def test_values_that_set_a_policy_and_no_spawner_run_z2jhs_kubespawner_an_error(tmp_path):
     # without base.yaml: z2jh's own config sets KubeSpawner, which ignores the policy
     path = tmp_path / "values.yaml"

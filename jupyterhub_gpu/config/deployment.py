@@ -4,8 +4,9 @@ warnings, and the hub's at start-up.
 A group's CPU, memory or server caps that leave its GPU quota or limit out of
 reach of the servers it offers (each server is charged its CPUs and memory as
 well as its GPUs, and the first cap reached refuses the next server); an idle
-rule over whole GPUs with no Prometheus to read their use from; a usage database
-a hub restart loses. Each is said with its key path and its fix.
+rule over whole GPUs with no Prometheus to read their use from; a per-user server
+cap above one without named servers; a usage database a hub restart loses. Each
+is said with its key path and its fix.
 """
 
 from __future__ import annotations
@@ -32,7 +33,35 @@ def deployment_warnings(values: Mapping[str, Any], policy: Policy) -> list[str]:
     key path and fix: ``policy_warnings``, and a usage database that a hub restart
     loses."""
     sections = ((values.get("hub") or {}).get("config")) or {}
-    return policy_warnings(sections, policy) + usage_database_warnings(values)
+    return (
+        policy_warnings(sections, policy)
+        + named_servers_warnings(values, policy)
+        + usage_database_warnings(values)
+    )
+
+
+def named_servers_warnings(values: Mapping[str, Any], policy: Policy) -> list[str]:
+    """A warning for each per-user server cap above one while JupyterHub gives each user
+    one server: a second server is a named one, and named servers are off unless
+    ``hub.allowNamedServers`` (z2jh's) or ``hub.config.JupyterHub.allow_named_servers``
+    (applied after it) turns them on."""
+    hub = values.get("hub") or {}
+    jupyterhub = ((hub.get("config") or {}).get("JupyterHub")) or {}
+    named = jupyterhub.get("allow_named_servers", hub.get("allowNamedServers", False))
+    if named:
+        return []
+    warnings = []
+    for group in policy.all_groups:
+        servers = group.per_user.servers
+        if servers is None or servers <= 1:
+            continue
+        where = "everyone" if group is policy.everyone else f"groups.{group.name}"
+        warnings.append(
+            f"{PREFIX}.{where}.per_user.servers: {servers}, but named servers are off, so "
+            "JupyterHub gives each user one server and no member ever starts a second; set "
+            "hub.config.JupyterHub.allow_named_servers: true, or per_user.servers: 1"
+        )
+    return warnings
 
 
 def policy_warnings(sections: Mapping[str, Any], policy: Policy) -> list[str]:
