@@ -10,7 +10,10 @@ the release in ``jhub``, files that exist, keys the chart accepts
 (tests/z2jh_schema.py) and a policy ``check`` accepts. ``kubectl`` lines that name the
 release's namespace name ``jhub``; ``docker build`` lines name Dockerfiles, build
 arguments and contexts that exist, and the hub image's tag is the bundle's version and
-the chart's, as in ``helm-values/base.yaml``.
+the chart's, as in ``helm-values/base.yaml``. And a newcomer follows the deploy guide in
+order on a local cluster: its namespace and manifests lines against the real API
+server, a hub started from the values files its ``helm`` line names (in ``jhub``, as
+the chart's service account), its first login, and its removal lines.
 """
 
 from __future__ import annotations
@@ -384,71 +387,274 @@ def kubectl_json(kubeconfig: Path, *argv: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def own_cluster(tmp_path_factory):
+def own_cluster(tmp_path_factory, built):
     """A cluster of this module's own: the guide's objects have the names a real
     deployment's have (``jupyterhub-gpu-spawner``, the queues ``research``, ...), which
-    other modules' hubs use in the session's cluster."""
+    other modules' hubs use in the session's cluster. Its nodes are those the demo
+    derives from the university recipe's flavors, and kube-scheduler stands in for KAI."""
+    from jupyterhub_gpu.dev.demo import plan_demo
     from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 
+    plan = plan_demo([str(ROOT / "helm-values" / "university.yaml")])
     cluster = LocalCluster.create(
         name=f"pytest-docs-commands-{os.getpid()}",
         directory=tmp_path_factory.mktemp("docs-commands-cluster"),
+        node_pools=plan.node_pools,
+        stand_in_schedulers=plan.stand_ins,
     )
     yield cluster
     cluster.down()
 
 
 @pytest.mark.k8s
-async def test_the_deploy_guides_install_and_removal_lines_run_against_a_real_api_server(
+@pytest.mark.hub
+async def test_a_newcomer_following_the_deploy_guide_in_order_gets_a_working_hub_in_jhub(
     own_cluster, root
 ):
-    """The guide's namespace, manifests and removal lines, as printed, on a local
-    cluster: the RBAC binds the chart's service account where the chart installs it,
-    and the removal leaves the namespace to delete by hand."""
+    """The guide's lines, as printed and in order, on a local cluster: the namespace and
+    the manifests applied to the real API server (the RBAC binds the chart's service
+    account where the chart installs it); then, for the ``helm`` line (no Helm or chart
+    here), a hub started from exactly the values files that line names, in ``jhub``,
+    as that service account; a member's first login is offered what ``profiles``
+    printed and gets the pod ``pod`` printed; and the removal leaves the namespace to
+    delete by hand."""
     from jupyterhub_gpu.dev.localcluster import crds
 
+    kubeconfig = Path(own_cluster.state.kubeconfig)
     async with own_cluster.api() as api:
         await crds.install(api, "kai")  # the university's scheduler: its CRDs come first
-    await asyncio.to_thread(install_and_remove, Path(own_cluster.state.kubeconfig), root)
+    try:
+        await asyncio.to_thread(install, kubeconfig, root)
+        await first_login(own_cluster, root)
+        await asyncio.to_thread(remove, kubeconfig, root)
+    finally:
+        await asyncio.to_thread(delete_namespace, kubeconfig)
 
 
-def install_and_remove(kubeconfig: Path, root: Path) -> None:
+def install(kubeconfig: Path, root: Path) -> None:
+    """The guide's *Secrets* and *Install* lines before ``helm``: the namespace, then
+    the manifests."""
     (create,) = deploy_lines("kubectl create namespace")
-    install, upgrade = deploy_lines("jupyterhub-gpu manifests")[:2]
+    install_line, upgrade = deploy_lines("jupyterhub-gpu manifests")[:2]
+    assert install_line == upgrade  # the same line before an upgrade
+    for line in (create, install_line):
+        result = run_line(line, root, kubeconfig)
+        assert result.returncode == 0, f"{line}\n{result.stderr}"
+    bindings = kubectl_json(kubeconfig, "get", "rolebindings", "-n", NAMESPACE)["items"]
+    subjects = {(s["kind"], s["name"], s["namespace"]) for b in bindings for s in b["subjects"]}
+    # z2jh's hub account, in the release's namespace
+    assert subjects == {("ServiceAccount", "hub", NAMESPACE)}
+    queues = kubectl_json(kubeconfig, "get", "queues.scheduling.run.ai")["items"]
+    assert {"research", "students", "test"} <= {q["metadata"]["name"] for q in queues}
+
+
+def helm_values(root: Path) -> list[str]:
+    """The values files the guide's ``helm upgrade --install`` line names, in order."""
+    (line,) = [
+        c for c in of("helm", "upgrade") if c.doc == "docs/deploy.md" and "--install" in c.argv
+    ]
+    return [str(root / name) for name in options(line.argv, "-f", "--values")]
+
+
+async def first_login(cluster, root: Path) -> None:
+    """What ``helm`` would run, from the values its line names: the chart's hub account
+    and Role in ``jhub`` and a hub with those values' ``hub.config`` laid out as z2jh
+    does (the demo's login in place of the university's directory, which is not here),
+    its GPU service beside it; then the guide's *First login*."""
+    from kubernetes_asyncio import client
+    from rbac_helpers import apply_rendered_rbac, token_kubeconfig
+
+    from hub_helpers import api, logged_in_opener, page_as
+    from jupyterhub_gpu.dev.demo import plan_demo, stand_in_objects
+    from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+    from kube_helpers import eventually
+
+    plan = plan_demo(helm_values(root))
+    async with cluster.api() as kube:
+        core = client.CoreV1Api(kube)
+        # the chart's part: its hub service account and Role, in the release's namespace
+        await apply_rendered_rbac(kube, None, NAMESPACE, create_hub_namespace=False)
+        # the prerequisites the guide names: the scheduler's own PriorityClasses (KAI's)
+        # and the recipe's claims of the research data, in jhub as its YAML says
+        create = {
+            "PriorityClass": client.SchedulingV1Api(kube).create_priority_class,
+            "RuntimeClass": client.NodeV1Api(kube).create_runtime_class,
+        }
+        for obj in stand_in_objects(plan.policy):
+            await create[obj["kind"]](obj)
+        for document in recipe_claims("university"):
+            if document["kind"] == "PersistentVolume":
+                await core.create_persistent_volume(document)
+            else:
+                await core.create_namespaced_persistent_volume_claim(NAMESPACE, document)
+        directory = Path(cluster.state.path) / "newcomer"
+        directory.mkdir()
+        account = await token_kubeconfig(
+            kube, Path(cluster.state.kubeconfig), NAMESPACE, "hub", directory / "hub.kubeconfig"
+        )
+        # the site's Prometheus is not here (loopback only): the idle rule falls back
+        service = {k: v for k, v in plan.service_settings.items() if k != "prometheus_url"}
+        hub = LocalHub(
+            cluster,
+            namespace=NAMESPACE,
+            users={"rita": ["research"]},
+            policy=plan.policy_values,
+            hub_config=plan.hub_config,
+            service_settings=service,
+            z2jh_layout=True,
+            gpu_service=True,
+            kubeconfig=account,
+            service_kubeconfig=account,
+        )
+        try:
+            await asyncio.to_thread(hub.start, 120)
+            # 2. a member logs in: the spawn form offers what `profiles` printed
+            profiles = run_doc_command(root, "profiles", "--groups research")
+            page = await asyncio.to_thread(page_as, hub.url, "rita", hub.password)
+            offered = re.findall(r'name="profile"[^>]*value="([^"]+)"', page)
+            printed = re.findall(r"^(\S+--\S+):", profiles, re.M)
+            assert offered, page
+            assert offered == printed, profiles
+            # 3. a server: its pod is the one `pod` printed, in jhub
+            printed_pod = yaml.safe_load(run_doc_command(root, "pod", "--user rita"))
+            options = {"profile": "research--research", "gpus": "2"}
+            status, body = await asyncio.to_thread(
+                hub.api, "POST", "/users/rita/server", options, None, 120
+            )
+            assert status in (201, 202), body
+
+            async def ready():
+                _, model = await api(hub, "GET", "/users/rita")
+                return bool(model["servers"].get("") and model["servers"][""]["ready"])
+
+            await eventually(ready, "rita's server to be ready", within=180)
+            (pod,) = (
+                await core.list_namespaced_pod(
+                    NAMESPACE, label_selector="hub.jupyter.org/username=rita"
+                )
+            ).items
+            pod = kube.sanitize_for_serialization(pod)
+            container, printed_container = (
+                pod["spec"]["containers"][0],
+                printed_pod["spec"]["containers"][0],
+            )
+            assert amounts(container["resources"]) == amounts(printed_container["resources"])
+            assert container["image"] == printed_container["image"]
+            for key in ("nodeSelector", "schedulerName", "priorityClassName"):
+                assert pod["spec"].get(key) == printed_pod["spec"].get(key), key
+            # the policy's labels (the hub's own namespace label aside: `pod` is not told
+            # the release's namespace)
+            ours = {
+                k: v
+                for k, v in printed_pod["metadata"]["labels"].items()
+                if k.startswith("gpu.jupyterhub.org/") and k != "gpu.jupyterhub.org/hub"
+            }
+            assert ours
+            assert ours.items() <= pod["metadata"]["labels"].items()
+            # 4. the dashboard's usage, as rita's browser reads it: her group
+            session = await asyncio.to_thread(logged_in_opener, hub.url, "rita", hub.password)
+
+            async def usage():
+                with await asyncio.to_thread(session.open, hub.service_url, timeout=60):
+                    pass
+                response = await asyncio.to_thread(
+                    session.open, hub.service_url + "api/usage", timeout=30
+                )
+                view = json.loads(response.read())
+                return [g["name"] for g in view["groups"]]
+
+            groups = await eventually(usage, "the dashboard's usage", within=90)
+            assert "research" in groups
+        finally:
+            await asyncio.to_thread(hub.stop)
+
+
+def amounts(resources: dict) -> dict:
+    """A pod's requests and limits as numbers (``8``, ``8.0`` and ``"8"`` alike)."""
+    from jupyterhub_gpu.core.quantities import parse_quantity
+
+    return {
+        kind: {name: parse_quantity(str(value)) for name, value in values.items()}
+        for kind, values in resources.items()
+    }
+
+
+def run_doc_command(root: Path, subcommand: str, marker: str) -> str:
+    """The output of the guide's ``jupyterhub-gpu SUBCOMMAND`` line that has ``marker``."""
+    (command,) = [
+        c
+        for c in of("jupyterhub-gpu", subcommand)
+        if c.doc == "docs/deploy.md" and marker in shlex.join(c.argv)
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterhub_gpu.cli", *command.argv[1:]],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"{command}\n{result.stderr}"
+    return result.stdout
+
+
+def recipe_claims(recipe: str) -> list[dict]:
+    """The PersistentVolumes and claims a recipe's YAML blocks show, with the other
+    claims it says to make "the same" way (research-training beside research-datasets)."""
+    found = []
+    for lang, body in blocks(ROOT / "docs" / "recipes" / f"{recipe}.md"):
+        if lang == "yaml":
+            found += [
+                d
+                for d in yaml.safe_load_all(body)
+                if isinstance(d, dict)
+                and d.get("kind") in ("PersistentVolume", "PersistentVolumeClaim")
+            ]
+    from jupyterhub_gpu.config.values import policy_from_values
+
+    policy = policy_from_values([ROOT / "helm-values" / f"{recipe}.yaml"])
+    claims = {d.claim for d in policy.datasets.values() if d.claim}
+    shown = {d["metadata"]["name"] for d in found if d["kind"] == "PersistentVolumeClaim"}
+    for name in sorted(claims - shown):
+        for document in [d for d in found if d["metadata"]["name"] in shown]:
+            copy = json.loads(json.dumps(document).replace(document["metadata"]["name"], name))
+            found.append(copy)
+    return found
+
+
+def remove(kubeconfig: Path, root: Path) -> None:
+    """The guide's removal: what the chart made goes (for ``helm uninstall``), then the
+    bundle's RBAC with the guide's line; the namespace stays."""
+    for kind in ("rolebinding", "role", "serviceaccount"):
+        subprocess.run(
+            ["kubectl", "--kubeconfig", str(kubeconfig), "delete", kind, "hub", "-n", NAMESPACE],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
     (removal,) = [
         line for line in deploy_lines("jupyterhub-gpu manifests") if "--for-removal" in line
     ]
-    assert install == upgrade  # the same line before an upgrade
-    try:
-        for line in (create, install):
-            result = run_line(line, root, kubeconfig)
-            assert result.returncode == 0, f"{line}\n{result.stderr}"
-        bindings = kubectl_json(kubeconfig, "get", "rolebindings", "-n", NAMESPACE)["items"]
-        subjects = {(s["kind"], s["name"], s["namespace"]) for b in bindings for s in b["subjects"]}
-        # z2jh's hub account, in the release's namespace
-        assert subjects == {("ServiceAccount", "hub", NAMESPACE)}
-        queues = kubectl_json(kubeconfig, "get", "queues.scheduling.run.ai")["items"]
-        assert {"research", "students", "test"} <= {q["metadata"]["name"] for q in queues}
+    result = run_line(removal, root, kubeconfig)
+    assert result.returncode == 0, f"{removal}\n{result.stderr}"
+    left = kubectl_json(kubeconfig, "get", "clusterroles")["items"]
+    assert not [r for r in left if r["metadata"]["name"].endswith(f"-{NAMESPACE}")]
+    assert not kubectl_json(kubeconfig, "get", "rolebindings", "-n", NAMESPACE)["items"]
+    # the namespace stays: deleting it is the admin's own step
+    kubectl_json(kubeconfig, "get", "namespace", NAMESPACE)
 
-        result = run_line(removal, root, kubeconfig)
-        assert result.returncode == 0, f"{removal}\n{result.stderr}"
-        left = kubectl_json(kubeconfig, "get", "clusterroles")["items"]
-        assert not [r for r in left if r["metadata"]["name"].endswith(f"-{NAMESPACE}")]
-        assert not kubectl_json(kubeconfig, "get", "rolebindings", "-n", NAMESPACE)["items"]
-        # the namespace stays: deleting it is the admin's own step
-        kubectl_json(kubeconfig, "get", "namespace", NAMESPACE)
-    finally:
-        subprocess.run(
-            [
-                "kubectl",
-                "--kubeconfig",
-                str(kubeconfig),
-                "delete",
-                "namespace",
-                NAMESPACE,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            capture_output=True,
-            timeout=60,
-        )
+
+def delete_namespace(kubeconfig: Path) -> None:
+    subprocess.run(
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(kubeconfig),
+            "delete",
+            "namespace",
+            NAMESPACE,
+            "--ignore-not-found",
+            "--wait=false",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
