@@ -134,6 +134,8 @@ def test_a_parents_budget_caps_the_sum_of_its_childrens_use():
 def test_a_members_own_budget_applies_to_them_alone():
     p = policy()
     book = book_of(p, record("a", user="alice", gpus=1, start=-12 * H, end=-2 * H))  # 10 in 7 d
+    # a warn budget (the default) refuses a new GPU server too: warn spares running ones
+    assert p.groups["research"].user_budget.when_exhausted == "warn"
     reason = budget_refusal(p, book, "alice", p.groups["research"], 1.0, NOW)
     assert reason is not None
     assert reason.startswith("alice in research used 10.0 of 10 GPU-hours in the last 7 days")
