@@ -142,6 +142,10 @@ async def outage_loses_no_gpu_time(
         assert "GPU-hour accounting is behind" in page
         status, _, metrics = await aget(hub.service_url + "metrics", hub.api_token)
         assert "jupyterhub_gpu_accounting_up 0.0" in metrics.splitlines()
+        # the hub's own side, which JupyterHubGPUUsageDatabaseDown reads as the hub's
+        status, hub_metrics = await asyncio.to_thread(hub.request, "GET", "/hub/metrics")
+        assert status == 200, hub_metrics
+        assert "jupyterhub_gpu_hub_accounting_up 0.0" in str(hub_metrics).splitlines()
     finally:
         await asyncio.to_thread(up)
 
@@ -177,7 +181,7 @@ async def outage_loses_no_gpu_time(
     # and the hub's own side, on the hub's /hub/metrics
     status, hub_metrics = await asyncio.to_thread(hub.request, "GET", "/hub/metrics")
     assert status == 200, hub_metrics
-    assert "jupyterhub_gpu_hub_accounting" in str(hub_metrics)
+    assert "jupyterhub_gpu_hub_accounting_up 1.0" in str(hub_metrics).splitlines()
     assert "jupyterhub_gpu_accounting_unwritten_servers 0.0" in metrics.splitlines()
 
 
