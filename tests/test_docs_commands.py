@@ -164,8 +164,8 @@ def test_the_docs_have_the_commands_this_test_runs():
     assert "site-secrets.yaml" in named_files()
 
 
-@pytest.mark.parametrize("command", of("jupyterhub-gpu", *OFFLINE), ids=str)
-def test_every_offline_command_in_the_docs_exits_0_as_printed(command, root):
+def run_as_printed(command: Command, root: Path) -> str:
+    """What a docs ``jupyterhub-gpu`` command prints, run in ``root``; it must exit 0."""
     result = subprocess.run(
         [sys.executable, "-m", "jupyterhub_gpu.cli", *command.argv[1:]],
         cwd=root,
@@ -174,7 +174,12 @@ def test_every_offline_command_in_the_docs_exits_0_as_printed(command, root):
         timeout=120,
     )
     assert result.returncode == 0, f"{command}\n{result.stderr}"
-    assert result.stdout
+    return result.stdout
+
+
+@pytest.mark.parametrize("command", of("jupyterhub-gpu", *OFFLINE), ids=str)
+def test_every_offline_command_in_the_docs_exits_0_as_printed(command, root):
+    assert run_as_printed(command, root)
 
 
 @pytest.mark.parametrize("command", of("jupyterhub-gpu", "manifests"), ids=str)
@@ -238,6 +243,22 @@ def test_the_deploy_guide_creates_the_namespace_before_applying_the_manifests():
     )
     helm = deploy.index(next(c for c in deploy if c.argv[:2] == ("helm", "upgrade")))
     assert create < manifests < helm
+
+
+def test_every_values_block_the_docs_show_has_keys_the_chart_accepts():
+    """The chart values a page shows (TLS, secrets, the usage database), as a site
+    copies them into its own file."""
+    shown = 0
+    for path in DOCS:
+        for lang, body in blocks(path):
+            if lang != "yaml":
+                continue
+            for document in yaml.safe_load_all(body):
+                chart = {"hub", "proxy", "singleuser", "ingress", "scheduling"}
+                if isinstance(document, dict) and set(document) & chart:
+                    assert z2jh_schema.unknown_keys(document) == [], (path.name, document)
+                    shown += 1
+    assert shown >= 4
 
 
 def test_the_pv_claims_the_docs_show_live_in_jhub():
@@ -586,15 +607,7 @@ def run_doc_command(root: Path, subcommand: str, marker: str) -> str:
         for c in of("jupyterhub-gpu", subcommand)
         if c.doc == "docs/deploy.md" and marker in shlex.join(c.argv)
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "jupyterhub_gpu.cli", *command.argv[1:]],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, f"{command}\n{result.stderr}"
-    return result.stdout
+    return run_as_printed(command, root)
 
 
 def recipe_claims(recipe: str) -> list[dict]:
