@@ -251,13 +251,33 @@ def cmd_pod(args: argparse.Namespace) -> int:
         options[key] = value
     try:
         pod = asyncio.run(
-            render_pod(args.values, args.user, _groups(args.groups), args.profile, options)
+            render_pod(
+                args.values,
+                args.user,
+                _groups(args.groups),
+                args.profile,
+                options,
+                hub_namespace=args.hub_namespace,
+            )
         )
     except SpawnRefused as e:
         raise UserError(f"refused: {e}") from None
     print(yaml.safe_dump(pod, sort_keys=False), end="")
+    if not args.hub_namespace and not _spawner_namespace(args.values):
+        print(
+            "note: the namespace the z2jh release runs in is not known, so the pod shows "
+            f"KubeSpawner's default ({pod['metadata']['namespace']}); pass --hub-namespace "
+            "to see the pod as that release creates it",
+            file=sys.stderr,
+        )
     _note_unchecked_claims(args.values, pod)
     return 0
+
+
+def _spawner_namespace(paths: list[str]) -> str | None:
+    from .config.values import hub_config, load_values, spawner_setting
+
+    return spawner_setting(hub_config(load_values(paths)), "namespace")
 
 
 def _note_unchecked_claims(paths: list[str], pod: dict[str, Any]) -> None:
@@ -441,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="KEY=VALUE, e.g. gpus=2 or interface=vscode (repeatable)",
+    )
+    po.add_argument(
+        "--hub-namespace",
+        help="the namespace the z2jh release runs in, where servers without a group "
+        "namespace run (default: the spawner's namespace in the values, if they set one)",
     )
     po.set_defaults(func=cmd_pod)
 

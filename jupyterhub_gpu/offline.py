@@ -48,10 +48,18 @@ def offered_profiles(paths: list[str], groups: list[str]) -> list[dict[str, Any]
 
 
 async def render_pod(
-    paths: list[str], user: str, groups: list[str], profile: str | None, options: dict[str, str]
+    paths: list[str],
+    user: str,
+    groups: list[str],
+    profile: str | None,
+    options: dict[str, str],
+    hub_namespace: str | None = None,
 ) -> dict[str, Any]:
-    """The Pod manifest spawn would create, or ``SpawnRefused`` with the user's message."""
+    """The Pod manifest spawn would create, or ``SpawnRefused`` with the user's message;
+    ``hub_namespace``: the release's namespace (z2jh sets the spawner's to it)."""
     config = hub_config(load_values(paths))
+    if hub_namespace:
+        config.KubeSpawner.namespace = hub_namespace
     policy_from_config(config)  # a policy error is reported as such, before anything else
     # no cluster to ask whether the datasets' claims exist (the command says so)
     config.GPUKubeSpawner.check_dataset_claims = False

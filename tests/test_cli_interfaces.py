@@ -247,7 +247,7 @@ def test_a_reference_teams_pod_mounts_its_parents_models_and_opens_vs_code():
 
 
 def test_pod_renders_a_claims_volume_and_names_the_claims_it_could_not_look_up():
-    vscode = ["--option", "interface=vscode"]
+    vscode = ["--option", "interface=vscode", "--hub-namespace", "jhub"]
     args = ["--user", "rita", "--groups", "research", "--profile", "research--research", *vscode]
     result = cli("pod", *example("university"), *args)
     assert result.returncode == 0, result.stderr
@@ -267,11 +267,26 @@ def test_pod_renders_a_claims_volume_and_names_the_claims_it_could_not_look_up()
         {"name": "dataset-research-training", "mountPath": "/data/training", "readOnly": False},
     ]
     assert env(pod)["JUPYTERHUB_DEFAULT_URL"] == "/vscode/"
+    assert pod["metadata"]["namespace"] == "jhub"
+    assert pod["metadata"]["labels"]["gpu.jupyterhub.org/hub"] == "jhub"
     assert result.stderr == (
         "note: not checked offline: the PersistentVolumeClaim(s) research-datasets, "
         "research-training must exist in the hub's namespace; the hub refuses the spawn "
         "where one does not\n"
     )
+
+
+def test_pod_without_the_releases_namespace_says_which_namespace_it_shows():
+    args = ["--user", "sam", "--groups", "students"]
+    result = cli("pod", *example("university"), *args)
+    assert result.returncode == 0, result.stderr
+    pod = yaml.safe_load(result.stdout)
+    assert pod["metadata"]["labels"]["gpu.jupyterhub.org/hub"] == pod["metadata"]["namespace"]
+    assert "pass --hub-namespace" in result.stderr
+    shown = cli("pod", *example("university"), *args, "--hub-namespace", "jhub")
+    assert shown.returncode == 0, shown.stderr
+    assert "--hub-namespace" not in shown.stderr
+    assert yaml.safe_load(shown.stdout)["metadata"]["labels"]["gpu.jupyterhub.org/hub"] == "jhub"
 
 
 @pytest.mark.parametrize(

@@ -563,14 +563,14 @@ async def first_login(cluster, root: Path) -> None:
             assert container["image"] == printed_container["image"]
             for key in ("nodeSelector", "schedulerName", "priorityClassName"):
                 assert pod["spec"].get(key) == printed_pod["spec"].get(key), key
-            # the policy's labels (the hub's own namespace label aside: `pod` is not told
-            # the release's namespace)
+            # the policy's labels, the release's namespace (--hub-namespace) among them
+            assert printed_pod["metadata"]["namespace"] == NAMESPACE
             ours = {
                 k: v
                 for k, v in printed_pod["metadata"]["labels"].items()
-                if k.startswith("gpu.jupyterhub.org/") and k != "gpu.jupyterhub.org/hub"
+                if k.startswith("gpu.jupyterhub.org/")
             }
-            assert ours
+            assert ours["gpu.jupyterhub.org/hub"] == NAMESPACE
             assert ours.items() <= pod["metadata"]["labels"].items()
             # 4. the dashboard's usage, as rita's browser reads it: her group
             session = await asyncio.to_thread(logged_in_opener, hub.url, "rita", hub.password)
