@@ -216,6 +216,21 @@ class ServerEvents:
             + (f", {pruned} older than the retention pruned" if pruned else "")
         )
 
+    async def follow(self) -> str:
+        """A replica that does not act writes nothing: what it saw is the acting one's to
+        write, and it reads back what that one wrote."""
+        self.forget_unwritten()
+        if self.store is None:
+            return "not kept (no database)"
+        return await self.load()
+
+    def forget_unwritten(self) -> None:
+        self._pending_notices, self._pending_stops = [], []
+
+    def reload(self) -> None:
+        """Read the database back at the next run (this replica starts acting)."""
+        self.loaded = self.store is None
+
     async def load(self) -> str:
         """The last stops and the last day's notices from the database (what this
         service has seen since it started stays newer)."""
