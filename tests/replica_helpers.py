@@ -95,6 +95,7 @@ class Replica:
         }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub_gpu.service", "--config", str(self.config)],
+            cwd=self.config.parent,  # where a relative accounting_url is, as for the hub
             env=env,
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,

@@ -93,10 +93,13 @@ class StopsWithoutHub:
         self,
         mode: str,
         delete_pod: Callable[[str, str, str], Awaitable[str | None]],
+        ended: Callable[[str, float], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.mode = mode
         self.delete_pod = delete_pod
+        #: a server's usage ends when its pod was asked to go (uid, when)
+        self.ended = ended
         self.clock = clock
         #: (user, server) -> (reason, since): stops said, waiting for the hub
         self.waiting: dict[tuple[str, str], tuple[str, float]] = {}
@@ -111,9 +114,12 @@ class StopsWithoutHub:
         label = f"{user}/{name}" if name else user
         if self.mode == "delete-pod" and pod is not None and pod.uid:
             namespace, pod_name = pod.key.split("/", 1)
+            asked = self.clock()
             failed = await self.delete_pod(namespace, pod_name, pod.uid)
             if failed:
                 return False, failed
+            # as for a stop the hub asks for: its GPU time ends when the pod was asked to go
+            self.ended(pod.uid, asked)
             self.waiting.pop((user, name), None)
             self.to_tell[(user, name)] = reason
             log.warning(

@@ -124,7 +124,11 @@ class GPUService(Application, service_settings.GPUService):
         #: whether this replica acts (always, in the hub's pod; the Lease's leader, in a
         #: Deployment: set up with Kubernetes)
         self.acting = Acting(None, self.tasks)
-        self.stops_without_hub = StopsWithoutHub(self.stop_without_hub, self._delete_pod)
+        self.stops_without_hub = StopsWithoutHub(
+            self.stop_without_hub,
+            self._delete_pod,
+            lambda uid, at: self.gpu_time.backlog.add(uid, end=at),
+        )
         self.registry, self.stopped_counter = metrics.registry(self.policy, self.snapshot)
         self.registry.register(ReplicaCollector(self.acting, self.stops_without_hub))
         self.runtime_rules = RuntimeRules(
