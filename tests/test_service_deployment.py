@@ -2,18 +2,16 @@
 objects ``manifests`` renders, and the hub's config reaching the service through the
 mounts the Deployment gives it.
 
-The chart's ``z2jh.py`` is the real one (``tests/z2jh_chart``); the Secret's
-``values.yaml`` is what the chart writes there (the values, merged). With a Helm
-binary and the z2jh chart named by ``JUPYTERHUB_GPU_HELM`` and
-``JUPYTERHUB_GPU_Z2JH_CHART``, the chart itself renders them (``test_real_helm``).
+The chart is the real z2jh 4.4.0 (``tests/z2jh_chart``), rendered by a real Helm
+(built once from its pinned Go module, like the local cluster's binaries); the objects
+``manifests`` adds are checked by the local cluster's API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import os
 import secrets
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,17 +19,20 @@ from typing import Any
 import pytest
 import yaml
 from jupyterhub.app import JupyterHub
+from kubernetes_asyncio import utils
 
 from cli_helpers import cli
 from jupyterhub_gpu.config.service_form import service_form
 from jupyterhub_gpu.config.values import hub_config, load_values, merge, policy_from_config
 from jupyterhub_gpu.core.service_deployment import CONFIG_DIR
+from jupyterhub_gpu.dev.localcluster.build import ensure_helm
 from jupyterhub_gpu.service.startup import read_hub_config
 
 ROOT = Path(__file__).parents[1]
 VALUES = ROOT / "helm-values"
 FILES = [VALUES / "base.yaml", VALUES / "university.yaml", VALUES / "service-deployment.yaml"]
-Z2JH_HELPER = Path(__file__).parent / "z2jh_chart" / "z2jh.py"
+CHART = Path(__file__).parent / "z2jh_chart" / "jupyterhub"
+Z2JH_HELPER = CHART / "files" / "hub" / "z2jh.py"
 DB = "postgresql://jupyterhub@hub-db/jupyterhub"
 
 
@@ -224,33 +225,40 @@ def test_the_hubs_config_reaches_the_service_through_its_mounts(site, tmp_path):
     assert "hub.config.JupyterHub.cookie_secret" not in mounted
 
 
-HELM = os.environ.get("JUPYTERHUB_GPU_HELM") or shutil.which("helm")
-CHART = os.environ.get("JUPYTERHUB_GPU_Z2JH_CHART")
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return ensure_helm()
 
 
-@pytest.mark.skipif(
-    not (HELM and CHART),
-    reason="no Helm binary and z2jh chart named (JUPYTERHUB_GPU_HELM, JUPYTERHUB_GPU_Z2JH_CHART)",
-)
-def test_real_helm_renders_the_values_and_the_hubs_config_reaches_the_service(site, tmp_path):
+#: the local cluster's Kubernetes version (a Helm built from source would say 1.20)
+VERSION = ("--kube-version", "1.36.3")
+
+
+def helm_template(helm: Path, namespace: str, site: list[Path]) -> list[dict[str, Any]]:
+    """The chart's objects as ``helm template`` renders them with the values files."""
+    files = [arg for path in site for arg in ("-f", str(path))]
     result = subprocess.run(
         [
-            HELM,
+            str(helm),
             "template",
             "jhub",
-            CHART,
+            str(CHART),
             "--namespace",
-            "jhub",
+            namespace,
             "--kube-version",
-            "1.36.3",  # the local cluster's (a Helm built from source says 1.20)
-            *[arg for path in site for arg in ("-f", str(path))],
+            "1.36.3",
+            *files,
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    chart_objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    return [o for o in yaml.safe_load_all(result.stdout) if o]
+
+
+def test_real_helm_renders_the_values_and_the_hubs_config_reaches_the_service(helm, site, tmp_path):
+    chart_objects = helm_template(helm, "jhub", site)
     secret = one(chart_objects, "Secret", "hub")
     config_map = one(chart_objects, "ConfigMap", "hub")
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
@@ -263,3 +271,24 @@ def test_real_helm_renders_the_values_and_the_hubs_config_reaches_the_service(si
     # the chart's hub keeps no service in its pod and no port for it
     hub = one(chart_objects, "Service", "hub")
     assert 10101 not in [p["port"] for p in hub["spec"]["ports"]]
+
+
+@pytest.mark.k8s
+async def test_the_api_server_accepts_the_chart_and_the_extra_objects_as_rendered(
+    helm, site, kube, namespace, tmp_path
+):
+    """Every object the chart and ``manifests`` render for the external form, created on
+    the local cluster's API server as a dry run (its schemas, admission, RBAC checks)."""
+    chart = await asyncio.to_thread(helm_template, helm, namespace, site)
+    extra = [
+        o
+        for o in rendered(site, "--hub-namespace", namespace)
+        if o["metadata"].get("namespace") == namespace or o["kind"] == "Deployment"
+    ]
+    kinds = {o["kind"] for o in extra}
+    assert {"Deployment", "Service", "ServiceAccount", "Role", "NetworkPolicy"} <= kinds
+    for obj in chart + extra:
+        # the chart's hooks and the cluster-scoped objects of other releases aside
+        if obj["kind"] in ("PriorityClass", "ClusterRole", "ClusterRoleBinding"):
+            continue
+        await utils.create_from_dict(kube, obj, namespace=namespace, dry_run="All")
