@@ -60,6 +60,11 @@ class Acting:
     def acting_tasks(self) -> list[BackgroundTask]:
         return [t for name, t in self.tasks.items() if name in ACTING_TASKS]
 
+    def standing_by(self) -> None:
+        """What the acting tasks say on a replica that has not acted yet."""
+        for task in self.acting_tasks():
+            task.status.last_result = "runs on the acting replica only"
+
     def started(self) -> None:
         for callback in self.on_started:
             callback()

@@ -355,6 +355,8 @@ class GPUService(Application, service_settings.GPUService):
                 "the hub answered without users' servers: the service's role needs "
                 "read:servers (orphaned pods are not looked for until it has it)"
             )
+        # the hub answers: a stop due now goes through it at its rule's next run
+        self.stops_without_hub.waiting.clear()
         told = await self.stops_without_hub.tell_hub(self.hub) if self.acting() else None
         return f"{len(answer.servers)} servers" + (f"; {told}" if told else "")
 
@@ -552,9 +554,10 @@ class GPUService(Application, service_settings.GPUService):
         for task in self.tasks.values():
             await task.stop()
         if elector is not None and election is not None:
-            # give the Lease up first: the other replica takes it at its next retry
-            await elector.release()
             election.cancel()
+            await asyncio.gather(election, return_exceptions=True)
+            # give the Lease up: the other replica takes it at its next retry
+            await elector.release()
         await self.kube.close()
 
     def _elect(self) -> LeaseElector | None:
@@ -571,6 +574,7 @@ class GPUService(Application, service_settings.GPUService):
             on_stopped=self.acting.stopped,
         )
         self.acting.elector = elector
+        self.acting.standing_by()
         return elector
 
     def start(self) -> None:
