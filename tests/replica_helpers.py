@@ -9,7 +9,6 @@ replicas of a Deployment share the site's database.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from jupyterhub_gpu.dev.localcluster.ports import free_port
-from kube_helpers import eventually, pod_manifest
+from kube_helpers import eventually, gpu_server_pod
 from test_service_hub import fetch
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
@@ -180,19 +179,8 @@ async def wait_acting(replica: Replica, within: float = 60) -> float:
 
 async def gpu_pod(core, namespace: str, name: str, user: str) -> str:
     """A GPU server pod of ``user`` in group alpha, as the spawner labels one; its uid."""
-    charge = {"user": user, "request": {"gpus": "1", "cpu": 100, "memory": 1, "servers": 1}}
-    body = pod_manifest(name, {"nvidia.com/gpu": "1"}, nodeSelector=H200)
-    body["metadata"]["labels"] = {
-        "component": "singleuser-server",
-        "gpu.jupyterhub.org/group": "alpha",
-        "gpu.jupyterhub.org/profile": "small",
-        "gpu.jupyterhub.org/flavor": "h200",
-        "hub.jupyter.org/username": user,
-    }
-    body["metadata"]["annotations"] = {
-        "gpu.jupyterhub.org/charge": json.dumps(charge),
-        "hub.jupyter.org/servername": name,
-    }
+    body = gpu_server_pod(name, user, "alpha", H200)
+    body["metadata"]["annotations"]["hub.jupyter.org/servername"] = name
     pod = await core.create_namespaced_pod(namespace, body)
     return pod.metadata.uid
 

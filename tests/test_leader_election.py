@@ -86,6 +86,16 @@ async def lease_of(kube, namespace: str):
     return await client.CoordinationV1Api(kube).read_namespaced_lease(LEASE, namespace)
 
 
+async def two_replicas(replicas) -> tuple[Replica, Replica]:
+    """The first acting, then the second standing by."""
+    first = await replicas("first")
+    second = await replicas("second")
+    first.start()
+    await eventually(lambda: asyncio.sleep(0, first.elector.acting()), "the first to act", 10)
+    second.start()
+    return first, second
+
+
 def overlap(a: list, b: list) -> float:
     """Seconds two acting periods share (an open one runs to now)."""
     now = time.monotonic()
@@ -96,11 +106,7 @@ def overlap(a: list, b: list) -> float:
 async def test_one_acts_and_the_other_takes_over_within_the_lease_when_it_stops(
     replicas, kube, namespace
 ):
-    first = await replicas("first")
-    second = await replicas("second")
-    first.start()
-    await eventually(lambda: asyncio.sleep(0, first.elector.acting()), "the first to act", 10)
-    second.start()
+    first, second = await two_replicas(replicas)
     # a few renewals later the second still stands by
     await asyncio.sleep(TIMINGS.duration * 1.5)
     assert first.elector.acting()
@@ -146,11 +152,7 @@ async def test_a_leader_cut_off_stops_acting_at_its_renew_deadline(replicas, nam
 
 @pytest.mark.k8s
 async def test_a_released_lease_is_taken_at_the_next_retry(replicas, kube, namespace):
-    first = await replicas("first")
-    second = await replicas("second")
-    first.start()
-    await eventually(lambda: asyncio.sleep(0, first.elector.acting()), "the first to act", 10)
-    second.start()
+    first, second = await two_replicas(replicas)
     await asyncio.sleep(TIMINGS.retry_period * 2)
     await first.halt()
     await first.elector.release()

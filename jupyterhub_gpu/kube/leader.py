@@ -182,13 +182,7 @@ class LeaseElector:
                 raise
             return await self._create()
         spec = lease.spec
-        record = (
-            spec.holder_identity,
-            _epoch(spec.renew_time),
-            _epoch(spec.acquire_time),
-            spec.lease_transitions,
-            lease.metadata.resource_version,
-        )
+        record = _record(lease)
         self._note(spec)
         if record != self._observed:
             self._observed, self._observed_at = record, self.monotonic()
@@ -202,16 +196,8 @@ class LeaseElector:
             return False  # held, and not yet expired on this replica's clock
         now = self.wall()
         mine = holder == self.identity
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "resourceVersion": lease.metadata.resource_version,
-                "labels": lease.metadata.labels or {},
-            },
-            "spec": {
+        body = self._body(
+            {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": _whole_seconds(self.timings.duration),
                 "acquireTime": (
@@ -221,7 +207,8 @@ class LeaseElector:
                 "leaseTransitions": (spec.lease_transitions or 0)
                 + (0 if mine or not holder else 1),
             },
-        }
+            lease.metadata.resource_version,
+        )
         try:
             written = await self.leases.replace_namespaced_lease(self.name, self.namespace, body)
         except ApiException as e:
@@ -233,18 +220,15 @@ class LeaseElector:
 
     async def _create(self) -> bool:
         now = self.wall()
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
-            "spec": {
+        body = self._body(
+            {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": _whole_seconds(self.timings.duration),
                 "acquireTime": _micro_time(now),
                 "renewTime": _micro_time(now),
                 "leaseTransitions": 0,
-            },
-        }
+            }
+        )
         try:
             written = await self.leases.create_namespaced_lease(self.namespace, body)
         except ApiException as e:
@@ -254,18 +238,22 @@ class LeaseElector:
         self._wrote(written)
         return True
 
+    def _body(self, spec: dict[str, Any], resource_version: str | None = None) -> dict:
+        """A Lease to write; with ``resource_version``, only over that version of it."""
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": spec,
+        }
+
     def _wrote(self, lease: Any) -> None:
         self._note(lease.spec)
         self._resource_version = lease.metadata.resource_version
-        spec = lease.spec
-        self._observed = (
-            spec.holder_identity,
-            _epoch(spec.renew_time),
-            _epoch(spec.acquire_time),
-            spec.lease_transitions,
-            lease.metadata.resource_version,
-        )
-        self._observed_at = self.monotonic()
+        self._observed, self._observed_at = _record(lease), self.monotonic()
 
     def _note(self, spec: Any) -> None:
         self.state.holder = spec.holder_identity or None
@@ -280,21 +268,15 @@ class LeaseElector:
         self._stop_acting("the service is stopping")
         if not was_holding or self._resource_version is None:
             return
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "resourceVersion": self._resource_version,
-            },
-            "spec": {
+        body = self._body(
+            {
                 "holderIdentity": "",
                 "leaseDurationSeconds": 1,
                 "renewTime": _micro_time(self.wall()),
                 "leaseTransitions": self.state.transitions,
             },
-        }
+            self._resource_version,
+        )
         try:
             await asyncio.wait_for(
                 self.leases.replace_namespaced_lease(self.name, self.namespace, body),
@@ -372,6 +354,18 @@ class LeaseElector:
                 for p in self.state.periods
             ],
         }
+
+
+def _record(lease: Any) -> tuple[Any, ...]:
+    """What another replica's renewal changes (any change restarts the wait for expiry)."""
+    spec = lease.spec
+    return (
+        spec.holder_identity,
+        _epoch(spec.renew_time),
+        _epoch(spec.acquire_time),
+        spec.lease_transitions,
+        lease.metadata.resource_version,
+    )
 
 
 def _whole_seconds(seconds: float) -> int:
