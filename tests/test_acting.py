@@ -145,3 +145,28 @@ async def test_a_pod_that_could_not_be_deleted_is_not_counted_as_stopped():
     done, error = await stops.stop("cid", "", "idle", a_pod(), down)
     assert (done, error) == (False, "deleting pod jhub/jupyter-cid: 403 Forbidden")
     assert stops.to_tell == {}
+
+
+async def test_a_replica_that_does_not_act_shows_the_announced_stop_and_makes_none(tmp_path):
+    from test_budget_notices import T0, H, Service, start
+
+    database = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    clock, pods = [T0], {}
+    start(pods, "bea", "course", "u-bea", T0)
+    acting = Service(database, clock, pods)
+    for hour in range(0, 13):
+        await acting.run(T0 + hour * H)
+    standing_by = Service(database, clock, pods)
+    for at in (T0 + 12 * H, T0 + 12.5 * H):  # the second at the announced stop
+        clock[0] = at
+        listed = {k: standing_by.state.server_pod(b) for k, b in pods.items()}
+        standing_by.state.server_pods_listed(listed)
+        await standing_by.gpu_time.read()
+        assert await standing_by.rule.follow() == "1 server(s) over a budget"
+        pod = standing_by.state.server_pods["jhub/jupyter-bea"]
+        # what its JupyterLab reads from any replica: the stop the acting one announced
+        assert standing_by.rule.scheduled_stop(pod) == (T0 + 12.5 * H, "bea in Course")
+    assert standing_by.told() == []
+    assert standing_by.stops == []
+    acting.close()
+    standing_by.close()

@@ -33,11 +33,11 @@ from .tasks import BackgroundTask
 
 log = logging.getLogger("jupyterhub_gpu.service")
 
-#: the tasks only the acting replica runs (GPU time and server events run on every
-#: replica: the acting one writes, the others read what it wrote)
-ACTING_TASKS = frozenset(
-    {"runtime rules", "orphaned pods", "GPU budgets", "idle servers", "reconcile"}
-)
+#: the tasks only the acting replica runs
+ACTING_TASKS = frozenset({"runtime rules", "orphaned pods", "idle servers", "reconcile"})
+#: the tasks every replica runs, writing and enforcing while it acts and otherwise reading
+#: what the acting one wrote (for its dashboard and API); begun again when it stops acting
+SWITCHING_TASKS = frozenset({"GPU time", "GPU budgets", "server events"})
 
 
 class Acting:
@@ -71,14 +71,19 @@ class Acting:
         for task in self.acting_tasks():
             if not task.running:
                 task.start()
-        for name in ("GPU time", "server events"):
-            if name in self.tasks:
-                self.tasks[name].wake()
+        for name in SWITCHING_TASKS & set(self.tasks):
+            self.tasks[name].wake()
 
     def stopped(self, why: str) -> None:
         for task in self.acting_tasks():
             task.cancel()
             task.status.last_result = f"not acting: {why}"
+        # a pass begun while acting ends here; the next one reads
+        for name in SWITCHING_TASKS & set(self.tasks):
+            task = self.tasks[name]
+            if task.running:
+                task.cancel()
+                task.start()
         for callback in self.on_stopped:
             callback(why)
 

@@ -373,6 +373,13 @@ class GPUService(Application, service_settings.GPUService):
             return await self.server_events.run()
         return f"{self.acting.following()}; {await self.server_events.follow()}"
 
+    async def budgets_pass(self) -> str:
+        """The acting replica tells and stops; the others read what servers were told
+        (each server's scheduled stop, as its JupyterLab asks any replica)."""
+        if self.acting():
+            return await self.budget_rule.run()
+        return f"{self.acting.following()}; {await self.budget_rule.follow()}"
+
     async def find_orphans(self) -> str:
         """Report server pods no hub server owns; delete them after ``orphan_grace``."""
         return await self.orphan_pods.run()
@@ -520,7 +527,7 @@ class GPUService(Application, service_settings.GPUService):
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
         self.add_periodic("orphaned pods", self.find_orphans, self.rules_interval)
         self.add_periodic("GPU time", self.gpu_time_pass, self.usage_interval)
-        self.add_periodic("GPU budgets", self.budget_rule.run, self.usage_interval)
+        self.add_periodic("GPU budgets", self.budgets_pass, self.usage_interval)
         self.add_periodic("server events", self.server_events_pass, self.rules_interval)
         if self.idle_servers.active:
             self.add_periodic("idle servers", self.reclaim_idle, self.rules_interval)
