@@ -3,6 +3,7 @@ due while the hub does not answer (no cluster, no hub: the parts alone)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 
@@ -170,3 +171,37 @@ async def test_a_replica_that_does_not_act_shows_the_announced_stop_and_makes_no
     assert standing_by.stops == []
     acting.close()
     standing_by.close()
+
+
+async def test_a_replica_that_does_not_act_reads_on_what_the_acting_one_writes(tmp_path):
+    from jupyterhub_gpu.accounting.events import EventStore
+    from jupyterhub_gpu.accounting.store import UsageStore
+    from jupyterhub_gpu.service.server_events import ServerEvents
+    from jupyterhub_gpu.service.views import Notice
+
+    clock = [NOW.timestamp()]
+    stores = [UsageStore(f"sqlite:///{tmp_path / 'usage.sqlite'}") for _ in range(2)]
+    acting, standing_by = (
+        ServerEvents(POLICY, EventStore(store), clock=lambda: clock[0]) for store in stores
+    )
+    acting.notice(Notice(NOW, "Stopping cid's server: max_runtime", user="cid", server=""))
+    acting.stopping("cid", "", "max_runtime", "uid-1")
+    acting.stopped("cid", "")
+    await acting.run()
+    assert (await standing_by.follow()).startswith("read 1 last stop(s) and 1 notice(s)")
+    assert standing_by.last_stops[("cid", "")].reason == "max_runtime"
+    # later: what it saw itself is never written; the acting one's next stop is read on
+    standing_by.stopping("ann", "", "idle", "uid-2")
+    standing_by.stopped("ann", "")
+    clock[0] += 60
+    acting.stopping("cid", "", "budget", "uid-3")
+    acting.stopped("cid", "")
+    await acting.run()
+    said = await standing_by.follow()
+    assert said.endswith("since the last read")
+    assert standing_by.last_stops[("cid", "")].reason == "budget"
+    assert len(standing_by.of_server("cid", "")) == 1  # the notice, once
+    stops_of_ann = await asyncio.to_thread(EventStore(stores[0]).last_stops, 0, "ann")
+    assert stops_of_ann == {}
+    for store in stores:
+        store.dispose()
