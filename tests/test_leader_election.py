@@ -172,3 +172,55 @@ async def test_two_candidates_starting_together_never_both_act(replicas, namespa
     acting = [r for r in many if r.elector.acting()]
     assert len(acting) == 1
     assert sum(len(r.periods) for r in many) == 1
+
+
+class SlowRenewals(LeaseElector):
+    """The election's own bookkeeping on a clock the test moves: each renewal takes
+    ``took`` seconds of it and succeeds (the API server's part is the tests above)."""
+
+    def __init__(self, clock: list[float], api: client.ApiClient) -> None:
+        super().__init__(
+            api,
+            "ns",
+            LEASE,
+            TIMINGS,
+            identity="me",
+            monotonic=lambda: clock[0],
+            wall=lambda: 1_000_000 + clock[0],
+            on_started=lambda: self.calls.append("started"),
+            on_stopped=lambda why: self.calls.append(f"stopped: {why}"),
+        )
+        self.clock = clock
+        self.took = 0.0
+        self.calls: list[str] = []
+
+    async def _take_or_renew(self, began: float) -> bool:
+        self.clock[0] += self.took
+        self.state.holder = self.identity
+        return True
+
+
+async def test_a_renewal_that_returns_after_the_deadline_counts_for_nothing():
+    clock, api = [0.0], client.ApiClient()
+    elector = SlowRenewals(clock, api)
+    elector.took = TIMINGS.renew_deadline + 0.1
+    assert await elector.try_once()  # it holds the Lease, but too late to act on it
+    assert not elector.acting()
+    assert elector.calls == []
+    elector.took = 0.1
+    await elector.try_once()
+    assert elector.acting()
+    # the next renewal comes back after the deadline the last one set: that acting ends
+    # (dated at its deadline) and a new one begins only if this renewal is in time
+    elector.took = TIMINGS.renew_deadline + 0.5
+    await elector.try_once()
+    assert not elector.acting()
+    assert elector.calls == [
+        "started",
+        f"stopped: Lease ns/{LEASE} was not renewed within its renew deadline",
+    ]
+    (period,) = elector.state.periods
+    # it began acting with the second renewal, sent when the first came back
+    sent = TIMINGS.renew_deadline + 0.1
+    assert period.until == pytest.approx(1_000_000 + sent + TIMINGS.renew_deadline)
+    await api.close()

@@ -161,9 +161,14 @@ class LeaseElector:
             self.state.error = _describe(e)
             log.warning("%s: %s could not renew or take it: %s", self.where, self.identity, e)
         if held:
-            if self._fence is None or self._fence <= self.monotonic():
-                self._start_acting(began)
-            self._set_fence(began + self.timings.renew_deadline)
+            fence, now = began + self.timings.renew_deadline, self.monotonic()
+            if self._fence is not None and self._fence <= now:
+                # its deadline passed before this renewal came back: that acting is over
+                self._stop_acting(f"{self.where} was not renewed within its renew deadline")
+            if fence > now:  # a renewal that took longer than the deadline counts for nothing
+                if self._fence is None:
+                    self._start_acting()
+                self._set_fence(fence)
         elif self._fence is not None and (
             self.state.holder != self.identity or self.monotonic() >= self._fence
         ):
@@ -289,7 +294,7 @@ class LeaseElector:
 
     # ---- acting ----------------------------------------------------------------------
 
-    def _start_acting(self, began: float) -> None:
+    def _start_acting(self) -> None:
         self.state.periods.append(ActingPeriod(since=self.wall()))
         del self.state.periods[:-20]
         log.info(
