@@ -206,7 +206,15 @@ async def test_through_a_hub_upgrade_usage_goes_on_and_stops_are_made_as_the_doc
         else:
             # at its deletion: never before the announced time, within a rules pass of it
             assert stop_at <= cid_end <= stop_at + 2 * SETTINGS["rules_interval"] + 1
-        # each end recorded once, the course server's with its reason
+
+        # each end recorded once, the course server's with its reason (the server events
+        # are written a run after they happen)
+        async def both_ends():
+            stops = await asyncio.to_thread(stop_rows, database)
+            return stops if {cid.metadata.uid, ann.metadata.uid} <= set(stops) else None
+
+        stops = await eventually(both_ends, "both ends recorded", 30)
+        await asyncio.sleep(3 * SETTINGS["rules_interval"])  # and no second one comes
         stops = await asyncio.to_thread(stop_rows, database)
         assert [r for r, _ in stops[cid.metadata.uid]] == ["budget"]
         assert len(stops[ann.metadata.uid]) == 1
