@@ -105,8 +105,8 @@ async def test_the_leader_killed_mid_pass_is_replaced_within_the_lease_and_nothi
     starts["orphaned-start"] = await started_at(core, namespace, "orphaned-start")
     took_over = await wait_acting(b, within=30)
     # within the Lease's duration from the leader's death (its last renewal was before),
-    # plus a retry period and a second of slack
-    assert took_over - killed <= SETTINGS["lease_duration"] + SETTINGS["lease_retry_period"] + 1
+    # plus a retry period and two seconds of slack for a loaded machine
+    assert took_over - killed <= SETTINGS["lease_duration"] + SETTINGS["lease_retry_period"] + 2
     assert never_overlap(a, b, killed={a.name: killed}) == []
     await row_of(database, namespace, "orphaned-start")
     await asyncio.sleep(YOUNG)
