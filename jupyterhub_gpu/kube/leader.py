@@ -28,7 +28,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -214,14 +214,9 @@ class LeaseElector:
             },
             lease.metadata.resource_version,
         )
-        try:
-            written = await self.leases.replace_namespaced_lease(self.name, self.namespace, body)
-        except ApiException as e:
-            if e.status == 409:  # another replica wrote it first
-                return False
-            raise
-        self._wrote(written)
-        return True
+        return await self._written(
+            self.leases.replace_namespaced_lease(self.name, self.namespace, body)
+        )
 
     async def _create(self) -> bool:
         now = self.wall()
@@ -234,13 +229,17 @@ class LeaseElector:
                 "leaseTransitions": 0,
             }
         )
+        return await self._written(self.leases.create_namespaced_lease(self.namespace, body))
+
+    async def _written(self, write: Awaitable[Any]) -> bool:
+        """Whether a write of the Lease went through (409: another replica wrote first)."""
         try:
-            written = await self.leases.create_namespaced_lease(self.namespace, body)
+            lease = await write
         except ApiException as e:
-            if e.status == 409:  # another replica created it first
+            if e.status == 409:
                 return False
             raise
-        self._wrote(written)
+        self._wrote(lease)
         return True
 
     def _body(self, spec: dict[str, Any], resource_version: str | None = None) -> dict:
