@@ -302,7 +302,8 @@ def ensure_helm(progress: ProgressFn | None = None) -> Path:
             raise BuildError(f"JUPYTERHUB_GPU_HELM={given}: not an executable")
         return Path(given)
     root = cache_dir() / "bin"
-    with _lock(root / ".lock"):
+    # a lock of its own: a cluster starting meanwhile does not wait for Helm's build
+    with _lock(root / ".helm.lock"):
         dest = root / HELM.key
         if not (dest / "helm").exists():
             shutil.rmtree(dest, ignore_errors=True)
