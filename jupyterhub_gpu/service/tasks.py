@@ -163,7 +163,7 @@ class BackgroundTask:
 
     @property
     def running(self) -> bool:
-        return self._task is not None
+        return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
         if self._task:
