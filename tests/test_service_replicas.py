@@ -170,3 +170,17 @@ async def test_a_suspended_leader_stops_acting_before_the_other_starts_and_write
     metrics = await a.metrics()
     assert re.search(r'jupyterhub_gpu_service_acting\{identity="replica-a_\w+"\} 0\.0', metrics)
     assert 'holder="replica-b_' in metrics
+
+
+async def test_a_leader_stopped_as_a_rolling_update_stops_it_hands_over_at_once(replicas):
+    a, b = await replicas("replica-a", "replica-b")
+    await eventually(b.answers, "replica-b's web server", 30)
+    a.signal(signal.SIGTERM)  # what the kubelet sends an old replica
+    stopped = time.time()
+    took_over = await wait_acting(b, within=30)
+    assert a.process.wait(15) == 0
+    # it gave the Lease up: sooner than any wait for the Lease to expire could end (its
+    # last renewal was at most a retry period before the signal)
+    assert took_over - stopped < SETTINGS["lease_duration"] - SETTINGS["lease_retry_period"]
+    assert "gave it up" in a.log()
+    assert never_overlap(a, b) == []
