@@ -114,9 +114,6 @@ SCHEDULER_COMPONENTS = {
     ),
 }
 
-#: Helm, built only for the tests that render the z2jh chart with the project's values
-HELM = Component("helm", "helm.sh/helm/v3", ("helm",), ("helm.sh/helm/v3/cmd/helm",))
-
 
 def cache_dir() -> Path:
     base = os.environ.get("JUPYTERHUB_GPU_CACHE") or os.path.join(
@@ -291,21 +288,3 @@ def ensure_binaries(
                     link.unlink()
                 link.symlink_to(folder / binary)
     return links
-
-
-def ensure_helm(progress: ProgressFn | None = None) -> Path:
-    """The pinned Helm binary, built once and cached like the cluster's binaries;
-    ``JUPYTERHUB_GPU_HELM`` names a prebuilt one instead."""
-    given = os.environ.get("JUPYTERHUB_GPU_HELM")
-    if given:
-        if not os.access(given, os.X_OK):
-            raise BuildError(f"JUPYTERHUB_GPU_HELM={given}: not an executable")
-        return Path(given)
-    root = cache_dir() / "bin"
-    # a lock of its own: a cluster starting meanwhile does not wait for Helm's build
-    with _lock(root / ".helm.lock"):
-        dest = root / HELM.key
-        if not (dest / "helm").exists():
-            shutil.rmtree(dest, ignore_errors=True)
-            _build(HELM, dest, progress or _print_progress)
-    return dest / "helm"
