@@ -132,6 +132,7 @@ def _groups(text: str) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .config.deployment import deployment_warnings
+    from .config.service_form import service_form
     from .config.values import (
         checked_values,
         hub_config,
@@ -155,14 +156,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     hub_namespace = args.hub_namespace or spawner_setting(hub_config(values), "namespace")
     if hub_namespace:
         errors += hub_namespace_errors(policy, hub_namespace)
+    form = service_form(values, hub_namespace)
+    errors += form.errors
     if errors:
         raise PolicyError(errors)
-    for warning in identity_tls_warnings(values) + deployment_warnings(values, policy):
+    warnings = identity_tls_warnings(values) + deployment_warnings(values, policy)
+    for warning in warnings + form.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(
         f"policy OK: {len(policy.flavors)} flavors, {len(policy.profiles)} profiles, "
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"
     )
+    print(f"GPU service: {form.words}")
     for extra, why in classes.extras:
         install = f"pip install 'jupyterhub-gpu[{extra}]'"
         print(f"the hub image needs the [{extra}] extra ({why}): {install}")
@@ -301,9 +306,13 @@ def _note_unchecked_claims(paths: list[str], pod: dict[str, Any]) -> None:
 
 
 def cmd_manifests(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .config.service_form import service_deployment, service_form
     from .config.values import hub_config, load_values, policy_from_loaded, spawner_setting
     from .core.manifests import desired_objects, rbac_objects
     from .core.model import PolicyError, hub_namespace_errors
+    from .core.service_deployment import service_deployment_objects
 
     values = load_values(args.values)
     policy = policy_from_loaded(values)
@@ -316,14 +325,30 @@ def cmd_manifests(args: argparse.Namespace) -> int:
             "NAMESPACE (the one `helm upgrade --install --namespace` installs into), or set "
             "hub.config.KubeSpawner.namespace in the values"
         )
-    if errors := hub_namespace_errors(policy, hub_namespace):
+    form = service_form(values, hub_namespace)
+    if errors := hub_namespace_errors(policy, hub_namespace) + form.errors:
         raise PolicyError(errors)
     desired = desired_objects(policy, hub_namespace)
+    # in its own Deployment the service has its own account (unless one is named) and
+    # elects a leader on a Lease named like the Deployment
+    own = form.settings if form.form == "deployment" else None
+    gpu_account = args.gpu_service_account or (own.deployment_name if own else None)
+    lease = own.deployment_name if own else None
+    deployment = []
+    if own is not None:
+        try:
+            spec = service_deployment(values, hub_namespace, own)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if args.gpu_service_account:
+            spec = dataclasses.replace(spec, account=args.gpu_service_account)
+        deployment = service_deployment_objects(spec)
     # the namespaces first: the RoleBindings that follow live in them
     objects = [
         *(o for o in desired if o["kind"] == "Namespace"),
-        *rbac_objects(policy, hub_namespace, args.service_account, args.gpu_service_account),
+        *rbac_objects(policy, hub_namespace, args.service_account, gpu_account, lease),
         *(o for o in desired if o["kind"] != "Namespace"),
+        *deployment,
     ]
     if args.for_removal:
         # `... | kubectl delete -f -` must never take a group's namespace with it: that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,22 @@ def pod_manifest(name: str, requests: dict[str, str] | None = None, **spec) -> d
             **spec,
         },
     }
+
+
+def gpu_server_pod(name: str, user: str, group: str, selector: dict[str, str]) -> dict:
+    """A one-GPU server pod of ``user`` in ``group``, labelled and annotated as the
+    spawner makes one (of profile ``small``, flavor ``h200``), placed by ``selector``."""
+    charge = {"user": user, "request": {"gpus": "1", "cpu": 100, "memory": 1, "servers": 1}}
+    body = pod_manifest(name, {"nvidia.com/gpu": "1"}, nodeSelector=selector)
+    body["metadata"]["labels"] = {
+        "component": "singleuser-server",
+        "gpu.jupyterhub.org/group": group,
+        "gpu.jupyterhub.org/profile": "small",
+        "gpu.jupyterhub.org/flavor": "h200",
+        "hub.jupyter.org/username": user,
+    }
+    body["metadata"]["annotations"] = {"gpu.jupyterhub.org/charge": json.dumps(charge)}
+    return body
 
 
 async def eventually(

@@ -88,6 +88,7 @@ async def apply_rendered_rbac(
     gpu_service_account: str | None = None,
     *,
     create_hub_namespace: bool = True,
+    lease: str | None = None,
 ) -> None:
     """As the docs say an admin does: the hub's namespace and accounts (the chart's), the
     policy's namespaces, then the RBAC ``manifests`` renders (again after a policy
@@ -127,9 +128,16 @@ async def apply_rendered_rbac(
     for obj in desired_objects(policy, hub_namespace):
         if obj["kind"] == "Namespace":
             await _create(core.create_namespace, None, None, obj)
-    for obj in rbac_objects(policy, hub_namespace, accounts[0], gpu_service_account):
+    for obj in rbac_objects(policy, hub_namespace, accounts[0], gpu_service_account, lease):
         kind, meta = obj["kind"], obj["metadata"]
-        if kind == "ClusterRole":
+        if kind == "Role":
+            await _create(
+                rbac.create_namespaced_role,
+                rbac.replace_namespaced_role,
+                meta["namespace"],
+                obj,
+            )
+        elif kind == "ClusterRole":
             await _create(rbac.create_cluster_role, rbac.replace_cluster_role, None, obj)
         elif kind == "ClusterRoleBinding":
             await _create(

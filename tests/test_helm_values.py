@@ -50,7 +50,7 @@ def every_file() -> list[Path]:
 
 
 def test_every_values_file_is_tested():
-    assert {p.stem for p in every_file()} == {"base", *EXAMPLES}
+    assert {p.stem for p in every_file()} == {"base", "service-deployment", *EXAMPLES}
 
 
 @pytest.mark.parametrize("path", every_file(), ids=lambda p: p.name)

@@ -153,6 +153,43 @@ async def test_separate_accounts_get_only_their_own_half(kube, rendered):
     assert not await allowed(kube, gpu, "create", "pods", namespace=team)
 
 
+async def test_the_service_replicas_may_hold_their_one_lease_and_no_other(kube, rendered):
+    hub_ns = unique("rbac-lease")
+    policy = example_policy("enterprise.yaml", f"{hub_ns}-")
+    lease = "jupyterhub-gpu-service"
+    await rendered(
+        policy, hub_ns, accounts=("hub",), gpu_service_account="gpu-service", lease=lease
+    )
+    hub, gpu = subject(hub_ns, "hub"), subject(hub_ns, "gpu-service")
+    leases = {"group": "coordination.k8s.io", "namespace": hub_ns}
+    # its Lease: made, read and renewed
+    assert await allowed(kube, gpu, "create", "leases", **leases)
+    assert await allowed(kube, gpu, "get", "leases", name=lease, **leases)
+    assert await allowed(kube, gpu, "update", "leases", name=lease, **leases)
+    # no other Lease (another controller's leader election), nor deleting or listing its own
+    for verb in ("get", "update", "delete"):
+        assert not await allowed(kube, gpu, verb, "leases", name="kube-scheduler", **leases)
+    assert not await allowed(kube, gpu, "delete", "leases", name=lease, **leases)
+    assert not await allowed(kube, gpu, "list", "leases", **leases)
+    # nor any Lease outside the hub's namespace (the nodes' heartbeats, the control plane's)
+    for namespace in ("kube-node-lease", "kube-system", f"{hub_ns}-ml-research"):
+        assert not await allowed(
+            kube,
+            gpu,
+            "update",
+            "leases",
+            group="coordination.k8s.io",
+            namespace=namespace,
+            name=lease,
+        )
+        assert not await allowed(
+            kube, gpu, "create", "leases", group="coordination.k8s.io", namespace=namespace
+        )
+    # and the hub's account has none of it
+    assert not await allowed(kube, hub, "update", "leases", name=lease, **leases)
+    assert not await allowed(kube, hub, "create", "leases", **leases)
+
+
 def _reconciled_policy(hub_ns: str, groups: dict):
     return parse_policy(
         scheduler={

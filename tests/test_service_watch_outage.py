@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 
 import pytest
@@ -24,7 +23,7 @@ from test_gpu_time_service import END_ERROR, rows
 
 from hub_helpers import Relay, api, no_server, running_hub, server
 from jupyterhub_gpu.core.shaping import SPAWN_ANNOTATION
-from kube_helpers import eventually, pod_manifest
+from kube_helpers import eventually, gpu_server_pod
 from test_service_hub import start_server, usage, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -89,17 +88,7 @@ async def cut_hub(local_cluster, core, priority_class_objects, relay, tmp_path_f
 
 def raw_server_pod(name: str, user: str) -> dict:
     """A server pod of ``beta`` the hub did not start (as after a hub restart)."""
-    charge = {"user": user, "request": {"gpus": "1", "cpu": 100, "memory": 1, "servers": 1}}
-    body = pod_manifest(name, {"nvidia.com/gpu": "1"}, nodeSelector=H200)
-    body["metadata"]["labels"] = {
-        "component": "singleuser-server",
-        "gpu.jupyterhub.org/group": "beta",
-        "gpu.jupyterhub.org/profile": "small",
-        "gpu.jupyterhub.org/flavor": "h200",
-        "hub.jupyter.org/username": user,
-    }
-    body["metadata"]["annotations"] = {"gpu.jupyterhub.org/charge": json.dumps(charge)}
-    return body
+    return gpu_server_pod(name, user, "beta", H200)
 
 
 async def tasks(hub, token: str) -> dict[str, dict]:

@@ -184,11 +184,13 @@ class EventStore:
                 connection.execute(insert(notices), notice_rows)
             if stop_rows:
                 connection.execute(insert(stops), stop_rows)
-            if not prune:
-                return 0
-            before = now - self.retention
-            pruned = connection.execute(delete(notices).where(notices.c.at < before)).rowcount
-            return pruned + connection.execute(delete(stops).where(stops.c.at < before)).rowcount
+            pruned = 0
+            if prune:
+                before = now - self.retention
+                pruned = connection.execute(delete(notices).where(notices.c.at < before)).rowcount
+                pruned += connection.execute(delete(stops).where(stops.c.at < before)).rowcount
+            self.usage.check_fence()
+            return pruned
 
         pruned = self._guarded("record servers' notices and stops", work)
         if prune:
@@ -325,6 +327,7 @@ class BudgetToldStore:
                     )
                     .values(stop_said_at=at)
                 )
+            self.events.usage.check_fence()
             return added
 
         return self.events._guarded("record what servers were told of budgets", work)

@@ -321,8 +321,22 @@ def _add_revision(engine: Engine) -> None:
             time.sleep(0.1 * attempt)
 
 
+class NotActing(Exception):
+    """A write refused because this replica of the GPU service does not act now (it does
+    not hold its Lease): the replica that does writes what the pods show."""
+
+
 class UsageStore:
     """One usage database."""
+
+    #: with leader election: why this process may not write now (None: it may). Asked
+    #: inside each write's transaction, last before its commit
+    fence: Callable[[], str | None] | None = None
+
+    def check_fence(self) -> None:
+        """Raise ``NotActing`` (rolling the transaction back) when the fence says so."""
+        if self.fence is not None and (why := self.fence()) is not None:
+            raise NotActing(f"nothing written to the GPU usage database: {why}")
 
     def __init__(self, url: str, *, engine: Engine | None = None) -> None:
         self.url = url
@@ -389,7 +403,9 @@ class UsageStore:
             revision = connection.execute(
                 select(revisions.c.value).where(revisions.c.id == 1)
             ).scalar_one()
-            return work(connection, revision)
+            result = work(connection, revision)
+            self.check_fence()
+            return result
 
         return self._guarded(what, numbered)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, Unicode
 from traitlets.config import Application, Configurable
 
 
@@ -294,6 +294,87 @@ class GPUService(Configurable):
         Threads for the usage database work of the GPU-time pass, the budget rule
         and the server events (the service's own writes and reads): theirs alone,
         so no reader's request takes one.
+        """,
+    ).tag(config=True)
+
+    # ---- where the service runs ----------------------------------------------------
+
+    form = CaselessStrEnum(
+        ["hub-pod", "deployment"],
+        "hub-pod",
+        help="""
+        Where the service runs. ``hub-pod`` (the default, small sites): the hub
+        starts it inside its own pod (``hub.services.gpu.command``); it stops
+        whenever the hub stops. ``deployment``: its own Deployment of ``replicas``
+        pods under its own service account, with resources of its own,
+        reached at ``hub.services.gpu.url`` (JupyterHub's external service, no
+        ``command``), which ``jupyterhub-gpu manifests`` renders. Its replicas
+        elect a leader on a ``coordination.k8s.io`` Lease (``lease_*``): one acts
+        (writes usage, applies the rules, reconciles, deletes orphaned pods),
+        all answer the dashboard and the API, and accounting and enforcement go
+        on while the hub is upgraded.
+        """,
+    ).tag(config=True)
+
+    replicas = Int(2, min=1, help="The Deployment's replicas (``form: deployment``).").tag(
+        config=True
+    )
+
+    deployment_name = Unicode(
+        "jupyterhub-gpu-service",
+        help="""
+        The name of the Deployment, its Service (``hub.services.gpu.url`` is
+        ``http://<name>:10101``), its ServiceAccount and its Lease (``form:
+        deployment``).
+        """,
+    ).tag(config=True)
+
+    resources = Dict(
+        {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        help="""
+        The service container's resources in its own Deployment (``form:
+        deployment``), as a container's ``resources``: the hub pod's no longer
+        carry the service's passes, dashboard and history reads.
+        """,
+    ).tag(config=True)
+
+    lease_duration = Float(
+        15.0,
+        help="""
+        Seconds another replica waits, from when it last saw the Lease renewed,
+        before it may take the Lease (``form: deployment``): the longest time
+        nobody acts after the acting replica dies.
+        """,
+    ).tag(config=True)
+
+    lease_renew_deadline = Float(
+        10.0,
+        help="""
+        Seconds after its last successful renewal began that the acting replica
+        stops acting unless it has renewed again (a suspended or cut-off
+        replica). Shorter than ``lease_duration``, so it stops before another
+        may start.
+        """,
+    ).tag(config=True)
+
+    lease_retry_period = Float(
+        2.0,
+        help="Seconds between a replica's attempts to renew or take the Lease.",
+    ).tag(config=True)
+
+    stop_without_hub = CaselessStrEnum(
+        ["wait", "delete-pod"],
+        "wait",
+        help="""
+        What a stop does while the hub's API does not answer (a hub upgrade or
+        restart) when a server's ``max_runtime``, budget grace, idle notice or
+        over-limit wait ends. ``wait`` (the default): nothing is stopped; the
+        service says so (the rule's task fails naming the server, the log, the
+        metric ``jupyterhub_gpu_stops_waiting_for_hub``) and the stop goes
+        through the hub's API at the rule's first run once the hub answers.
+        ``delete-pod``: the service deletes the server's pod itself (the pod it
+        judged, by uid), records the stop with its reason, and asks the hub to
+        stop the server once the hub answers, so the hub's record matches.
         """,
     ).tag(config=True)
 

@@ -25,6 +25,10 @@ Least privilege, by construction:
   reconciles, sights pods and deletes orphaned servers. They default to the same
   account (the service runs in the hub's pod); naming the service's own account gives
   each only its half.
+- **One Lease, by name**: the service's replicas in a Deployment of their own elect a
+  leader on one ``coordination.k8s.io`` Lease in the hub's namespace: get and update
+  on that Lease alone, and create (which Kubernetes cannot restrict by name) of Leases
+  in that one namespace.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from .schedulers import SCHEDULERS, object_kinds
 SPAWNER_ROLE = "jupyterhub-gpu-spawner"
 #: bound in each namespace servers run in: what the GPU service keeps there
 SERVICE_NAMESPACE_ROLE = "jupyterhub-gpu-service"
+#: in the hub's namespace: the GPU service replicas' Lease (``form: deployment``)
+LEASE_ROLE = "jupyterhub-gpu-service-lease"
 #: the prefix of the per-hub ClusterRoles (their rules name this hub's objects)
 CLUSTER_ROLE_PREFIX = "jupyterhub-gpu"
 
@@ -161,6 +167,15 @@ def service_namespace_rules() -> list[dict[str, Any]]:
     return _merge(rules + _queue_entry_rules())
 
 
+def lease_rules(lease: str) -> list[dict[str, Any]]:
+    """What the service's replicas need for their leader election: the one Lease."""
+    return [
+        # create cannot be restricted by name (the object does not exist yet)
+        _rule("coordination.k8s.io", ["leases"], ["create"]),
+        _rule("coordination.k8s.io", ["leases"], ["get", "update"], [lease]),
+    ]
+
+
 def _queue_entry_rules() -> list[dict[str, Any]]:
     """Where a server waits in its Kueue or Volcano queue (Workloads, PodGroups): read in
     the namespace it waits in, for the spawn page and the dashboard."""
@@ -198,11 +213,13 @@ def rbac_objects(
     hub_namespace: str,
     service_account: str = "hub",
     gpu_service_account: str | None = None,
+    lease: str | None = None,
 ) -> list[dict[str, Any]]:
     """The ClusterRoles, Roles' bindings and their subjects, for one policy and hub.
 
     ``service_account`` is the hub's (z2jh: ``hub``); ``gpu_service_account`` the GPU
-    service's when it runs under an account of its own (default: the hub's)."""
+    service's when it runs under an account of its own (default: the hub's); ``lease``
+    the name of its replicas' Lease when they elect a leader (none in the hub's pod)."""
     labels = {OWNER_LABEL: OWNER}
     hub = {"kind": "ServiceAccount", "name": service_account, "namespace": hub_namespace}
     gpu = {
@@ -222,7 +239,14 @@ def rbac_objects(
             "rules": rules,
         }
 
-    def binding(kind: str, name: str, role: str, subjects: list, namespace: str | None):
+    def binding(
+        kind: str,
+        name: str,
+        role: str,
+        subjects: list,
+        namespace: str | None,
+        role_kind: str = "ClusterRole",
+    ):
         meta: dict[str, Any] = {"name": name, "labels": labels}
         if namespace:
             meta["namespace"] = namespace
@@ -230,7 +254,7 @@ def rbac_objects(
             "apiVersion": f"{_RBAC_API}/v1",
             "kind": kind,
             "metadata": meta,
-            "roleRef": {"apiGroup": _RBAC_API, "kind": "ClusterRole", "name": role},
+            "roleRef": {"apiGroup": _RBAC_API, "kind": role_kind, "name": role},
             "subjects": subjects,
         }
 
@@ -249,4 +273,14 @@ def rbac_objects(
         objects.append(
             binding("RoleBinding", SERVICE_NAMESPACE_ROLE, SERVICE_NAMESPACE_ROLE, [gpu], namespace)
         )
+    if lease is not None:
+        objects.append(
+            {
+                "apiVersion": f"{_RBAC_API}/v1",
+                "kind": "Role",
+                "metadata": {"name": LEASE_ROLE, "namespace": hub_namespace, "labels": labels},
+                "rules": lease_rules(lease),
+            }
+        )
+        objects.append(binding("RoleBinding", LEASE_ROLE, LEASE_ROLE, [gpu], hub_namespace, "Role"))
     return objects

@@ -41,14 +41,16 @@ from ..core.adoption import DEFAULT_COMPONENT
 from ..core.datasets import needed_claims
 from ..core.model import Group, PolicyError, hub_namespace_errors
 from ..kube.client import api_client, in_cluster_namespace
+from ..kube.leader import LeaseElector, LeaseTimings
 from ..kube.reconciler import ReconcilePasses, Reconciler
 from ..kube.reflector import Reflector
 from . import handlers, metrics
+from .acting import ACTING_TASKS, Acting, ReplicaCollector, StopsWithoutHub
 from .budget_rules import BudgetRule
 from .datasets import DatasetClaims, claim_reader
 from .fair_share import fair_lines
 from .gpu_time import GPUTime
-from .hubapi import HubAPI, HubAPIError
+from .hubapi import HubAPI, HubAPIError, HubUnreachable
 from .idle import IdleServers, Prometheus
 from .orphans import OrphanPods
 from .page import RANGES
@@ -117,7 +119,18 @@ class GPUService(Application, service_settings.GPUService):
             component=spawner_setting(self.config, "component_label") or DEFAULT_COMPONENT,
         )
         self.tasks: dict[str, BackgroundTask] = {}
+        if self.form == "deployment" and (errors := self.lease_timings().errors()):
+            raise SystemExit("jupyterhub-gpu-service: hub.config.GPUService: " + "; ".join(errors))
+        #: whether this replica acts (always, in the hub's pod; the Lease's leader, in a
+        #: Deployment: set up with Kubernetes)
+        self.acting = Acting(None, self.tasks)
+        self.stops_without_hub = StopsWithoutHub(
+            self.stop_without_hub,
+            self._delete_pod,
+            lambda uid, at: self.gpu_time.backlog.add(uid, end=at),
+        )
         self.registry, self.stopped_counter = metrics.registry(self.policy, self.snapshot)
+        self.registry.register(ReplicaCollector(self.acting, self.stops_without_hub))
         self.runtime_rules = RuntimeRules(
             self.policy, self.state, self._stop, self.stop_over_limit_after
         )
@@ -147,6 +160,8 @@ class GPUService(Application, service_settings.GPUService):
             billing_timezone=self.billing_timezone,
             utilisation_refresh=self.utilisation_refresh,
         )
+        # a replica that does not act writes nothing, even a write begun while it did
+        self.gpu_time.store.fence = self.acting.why_not
         # users' reads (history, charts, showback of older months) on threads and
         # database connections of their own: enforcement never waits behind them
         self.readers = ThreadPoolExecutor(
@@ -177,6 +192,12 @@ class GPUService(Application, service_settings.GPUService):
         )
         #: the claims the groups' datasets need, read once Kubernetes is set up
         self.dataset_claims = DatasetClaims(self.policy, self.namespace, read=None)
+        self.acting.on_started.append(self.server_events.reload)
+        self.acting.on_stopped.append(lambda why: self.gpu_time.forget_unwritten())
+        self.acting.on_stopped.append(lambda why: self.server_events.forget_unwritten())
+
+    def lease_timings(self) -> LeaseTimings:
+        return LeaseTimings(self.lease_duration, self.lease_renew_deadline, self.lease_retry_period)
 
     def load_hub_config(self, path: Path) -> str:
         """Read the hub's config into ``self.config``; where the policy came from, in words.
@@ -199,6 +220,8 @@ class GPUService(Application, service_settings.GPUService):
         snapshot.idle = self.idle_servers.coverage
         snapshot.orphans = [orphan.to_json() for orphan in self.orphan_pods.orphans]
         snapshot.datasets = self.dataset_claims.report
+        snapshot.lease = self.acting.to_json()
+        snapshot.stops_waiting_for_hub = len(self.stops_without_hub.waiting)
         # with fair share, each group's line in the order the hub lets it go
         snapshot.waiting = fair_lines(
             self.policy,
@@ -292,7 +315,7 @@ class GPUService(Application, service_settings.GPUService):
         """Run ``job`` every ``interval`` s with backoff; its status shows on the page."""
         task = BackgroundTask(name, job, interval, self.max_backoff, forever=forever)
         self.tasks[name] = task
-        if getattr(self, "_running", False):
+        if getattr(self, "_running", False) and (name not in ACTING_TASKS or self.acting()):
             task.start()
         return task
 
@@ -332,7 +355,30 @@ class GPUService(Application, service_settings.GPUService):
                 "the hub answered without users' servers: the service's role needs "
                 "read:servers (orphaned pods are not looked for until it has it)"
             )
-        return f"{len(answer.servers)} servers"
+        # the hub answers: a stop due now goes through it at its rule's next run
+        self.stops_without_hub.waiting.clear()
+        told = await self.stops_without_hub.tell_hub(self.hub) if self.acting() else None
+        return f"{len(answer.servers)} servers" + (f"; {told}" if told else "")
+
+    async def gpu_time_pass(self) -> str:
+        """The acting replica writes what the pods show and reads it back; the others
+        read what it wrote (their dashboards and APIs show the same hours)."""
+        if self.acting():
+            return await self.gpu_time.record()
+        await self.gpu_time.read()
+        return self.acting.following()
+
+    async def server_events_pass(self) -> str:
+        if self.acting():
+            return await self.server_events.run()
+        return f"{self.acting.following()}; {await self.server_events.follow()}"
+
+    async def budgets_pass(self) -> str:
+        """The acting replica tells and stops; the others read what servers were told
+        (each server's scheduled stop, as its JupyterLab asks any replica)."""
+        if self.acting():
+            return await self.budget_rule.run()
+        return f"{self.acting.following()}; {await self.budget_rule.follow()}"
 
     async def find_orphans(self) -> str:
         """Report server pods no hub server owns; delete them after ``orphan_grace``."""
@@ -340,6 +386,8 @@ class GPUService(Application, service_settings.GPUService):
 
     async def _delete_pod(self, namespace: str, name: str, uid: str) -> str | None:
         """Delete a pod if it is still the one found (its uid); the error in words."""
+        if why := self.acting.why_not():
+            return f"pod {namespace}/{name} not deleted: {why}"
         try:
             await client.CoreV1Api(self.kube).delete_namespaced_pod(
                 name,
@@ -366,19 +414,33 @@ class GPUService(Application, service_settings.GPUService):
         """Ask the hub to stop a server; the error in words, or None when done. With
         the ``pod`` the rule judged, only if the hub's server is still the one that
         made it (``not_the_judged_server``); a stop not sent is logged with why."""
+        if why := self.acting.why_not():
+            return f"{user}/{name} not stopped: {why}"
         async with self._stops:
+            running = self.state.pod_of(user, name)
             try:
                 if pod is not None and (why := await self._not_judged(user, name, pod)):
                     self._skipped_stop(user, name, reason, pod, why)
                     return None
-                running = self.state.pod_of(user, name)
                 self.server_events.stopping(user, name, reason, running and running.uid)
                 await self.hub.stop_server(user, name)
+            except HubUnreachable as e:
+                self.server_events.not_stopped(user, name)
+                # the pod the rule judged, else the server's pod as the watch holds it
+                target = pod or running
+                if target is not None:
+                    self.server_events.stopping(user, name, reason, target.uid)
+                deleted, error = await self.stops_without_hub.stop(user, name, reason, target, e)
+                if not deleted:
+                    self.server_events.not_stopped(user, name)
+                    return error
             except HubAPIError as e:
                 self.server_events.not_stopped(user, name)
                 if e.status == 404:  # already gone: nothing to do
+                    self.stops_without_hub.done(user, name)
                     return None
                 return str(e)
+        self.stops_without_hub.done(user, name)
         self.stopped_counter.labels(reason).inc()
         self.server_events.stopped(user, name)
         return None
@@ -464,9 +526,9 @@ class GPUService(Application, service_settings.GPUService):
         self.add_periodic("hub servers", self.poll_hub, self.hub_poll_interval)
         self.add_periodic("runtime rules", self.apply_rules, self.rules_interval)
         self.add_periodic("orphaned pods", self.find_orphans, self.rules_interval)
-        self.add_periodic("GPU time", self.gpu_time.record, self.usage_interval)
-        self.add_periodic("GPU budgets", self.budget_rule.run, self.usage_interval)
-        self.add_periodic("server events", self.server_events.run, self.rules_interval)
+        self.add_periodic("GPU time", self.gpu_time_pass, self.usage_interval)
+        self.add_periodic("GPU budgets", self.budgets_pass, self.usage_interval)
+        self.add_periodic("server events", self.server_events_pass, self.rules_interval)
         if self.idle_servers.active:
             self.add_periodic("idle servers", self.reclaim_idle, self.rules_interval)
         if self.reconcile_interval > 0:
@@ -478,8 +540,11 @@ class GPUService(Application, service_settings.GPUService):
         server = HTTPServer(self.make_app(), xheaders=True)
         server.listen(url.port or 80, self.ip or listen_address(url.hostname))
         self._running = True
-        for task in self.tasks.values():
-            task.start()
+        elector = self._elect()
+        for name, task in self.tasks.items():
+            if name not in ACTING_TASKS or self.acting():
+                task.start()
+        election = asyncio.create_task(elector.run()) if elector is not None else None
         self.log.info(
             "jupyterhub-gpu-service on %s, policy from %s, namespace %s, %d groups",
             url.geturl(),
@@ -495,7 +560,29 @@ class GPUService(Application, service_settings.GPUService):
         server.stop()
         for task in self.tasks.values():
             await task.stop()
+        if elector is not None and election is not None:
+            election.cancel()
+            await asyncio.gather(election, return_exceptions=True)
+            # give the Lease up: the other replica takes it at its next retry
+            await elector.release()
         await self.kube.close()
+
+    def _elect(self) -> LeaseElector | None:
+        """In a Deployment, this replica's candidacy for the Lease (it acts only while it
+        leads); in the hub's pod, none: the one process acts."""
+        if self.form != "deployment":
+            return None
+        elector = LeaseElector(
+            self.kube,
+            self.namespace,
+            self.deployment_name,
+            self.lease_timings(),
+            on_started=self.acting.started,
+            on_stopped=self.acting.stopped,
+        )
+        self.acting.elector = elector
+        self.acting.standing_by()
+        return elector
 
     def start(self) -> None:
         asyncio.run(self.start_async())

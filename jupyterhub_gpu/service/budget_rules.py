@@ -158,6 +158,18 @@ class BudgetRule:
             return None
         return stop.stop_at, self.owner(stop.key)
 
+    async def follow(self) -> str:
+        """What servers were told, as the acting replica wrote it (their scheduled stops,
+        for the views), on a replica that does not act: nobody is told or stopped here."""
+        by_id = {pod_id(p): p for p in (self.state.server_pods or {}).values()}
+        told: dict[str, dict[BudgetKey, Told]] = {}
+        for row in await asyncio.to_thread(self.store.read):
+            pod = by_id.get(row.pod)
+            if pod is not None:
+                told.setdefault(pod.key, {})[row.told.key] = row.told
+        self.told = told
+        return f"{len(told)} server(s) over a budget"
+
     async def run(self) -> str:
         pods = self.state.server_pods
         if pods is None:

@@ -267,6 +267,13 @@ class GPUTime:
             report += f"; {carried} servers' events kept while the database was unavailable written"
         return report
 
+    def forget_unwritten(self) -> None:
+        """This replica stopped acting: what it kept unwritten is the acting replica's to
+        see and write now (a write under way is refused by the store's fence)."""
+        self._writing = None
+        self._pass_began = None
+        self.backlog = Backlog(self.backlog.limit, log, self.clock)
+
     def keep(self, live: Mapping[str, UsageRecord], now: float) -> None:
         """Keep what the pods show at ``now`` until it is written: each live pod's
         start and sighting, and for each pod kept as running that is gone now, its end

@@ -39,6 +39,10 @@ class HubAPIError(Exception):
         super().__init__(f"{call}: HTTP {status}: {message}{hint}")
 
 
+class HubUnreachable(HubAPIError):
+    """The hub's API did not answer at all (the hub is down, restarting or upgrading)."""
+
+
 def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -94,7 +98,13 @@ class HubAPI:
         )
         try:
             response = await self.http.fetch(request)
+        except OSError as e:  # refused, reset, no route: nobody answered
+            raise HubUnreachable(f"{method} {path}", 0, f"the hub did not answer: {e}") from None
         except HTTPClientError as e:
+            if e.code == 599:  # tornado's own: timed out or the connection failed
+                raise HubUnreachable(
+                    f"{method} {path}", 0, f"the hub did not answer: {e}"
+                ) from None
             message = ""
             if e.response is not None and e.response.body:
                 try:

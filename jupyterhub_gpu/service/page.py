@@ -227,6 +227,31 @@ def tasks_section(tasks: list[dict[str, Any]]) -> str:
     )
 
 
+def lease_section(lease: dict[str, Any], waiting: int) -> str:
+    """The replicas' Lease: who acts, since when, its timings, this replica's part."""
+    holder = lease["holder"] or "nobody"
+    me = "acts" if lease["acting"] else "stands by (answers the dashboard and the API)"
+    rows = [
+        ("Lease", lease["lease"]),
+        ("Acting replica", holder),
+        ("Held since", _epoch(lease["acquired"]) if lease["holder"] else ""),
+        ("Last renewed", _epoch(lease["renewed"])),
+        ("Changes of holder", str(lease["transitions"])),
+        (
+            "Timings",
+            f"lease {lease['duration_seconds']:g} s, renew deadline "
+            f"{lease['renew_deadline_seconds']:g} s, retry {lease['retry_period_seconds']:g} s",
+        ),
+        ("This replica", f"{lease['identity']}: {me}"),
+    ]
+    if lease.get("error"):
+        rows.append(("Last error", lease["error"]))
+    if waiting:
+        rows.append(("Stops waiting for the hub", str(waiting)))
+    body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
 def orphans_section(orphans: list[dict[str, Any]]) -> str:
     """Server pods no hub server owns: still charged; deleted at the time shown."""
     rows = [
@@ -497,6 +522,11 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         )
     if view["admin"] and view["tasks"]:
         body += ["<h2>Service health</h2>", tasks_section(view["tasks"])]
+        if view.get("lease"):
+            body += [
+                "<h2>Service replicas</h2>",
+                lease_section(view["lease"], view.get("stops_waiting_for_hub", 0)),
+            ]
         if view.get("orphans"):
             body += ["<h2>Server pods the hub does not own</h2>", orphans_section(view["orphans"])]
         if view.get("foreign_pods"):

@@ -37,6 +37,9 @@ NOTICES_READ_BACK = 86400
 MAX_PENDING = 10_000
 #: how long a stop the service asked the hub for explains the end of that server's pod
 INTENT_FOR = 600.0
+#: a replica that does not act reads back what was written since its last read, and
+#: this much before it (a stop is written a run after it happened, dated when it did)
+FOLLOW_OVERLAP = 600.0
 
 #: the pod's condition that says who ended it -> (reason, words for the user)
 DISRUPTIONS = {
@@ -118,6 +121,8 @@ class ServerEvents:
         self._pending_notices: list[NoticeRow] = []
         self._pending_stops: list[StopRow] = []
         self.loaded = store is None
+        #: when the database was last read back (a replica that does not act reads on)
+        self._read_at: float | None = None
 
     # ---- what happens --------------------------------------------------------------
 
@@ -216,6 +221,33 @@ class ServerEvents:
             + (f", {pruned} older than the retention pruned" if pruned else "")
         )
 
+    async def follow(self) -> str:
+        """A replica that does not act writes nothing: what it saw is the acting one's to
+        write, and it reads back what that one wrote since its last read."""
+        self.forget_unwritten()
+        if self.store is None:
+            return "not kept (no database)"
+        if not self.loaded or self._read_at is None:
+            return await self.load()
+        now, since = self.clock(), self._read_at - FOLLOW_OVERLAP
+        stops = await asyncio.to_thread(self.store.last_stops, since)
+        notices = await asyncio.to_thread(self.store.recent_notices, since)
+        self._take_stops(stops)
+        for row in notices:
+            if row.user is not None and row not in self.notices.get(
+                (row.user, row.server or ""), ()
+            ):
+                self._remember_notice(row)
+        self._read_at = now
+        return f"read {len(stops)} last stop(s) and {len(notices)} notice(s) since the last read"
+
+    def forget_unwritten(self) -> None:
+        self._pending_notices, self._pending_stops = [], []
+
+    def reload(self) -> None:
+        """Read the database back at the next run (this replica starts acting)."""
+        self.loaded = self.store is None
+
     async def load(self) -> str:
         """The last stops and the last day's notices from the database (what this
         service has seen since it started stays newer)."""
@@ -223,10 +255,7 @@ class ServerEvents:
         now = self.clock()
         stops = await asyncio.to_thread(self.store.last_stops, now - self.store.retention)
         notices = await asyncio.to_thread(self.store.recent_notices, now - NOTICES_READ_BACK)
-        for key, row in stops.items():
-            known = self.last_stops.get(key)
-            if known is None or known.at < row.at:
-                self.last_stops[key] = last_stop(row.reason, row.message, row.at)
+        self._take_stops(stops)
         seen = {key: list(rows) for key, rows in self.notices.items()}
         self.notices = {}
         for row in notices:
@@ -235,7 +264,14 @@ class ServerEvents:
             for row in rows:
                 self._remember_notice(row)
         self.loaded = True
+        self._read_at = now
         return f"read {len(stops)} last stop(s) and {len(notices)} notice(s)"
+
+    def _take_stops(self, stops: dict[tuple[str, str], StopRow]) -> None:
+        for key, row in stops.items():
+            known = self.last_stops.get(key)
+            if known is None or known.at < row.at:
+                self.last_stops[key] = last_stop(row.reason, row.message, row.at)
 
 
 def last_stop(reason: str, text: str, at: float) -> LastStop:

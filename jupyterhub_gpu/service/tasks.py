@@ -154,6 +154,17 @@ class BackgroundTask:
         """Run again now (e.g. new data arrived) instead of at the next interval."""
         self._wake.set()
 
+    def cancel(self) -> None:
+        """Stop at once, wherever the job is (a replica that stops acting); ``start``
+        runs it again from the beginning."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()

@@ -138,6 +138,11 @@ class Snapshot:
     idle: Any = None
     #: server pods no hub server owns (``orphans.Orphan.to_json``), as last found
     orphans: Sequence[Mapping[str, Any]] = ()
+    #: the replicas' Lease, its timings and who leads (``LeaseElector.to_json``); None:
+    #: one process in the hub's pod
+    lease: Mapping[str, Any] | None = None
+    #: servers due to stop that wait for the hub to answer
+    stops_waiting_for_hub: int = 0
     #: server pods whose labels cannot be true, charged to nobody (``ServerPod.foreign_json``)
     foreign_pods: Sequence[Mapping[str, Any]] = ()
     #: per group, its datasets and whether their claims exist, as last read
@@ -375,6 +380,9 @@ def usage_view(
         "orphans": list(snapshot.orphans) if admin else [],
         # pods labelled as servers they cannot be, charged to nobody: admins only
         "foreign_pods": list(snapshot.foreign_pods) if admin else [],
+        # which replica acts and the Lease's timings (replica names): admins only
+        "lease": dict(snapshot.lease) if admin and snapshot.lease else None,
+        "stops_waiting_for_hub": snapshot.stops_waiting_for_hub if admin else 0,
         "gpu_hours": gpu_hours_view(snapshot.gpu_time, groups, viewer),
         "fair_share": fair_share_view(
             getattr(snapshot.gpu_time, "fair_share", None), groups, viewer.name, admin

@@ -126,6 +126,10 @@ class LocalHub:
     gpu_service: bool = False
     #: the service's own kubeconfig (e.g. a service account's); default: the cluster admin's
     service_kubeconfig: Path | None = None
+    #: register the GPU service as an external one (``url`` and ``api_token``, no
+    #: ``command``), as in its own Deployment: the caller runs it, with
+    #: ``gpu_service_token``, and it outlives the hub
+    external_gpu_service: bool = False
     #: lay the hub's config out as z2jh does in a hub pod: ``hub.config`` sections
     #: (the policy, ``service_settings``), ``hub.services`` and ``hub.loadRoles``
     #: in the chart values beside the ``z2jh`` helper, and a
@@ -144,6 +148,7 @@ class LocalHub:
         self.proxy_api_port = free_port()
         self.api_token = os.urandom(16).hex()
         self.service_port = free_port()
+        self.gpu_service_token = os.urandom(16).hex()
         self.process: subprocess.Popen | None = None
 
     @property
@@ -249,6 +254,9 @@ class LocalHub:
                 "KUBECONFIG": str(self.service_kubeconfig or self.cluster.state.kubeconfig)
             },
         }
+        if self.external_gpu_service:
+            del service["command"], service["environment"]
+            service["api_token"] = self.gpu_service_token
         roles = [
             {"name": SERVICE_ROLE, "scopes": list(SERVICE_SCOPES), "services": ["gpu"]},
             {"name": "user", "scopes": ["self", "access:services!service=gpu"]},
