@@ -15,7 +15,7 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 
-from .budgets import HOUR, UsageRecord, used_seconds
+from .usage import HOUR, UsageRecord, open_end, used_seconds
 from .utilisation import Coverage
 
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
@@ -152,7 +152,7 @@ def showback(
     for r in records:
         end = r.ended
         if end is None:
-            end = now if r.key in running else max(r.last_seen, r.started)
+            end = open_end(r, now, running)
         if end > until:
             end = until
         start = r.started
@@ -429,7 +429,7 @@ class ShowbackTally:
             for r in owned.values():
                 end = r.ended
                 if end is None:
-                    end = now if r.key in running else max(r.last_seen, r.started)
+                    end = open_end(r, now, running)
                 if end > until:
                     end = until
                 start = r.started
