@@ -303,10 +303,15 @@ async def main(
     refused = 0
     for i in range(spawns):
         user = rng.choice(names)
-        for hub, hub_policy, samples, sorted_line in (
-            (admission, policy, ours, False),
+        fair_rows = [
             (fair_admission, fair_policy, ours_fair, False),
             (fair_admission, fair_policy, ours_sorted, True),
+        ]
+        # the second of the two finds the user's budget sums kept by the first: each
+        # goes second every other spawn
+        for hub, hub_policy, samples, sorted_line in (
+            (admission, policy, ours, False),
+            *(fair_rows if i % 2 else fair_rows[::-1]),
         ):
             t0 = time.perf_counter()
             listed, decision, over = spawn_path(hub, hub_policy, i, user, sorted_line)
