@@ -29,7 +29,7 @@ from .showback import (
     showback,
     showback_of,
 )
-from .usage import HOUR, UsageRecord, open_end
+from .usage import HOUR, UsageRecord
 
 #: (group, user, flavor): the rows of a showback
 Row = tuple[str, str, str]
@@ -342,45 +342,40 @@ class ShowbackTally:
                             into[row] = entry[0]
                         else:
                             measured[row], utilised[row] = entry[0], entry[1]
-        # the open records: showback's loop, over them only
-        get = detail.get
-        opened: dict[str, tuple[Row, float]] = {}
-        opens = self._open_by_group
-        for owned in opens.values() if groups is None else _owned(opens, groups):
-            for r in owned.values():
-                end = r.ended
-                if end is None:
-                    end = open_end(r, now, running)
-                if end > until:
-                    end = until
-                start = r.started
-                if start < since:
-                    start = since
-                if end <= start:
-                    continue
-                seconds = r.gpus * (end - start)
-                if seconds <= 0:
-                    continue
-                row = (r.group, r.user, r.flavor or NO_FLAVOR)
-                hours = seconds / HOUR
-                detail[row] = get(row, 0.0) + hours
-                if utilisation:
-                    opened[r.uid] = (row, hours)
-        # the sessions not final: their means as given
+        # the open records (the running servers, a few thousand at most): ``showback``
+        # of them, their sessions measured with their means as given
+        opens = [
+            r
+            for owned in (
+                self._open_by_group.values()
+                if groups is None
+                else _owned(self._open_by_group, groups)
+            )
+            for r in owned.values()
+        ]
+        busy_open = {
+            r.uid: utilisation[r.uid]
+            for r in opens
+            if utilisation and r.uid in utilisation and (r.flavor or NO_FLAVOR) not in self.shared
+        }
+        running_part = showback(opens, since, until, now, running, busy_open)
+        for into, part in (
+            (detail, running_part.detail),
+            (measured, running_part.measured),
+            (utilised, running_part.utilised),
+        ):
+            for row, hours in part.items():
+                into[row] = into.get(row, 0.0) + hours
+        # the closed sessions not final: their means as given
         month_until = self.month_bounds(month)[1]
         closed = self._closed
         for uid, busy in (utilisation or {}).items():
-            found = opened.get(uid)
-            if found is None:
-                r = closed.get(uid)
-                if r is None or uid in final or (groups is not None and r.group not in groups):
-                    continue
-                hours = _closed_hours(r, since, month_until)
-                if hours is None:
-                    continue
-                found = (self._row(r), hours)
-            row, hours = found
-            if row[2] in self.shared:
+            r = closed.get(uid)
+            if r is None or uid in final or (groups is not None and r.group not in groups):
+                continue
+            row = self._row(r)
+            hours = _closed_hours(r, since, month_until)
+            if hours is None or row[2] in self.shared:
                 continue
             measured[row] = measured.get(row, 0.0) + hours
             utilised[row] = utilised.get(row, 0.0) + busy_hours(hours, busy)

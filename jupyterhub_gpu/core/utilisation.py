@@ -245,41 +245,23 @@ class Chunks:
                     found[key] = sums[metric].get(key, 0.0) / count
         coverage = Coverage(since, until, covered, tuple(gaps), unread, read_until)
         if sessions is not None:
-            found = _session_means(read, sessions, order, since, until)
-            coverage = replace(coverage, final=_final(ends, not_final, sessions, since, until))
+            found, final = _session_means(read, ends, not_final, sessions, order, since, until)
+            coverage = replace(coverage, final=final)
         return found, coverage
-
-
-def _final(
-    ends: list[float],
-    not_final: list[int],
-    sessions: Mapping[str, Session],
-    since: float,
-    until: float,
-) -> frozenset[str]:
-    """The sessions whose every chunk in [since, until) is read for good (``ends``: the
-    chunks' ends; ``not_final[i]``: how many of the first ``i`` are not)."""
-    found = []
-    for sid, (_, began, ended) in sessions.items():
-        lo = began if began > since else since
-        hi = ended if ended < until else until
-        if hi <= lo:
-            continue
-        first = bisect.bisect_right(ends, lo)
-        last = min(bisect.bisect_left(ends, hi) + 1, len(ends))
-        if not_final[last] == not_final[first]:
-            found.append(sid)
-    return frozenset(found)
 
 
 def _session_means(
     read: list[tuple[float, float, Reading]],
+    chunk_ends: list[float],
+    not_final: list[int],
     sessions: Mapping[str, Session],
     order: list[str],
     since: float,
     until: float,
-) -> dict[str, float]:
-    """Each session's mean from the chunks read that its life overlaps.
+) -> tuple[dict[str, float], frozenset[str]]:
+    """Each session's mean from the chunks read that its life overlaps, and the
+    sessions whose every chunk (``chunk_ends``: every chunk's end, read or not;
+    ``not_final[i]``: how many of the first ``i`` are not read for good) is final.
 
     A month at a large site has some 150,000 sessions, most within a chunk or two:
     each finds its chunks by bisection and reads a chunk's samples of its pod from
@@ -291,13 +273,21 @@ def _session_means(
         for _, _, reading in read
     ]
     found: dict[str, float] = {}
+    final: list[str] = []
+    last_chunk = len(chunk_ends)
     for sid, (key, began, ended) in sessions.items():
         lo = began if began > since else since
         hi = ended if ended < until else until
         if hi <= lo:
             continue
-        # the chunks from the first that ends after the session begins, up to the last
-        # that starts before it ends
+        # every chunk from the first that ends after the session begins to the one it
+        # ends in: all read for good?
+        a = bisect.bisect_right(chunk_ends, lo)
+        b = min(bisect.bisect_left(chunk_ends, hi) + 1, last_chunk)
+        if not_final[b] == not_final[a]:
+            final.append(sid)
+        # the chunks read, from the first that ends after the session begins, up to
+        # the last that starts before it ends
         first = bisect.bisect_right(ends, lo)
         last = bisect.bisect_left(starts, hi)
         for m in range(len(order)):
@@ -311,4 +301,4 @@ def _session_means(
             if count > 0:
                 found[sid] = total / count
                 break
-    return found
+    return found, frozenset(final)
