@@ -15,11 +15,12 @@ again): the hub also reads ten half-lives of rows (70 days) into its fair-share 
 and each spawn adds the user's and group's standing to its GPU entries and joins a
 line of 20 waiting servers (``--waiting``), as every spawn does in the hub: its
 standing is worked out and its place found, then it leaves. Twice, side by side: the
-line kept in order (``core.line.Line``, the hub's: the newcomer filed by bisection,
-at most 16 other standings worked out again per look), and the line as the hub kept
-it before, sorted and walked at each join with every standing worked out again once
-a second. The waiters are in random groups, or with ``--course`` all in one group,
-waiting for it (a course asking at once): every newcomer then has the line ahead.
+line kept in order (``core.line.Line``, the hub's: the newcomer filed by bisection;
+every standing worked out again once a second off the spawn path, timed apart), and
+the line as the hub kept it before, sorted and walked at each join with every
+standing worked out again once a second, in a spawn. The waiters are in random
+groups, or with ``--course`` all in one group, waiting for it (a course asking at
+once): every newcomer then has the line ahead.
 
 Beside it, in the same process and run: stock KubeSpawner's own handling of a
 static profile list of the same size (10,000 profiles: 5,000 groups x 2), i.e.
@@ -355,6 +356,21 @@ async def main(
     print(row(f"  the same, {line} sorted at each join (as before)", ours_sorted))
     print(row(f"stock KubeSpawner: static list of {2 * groups:,} profiles", stock))
     print(f"ratio of p99 (stock / ours): {percentile(stock, 99) / percentile(ours, 99):.1f}")
+    # what the hub does once a second off the spawn path: every standing worked out
+    refreshes: list[float] = []
+    if fair_policy.fair_share is not None:
+        book = fair_admission.fair_book(fair_policy)
+        for _ in range(20):
+            t0 = time.perf_counter()
+            now = fair_admission.clock()
+            for w in list(fair_admission.line):
+                standing = book.order_key(w.user, w.group, now, ledger.charges)
+                fair_admission.line.restand(w, standing, now)
+            refreshes.append((time.perf_counter() - t0) * 1000)
+    print(
+        f"the line's {len(fair_admission.line)} standings worked out again (once a second, "
+        f"not in a spawn): p50 {statistics.median(refreshes):.2f} ms, max {max(refreshes):.2f} ms"
+    )
     print(
         "ratio, the line sorted at each join / kept in order: "
         f"p50 {statistics.median(ours_sorted) / statistics.median(ours_fair):.2f}, "

@@ -57,12 +57,13 @@ from .core.shaping import usage_record_from_pod
 #: lists the charges on the pods Kubernetes has now (the spawner's own client)
 ListCharges = Callable[[Policy], Awaitable[list[Charge]]]
 
-#: seconds a waiting server's standing is kept: standings move slowly (a half-life is
-#: days), and working out a thousand waiters' at every look would cost milliseconds
+#: seconds between two workings-out of every waiting server's standing (standings
+#: move slowly: a half-life is days), all for one moment, off any spawn's path; a
+#: newcomer's is worked out for that same moment, so the line compares like with like
+#: (a group's usage grows while its servers run: standings of two moments differ)
 ORDER_KEPT = 1.0
-#: the most standings worked out again at one look at the line (oldest first): a
-#: line of a thousand is refreshed over many looks, never all in one spawn's
-STANDINGS_PER_LOOK = 16
+#: standings worked out between two turns of the event loop, when all are
+STANDINGS_PER_TURN = 200
 
 #: what a GPU spawn of a group with a budget is told while budgets cannot be checked
 BUDGETS_UNCHECKED = (
@@ -89,6 +90,10 @@ class SpawnAdmission:
         #: by group)
         self.line = Line()
         self._arrivals = itertools.count()
+        #: the moment every waiting server's standing was worked out for, and the task
+        #: that works them out again every ``ORDER_KEPT`` while any server waits
+        self._standings_at: float | None = None
+        self._restanding: asyncio.Task | None = None
         #: with fair_share: each group's and member's decayed GPU time, fed the same
         #: records as ``usage``
         self.fair: FairShareBook | None = None
@@ -575,28 +580,48 @@ class SpawnAdmission:
             show_wait(None)
 
     def join_line(self, policy: Policy, me: Waiter, now: float) -> None:
-        """``me`` joins the line, with its standing worked out now (with fair share)."""
+        """``me`` joins the line; with fair share, with its standing worked out for the
+        moment every other waiter's was (now, if none waits or theirs are older than
+        ``ORDER_KEPT``), and the standings worked out again every ``ORDER_KEPT``."""
         line = self._line_for(policy, now)
         if policy.fair_share is not None:
+            at = self._standings_at
+            if not len(line) or at is None or not 0 <= now - at < ORDER_KEPT:
+                at = self._standings_at = now
             me.standing = self.fair_book(policy).order_key(
-                me.user, me.group, now, self.ledger.charges
+                me.user, me.group, at, self.ledger.charges
             )
-            me.standing_at = now
+            me.standing_at = at
+            if self._restanding is None or self._restanding.done():
+                with contextlib.suppress(RuntimeError):  # no event loop: nothing to keep
+                    self._restanding = asyncio.get_running_loop().create_task(
+                        self._restand_while_waiting(policy)
+                    )
         line.join(me, now)
 
     def place(self, policy: Policy, me: Waiter, now: float) -> Place:
         """``me``'s place in the line now, among those waiting for the same capacity."""
-        return self._looked_at(policy, now).place(me, now)
+        return self._line_for(policy, now).place(me, now)
 
-    def _looked_at(self, policy: Policy, now: float) -> Line:
-        """The line, with the standings worked out more than ``ORDER_KEPT`` ago worked
-        out again, at most ``STANDINGS_PER_LOOK`` of them, oldest first."""
-        line = self._line_for(policy, now)
-        if policy.fair_share is not None:
-            book, running = self.fair_book(policy), self.ledger.charges
-            for w in line.stale(now, ORDER_KEPT, STANDINGS_PER_LOOK):
-                line.restand(w, book.order_key(w.user, w.group, now, running), now)
-        return line
+    async def _restand_while_waiting(self, policy: Policy) -> None:
+        """Every ``ORDER_KEPT`` while anyone waits: every waiter's standing worked out
+        for one moment, ``STANDINGS_PER_TURN`` between two turns of the event loop,
+        then the line filed anew at once."""
+        book = self.fair_book(policy)
+        while True:
+            await asyncio.sleep(ORDER_KEPT)
+            waiters = list(self.line)
+            if not waiters:
+                return
+            now = self.clock()
+            standings = []
+            for i, w in enumerate(waiters):
+                if i and i % STANDINGS_PER_TURN == 0:
+                    await asyncio.sleep(0)
+                standings.append(book.order_key(w.user, w.group, now, self.ledger.charges))
+            for w, standing in zip(waiters, standings, strict=True):
+                self.line.restand(w, standing, now)  # one that left meanwhile: passed over
+            self._standings_at = now
 
     def _line_for(self, policy: Policy, now: float) -> Line:
         """The line, ordered with ``policy``'s ``max_wait`` (filed anew for another)."""
@@ -625,7 +650,7 @@ class SpawnAdmission:
         """Group -> the keys of its servers waiting, in the order they go."""
         lines: defaultdict[str, deque[str]] = defaultdict(deque)
         policy, now = self._policy, self.clock()
-        line = self._looked_at(policy, now) if policy is not None else self.line
+        line = self._line_for(policy, now) if policy is not None else self.line
         for w in line.ordered(now):
             lines[w.group].append(w.key)
         return lines

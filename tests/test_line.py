@@ -99,20 +99,3 @@ def test_a_waiter_that_left_leaves_the_one_that_replaced_it():
     line.leave(first)  # the first spawn's wait ends after the second began
     assert line.ordered(2.0) == [again, other]
     assert line.place(again, 2.0).ahead == ()
-
-
-def test_standings_are_worked_out_again_oldest_first_a_few_at_a_time():
-    line = Line(MAX_WAIT)
-    waiters = [Waiter(f"ns/s{i}", "u", "lab", ("lab",), 0.0, i) for i in range(5)]
-    for i, w in enumerate(waiters):
-        w.standing, w.standing_at = (float(i),), float(i)
-        line.join(w, float(i))
-    new = Waiter("ns/new", "u", "lab", ("lab",), 5.0, 5)  # never worked out: first
-    line.join(new, 5.0)
-    assert line.stale(5.5, kept=1.0, most=3) == [new, waiters[0], waiters[1]]
-    line.restand(new, (9.0,), 5.5)
-    line.restand(waiters[0], (9.0,), 5.5)
-    # the two worked out at 5.5 are younger than a second
-    assert line.stale(5.5, kept=1.0, most=10) == waiters[1:]
-    assert line.stale(4.9, kept=1.0, most=10) == waiters[1:4]  # 4.0 is not, at 4.9
-    assert [w.key for w in line.ordered(5.5)][-2:] == ["ns/s0", "ns/new"]  # 9.0: last

@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import bisect_left, bisect_right, insort
-from collections import OrderedDict
 from collections.abc import Iterator
 
 from .fairshare import Place, Waiter
@@ -52,8 +51,6 @@ class Line:
         self._arrivals: list[tuple[float, int, str]] = []
         #: the latest time looked at (an earlier one: the clock went back)
         self._now = float("-inf")
-        #: server keys by when their standing was worked out, oldest first
-        self._by_age: OrderedDict[str, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -84,9 +81,6 @@ class Line:
         self._file(entry)
         if not long and self.max_wait is not None:
             heapq.heappush(self._arrivals, (waiter.arrived, joined, waiter.key))
-        self._by_age[waiter.key] = None
-        # a standing never worked out is the oldest
-        self._by_age.move_to_end(waiter.key, last=waiter.standing_at is not None)
 
     def leave(self, waiter: Waiter) -> None:
         """``waiter`` leaves (decided, or its spawn given up); another waiter with its
@@ -95,7 +89,6 @@ class Line:
         if entry is not None and entry[4] is waiter:
             self._unfile(entry)
             del self._entries[waiter.key]
-            del self._by_age[waiter.key]
 
     def restand(self, waiter: Waiter, standing: tuple[float, ...], at: float) -> None:
         """``waiter``'s standing, worked out anew at ``at``."""
@@ -103,13 +96,10 @@ class Line:
         waiter.standing_at = at
         if entry is None or standing == waiter.standing:
             waiter.standing = standing
-            if entry is not None:
-                self._by_age.move_to_end(waiter.key)
             return
         self._unfile(entry)
         waiter.standing = standing
         self._file(self._entry(waiter, entry[0] == 0, entry[3]))
-        self._by_age.move_to_end(waiter.key)
 
     def block(self, waiter: Waiter, group: str | None) -> None:
         """``waiter`` waits for ``group``'s capacity (None: not decided yet)."""
@@ -125,21 +115,6 @@ class Line:
         """``waiter``'s entry; None if it left or another of its server replaced it."""
         entry = self._entries.get(waiter.key)
         return entry if entry is not None and entry[4] is waiter else None
-
-    def stale(self, now: float, kept: float, most: int) -> list[Waiter]:
-        """At most ``most`` waiters whose standing is ``kept`` seconds old or older
-        (or was never worked out, or a clock set back makes it younger than none),
-        oldest first."""
-        found = []
-        for key in self._by_age:
-            waiter = self._entries[key][4]
-            at = waiter.standing_at
-            if at is not None and 0 <= now - at < kept:
-                break  # the rest were worked out later
-            found.append(waiter)
-            if len(found) >= most:
-                break
-        return found
 
     # ---- looking --------------------------------------------------------------------
 
