@@ -13,10 +13,14 @@ check and reservation; released again so the ledger stays at 5,000).
 With fair share on (``fair_share: {half_life: 7d, max_wait: 30m}``, the same spawns
 again): the hub also reads ten half-lives of rows (70 days) into its fair-share book,
 and each spawn adds the user's and group's standing to its GPU entries and joins a
-line of 20 waiting servers (``--waiting``), as every spawn does in the hub: the line
-is ordered again, working out the newcomer's standing and each other waiter's once a
-second. A third row makes every waiter's standing be worked out at each join (what
-the hub did before it kept them), side by side.
+line of 20 waiting servers (``--waiting``), as every spawn does in the hub: its
+standing is worked out and its place found, then it leaves. Twice, side by side: the
+line kept in order (``core.line.Line``, the hub's: the newcomer filed by bisection;
+every standing worked out again once a second off the spawn path, timed apart), and
+the line as the hub kept it before, sorted and walked at each join with every
+standing worked out again once a second, in a spawn. The waiters are in random
+groups, or with ``--course`` all in one group, waiting for it (a course asking at
+once): every newcomer then has the line ahead.
 
 Beside it, in the same process and run: stock KubeSpawner's own handling of a
 static profile list of the same size (10,000 profiles: 5,000 groups x 2), i.e.
@@ -25,13 +29,14 @@ static profile list of the same size (10,000 profiles: 5,000 groups x 2), i.e.
 ``profile_list``.
 
 Run: python benchmarks/policy_path.py [--spawns N] [--users N] [--groups N] [--servers N]
-[--days N] [--waiting N]
+[--days N] [--waiting N] [--course]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import random
 import statistics
 import time
@@ -167,16 +172,17 @@ async def main(
     servers: int,
     days: int,
     waiting: int = 20,
+    course: bool = False,
 ) -> None:
     import tempfile
 
     from jupyterhub_gpu.core.admission import Ledger
     from jupyterhub_gpu.core.budgets import budget_refusal, budgets_of
-    from jupyterhub_gpu.core.fairshare import Waiter, place, standing_line
+    from jupyterhub_gpu.core.fairshare import Waiter, standing_line
     from jupyterhub_gpu.core.profiles import profile_entry
     from jupyterhub_gpu.core.selection import offers, select
     from jupyterhub_gpu.offline import _unreachable_cluster
-    from jupyterhub_gpu.spawn_admission import SpawnAdmission
+    from jupyterhub_gpu.spawn_admission import ORDER_KEPT, SpawnAdmission
 
     rng = random.Random(7)
     policy = build_policy(groups, budgets=days > 0)
@@ -226,21 +232,27 @@ async def main(
             store.dispose()
         loaded = len(admission.usage.records)
         print(f"usage: {days * servers:,} rows written in {wrote:.0f} s")
-    # 20 servers waiting, in random groups, whose order each fair-share spawn recomputes
+    # 20 servers waiting, in random groups (or all in the course's), each waiting for
+    # its group, whose order each fair-share spawn's look keeps or works out
+    line_group = membership[names[0]][0]
+    before = SortedAtEachJoin(fair_admission, fair_policy, ORDER_KEPT)
     for w in range(waiting):
         user = rng.choice(names)
-        fair_admission.waiters[f"ns/waiting-{w}"] = Waiter(
+        group = line_group if course else membership[user][0]
+        waiter = Waiter(
             f"ns/waiting-{w}",
             user,
-            membership[user][0],
-            tuple(fair_policy.charged_groups(membership[user][0])),
+            group,
+            tuple(fair_policy.charged_groups(group)),
             time.time(),
             w,
-            membership[user][0],
         )
+        fair_admission.join_line(fair_policy, waiter, waiter.arrived)
+        fair_admission.line.block(waiter, group)
+        before.waiters[waiter.key] = dataclasses.replace(waiter, standing_at=None)
 
     def spawn_path(
-        hub, hub_policy, i: int, user: str, afresh: bool = False
+        hub, hub_policy, i: int, user: str, sorted_line: bool = False
     ) -> tuple[list, object, object]:
         book, now = hub.usage, hub.clock()
         groups_of_user = membership[user]
@@ -266,20 +278,18 @@ async def main(
                         hub_policy.fair_share.half_life,
                     )
                 )
-            # the spawn joins the line, as every spawn does (so the line is ordered
-            # again), and leaves it once decided
-            group = groups_of_user[0]
+            # the spawn joins the line, as every spawn does, its place is found, and it
+            # leaves once decided
+            group = line_group if course else groups_of_user[0]
             me = Waiter(
                 f"ns/new-{i}", user, group, tuple(hub_policy.charged_groups(group)), now, -1
             )
-            if afresh:  # every standing worked out again, as before they were kept
-                for w in hub.waiters.values():
-                    w.standing_at = None
-            hub.waiters[me.key] = me
-            hub._line_version += 1
-            place(me, hub._ordered(hub_policy, now))
-            del hub.waiters[me.key]
-            hub._line_version += 1
+            if sorted_line:
+                before.join_and_leave(me, now)
+            else:
+                hub.join_line(hub_policy, me, now)
+                hub.place(hub_policy, me, now)
+                hub.line.leave(me)
         selection = select(hub_policy, groups_of_user, options)
         over = budget_refusal(
             hub_policy, book, user, selection.group, float(selection.request.gpus), now, ledger
@@ -290,17 +300,22 @@ async def main(
 
     ours: list[float] = []
     ours_fair: list[float] = []
-    ours_afresh: list[float] = []
+    ours_sorted: list[float] = []
     refused = 0
     for i in range(spawns):
         user = rng.choice(names)
-        for hub, hub_policy, samples, afresh in (
-            (admission, policy, ours, False),
+        fair_rows = [
             (fair_admission, fair_policy, ours_fair, False),
-            (fair_admission, fair_policy, ours_afresh, True),
+            (fair_admission, fair_policy, ours_sorted, True),
+        ]
+        # the second of the two finds the user's budget sums kept by the first: each
+        # goes second every other spawn
+        for hub, hub_policy, samples, sorted_line in (
+            (admission, policy, ours, False),
+            *(fair_rows if i % 2 else fair_rows[::-1]),
         ):
             t0 = time.perf_counter()
-            listed, decision, over = spawn_path(hub, hub_policy, i, user, afresh)
+            listed, decision, over = spawn_path(hub, hub_policy, i, user, sorted_line)
             samples.append(time.perf_counter() - t0)
             assert listed
             assert decision.admitted
@@ -336,11 +351,69 @@ async def main(
     print("|---|---|---|---|")
     budgets = f"budgets over {loaded:,} records" if days else "no budgets"
     print(row(f"jupyterhub-gpu: profile list + validation + admission ({budgets})", ours))
-    line = len(fair_admission.waiters)
-    print(row(f"the same with fair share on (standings; joining a line of {line})", ours_fair))
-    print(row("  the same, every waiter's standing worked out at each join", ours_afresh))
+    line = f"a line of {len(fair_admission.line)}" + (" in one group" if course else "")
+    print(row(f"the same with fair share on (standings; joining {line}, kept in order)", ours_fair))
+    print(row(f"  the same, {line} sorted at each join (as before)", ours_sorted))
     print(row(f"stock KubeSpawner: static list of {2 * groups:,} profiles", stock))
     print(f"ratio of p99 (stock / ours): {percentile(stock, 99) / percentile(ours, 99):.1f}")
+    # what the hub does once a second off the spawn path: every standing worked out
+    refreshes: list[float] = []
+    if fair_policy.fair_share is not None:
+        book = fair_admission.fair_book(fair_policy)
+        for _ in range(20):
+            t0 = time.perf_counter()
+            now = fair_admission.clock()
+            for w in list(fair_admission.line):
+                standing = book.order_key(w.user, w.group, now, ledger.charges)
+                fair_admission.line.restand(w, standing, now)
+            refreshes.append((time.perf_counter() - t0) * 1000)
+    print(
+        f"the line's {len(fair_admission.line)} standings worked out again (once a second, "
+        f"not in a spawn): p50 {statistics.median(refreshes):.2f} ms, max {max(refreshes):.2f} ms"
+    )
+    print(
+        "ratio, the line sorted at each join / kept in order: "
+        f"p50 {statistics.median(ours_sorted) / statistics.median(ours_fair):.2f}, "
+        f"p99 {percentile(ours_sorted, 99) / percentile(ours_fair, 99):.2f}"
+    )
+
+
+class SortedAtEachJoin:
+    """The waiting line as the hub kept it before ``core.line.Line``: a dict of the
+    waiters, sorted (``line_order``) and walked (``place``) at each join, the order
+    kept a second while nobody joined or left, every standing older than a second
+    worked out again when it was sorted."""
+
+    def __init__(self, hub, policy, kept: float) -> None:
+        self.hub, self.policy, self.kept_for = hub, policy, kept
+        self.waiters: dict = {}
+        self.version = 0
+        self.kept: tuple | None = None
+
+    def ordered(self, now: float) -> list:
+        from jupyterhub_gpu.core.fairshare import line_order
+
+        kept = self.kept
+        if kept is not None and kept[0] == self.version and 0 <= now - kept[1] < self.kept_for:
+            return kept[2]
+        book, running = self.hub.fair_book(self.policy), self.hub.ledger.charges
+        for w in self.waiters.values():
+            if w.standing_at is None or not 0 <= now - w.standing_at < self.kept_for:
+                w.standing = book.order_key(w.user, w.group, now, running)
+                w.standing_at = now
+        ordered = line_order(self.waiters.values(), now, self.policy.fair_share.max_wait)
+        self.kept = (self.version, now, ordered)
+        return ordered
+
+    def join_and_leave(self, me, now: float):
+        from jupyterhub_gpu.core.fairshare import place
+
+        self.waiters[me.key] = me
+        self.version += 1
+        where = place(me, self.ordered(now))
+        del self.waiters[me.key]
+        self.version += 1
+        return where
 
 
 if __name__ == "__main__":
@@ -358,6 +431,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--waiting", type=int, default=20, help="servers waiting in line (fair share)"
     )
+    parser.add_argument(
+        "--course", action="store_true", help="every waiter in one group, waiting for it"
+    )
     args = parser.parse_args()
     asyncio.run(
         main(
@@ -368,5 +444,6 @@ if __name__ == "__main__":
             args.servers,
             args.days,
             args.waiting,
+            args.course,
         )
     )

@@ -22,6 +22,13 @@ milliseconds: ``service_usage.py``), in wall time and in the CPU time it took
 cost (putting every record, at the service's start) and a pass's (5,000 sightings
 and 100 ends) are timed too.
 
+Utilisation is each session's (a pod's life, by its record's uid): the rows above
+measure half the running servers; the rows "with every session's utilisation"
+add what the service does for a month whose every session has DCGM samples: the
+month's sessions listed (``sessions_of`` over the records, or the tally's
+``sessions``), each one's mean from a reading per day (``Chunks.mean``), and the
+sums with all of them measured.
+
 Run: python benchmarks/showback_compute.py [--repeat 30] [--days 365]
 """
 
@@ -84,7 +91,8 @@ def agree(a, b) -> bool:
 
 
 def scenario(days: int, repeat: int) -> None:
-    from jupyterhub_gpu.core.showback import ShowbackTally, month_bounds, showback
+    from jupyterhub_gpu.core.showback import month_bounds, sessions_of, showback
+    from jupyterhub_gpu.core.showback_tally import ShowbackTally
     from jupyterhub_gpu.service.time_views import showback_csv, showback_json
     from jupyterhub_gpu.service.views import Viewer
 
@@ -95,7 +103,8 @@ def scenario(days: int, repeat: int) -> None:
     usage = records(now, days)
     book = {r.uid: r for r in usage}  # what the service kept: ``UsageBook.records``
     running = {f"jhub/jupyter-u{i:04d}": True for i in range(SERVERS)}
-    busy = {f"jhub/jupyter-u{i:04d}": 50.0 for i in range(0, SERVERS, 2)}
+    # each measured session's mean utilisation, by its record's uid: half the running
+    busy = {f"r-{i}": 50.0 for i in range(0, SERVERS, 2)}
     admin = Viewer(name="root", admin=True)
 
     gc.collect()
@@ -132,8 +141,43 @@ def scenario(days: int, repeat: int) -> None:
     def after_member():
         return tally.showback(month, now, running, busy, mine)
 
+    chunks = day_readings(usage, since, until, now)
+
+    def before_utilised():
+        month = [r for r in book.values() if r.end(now, running) > since]
+        sessions = sessions_of(month, since, until, now, running)
+        means, _ = chunks.mean(since, until, [UTIL], sessions)
+        return showback(list(book.values()), since, until, now, running, means), len(means), 0.0
+
+    # the service's tally with every session's utilisation (a second one: the first
+    # measures half the running servers, as before)
+    measuring = ShowbackTally()
+    for r in usage:
+        measuring.put(r, now)
+
+    def after_utilised():
+        # the service's pass: the sessions not final listed (on the event loop), made
+        # and measured (on a thread), those final now summed for good (all of the
+        # month's ended ones at the first pass), then the month's showback
+        loop = time.perf_counter()
+        records = measuring.unmeasured(month, now)
+        loop -= time.perf_counter()
+        sessions = sessions_of(records, since, until, now, running)
+        means, coverage = chunks.mean(since, until, [UTIL], sessions)
+        loop += time.perf_counter()
+        final = coverage.final
+        measuring.finalise(month, ((uid, means.get(uid), sessions[uid][2]) for uid in final))
+        result = measuring.showback(
+            month, now, running, {k: v for k, v in means.items() if k not in final}
+        )
+        loop = time.perf_counter() - loop
+        return result, len(means), loop
+
     times: dict[tuple[str, str], list[float]] = {}
     views = {}
+    first_utilised: tuple[float, int, float] | None = None
+    #: of the requests with every session's utilisation, the part on the event loop
+    loops: list[float] = []
     for _ in range(repeat):
         for label, compute in (("before", before), ("after", after)):
             c0, t0 = time.thread_time(), time.perf_counter()
@@ -161,14 +205,33 @@ def scenario(days: int, repeat: int) -> None:
                 (time.perf_counter() - t0) * 1000
             )
             views[(label, "member")] = body
+        for label, compute in (("before", before_utilised), ("after", after_utilised)):
+            t0 = time.perf_counter()
+            result, measured, loop = compute()
+            body = json.dumps(showback_json(month, result, admin, True, None, {}))
+            took = (time.perf_counter() - t0) * 1000
+            if label == "after" and first_utilised is None:
+                first_utilised = (took, measured, loop * 1000)  # every ended one made final
+            else:
+                times.setdefault((label, "request with every session's utilisation"), []).append(
+                    took
+                )
+                if label == "after":
+                    loops.append(loop * 1000)
+            views[(label, "utilised")] = body
     same = all(
         agree(json.loads(views[("before", *k)]), json.loads(views[("after", *k)]))
-        for k in ((), ("member",))
+        for k in ((), ("member",), ("utilised",))
     )
     print(
         f"\n{len(usage):,} records ({days} days), this month's showback, {repeat} runs "
         f"each, alternating; answers agree: {same}; tally built in {built:.1f} s, "
-        f"a pass's puts {passed * 1000:.1f} ms\n"
+        f"a pass's puts {passed * 1000:.1f} ms; with every session's utilisation, "
+        f"the first request measured {first_utilised[1]:,} sessions in "
+        f"{first_utilised[0]:.0f} ms ({first_utilised[2]:.0f} ms of it on the event loop), "
+        f"the later ones {measured:,}, of their time on the event loop (not the "
+        f"sessions made and measured, nor the JSON) p50 {statistics.median(loops):.1f} ms, "
+        f"p99 {summary(loops)[1]:.1f} ms\n"
     )
     print("| step | before p50 ms | p99 ms | after p50 ms | p99 ms | ratio p50 |")
     print("|---|---|---|---|---|---|")
@@ -179,12 +242,38 @@ def scenario(days: int, repeat: int) -> None:
         "request, CPU time",
         "sums + CSV",
         "a member's request",
+        "request with every session's utilisation",
     ):
         b50, b99 = summary(times[("before", what)])
         a50, a99 = summary(times[("after", what)])
         print(f"| {what} | {b50:.1f} | {b99:.1f} | {a50:.1f} | {a99:.1f} | {b50 / a50:.1f}x |")
     if not same:
         raise SystemExit("the two answers differ")
+
+
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
+
+
+def day_readings(usage, since: float, until: float, now: float):
+    """Chunks holding a reading per day of the month: every pod that ran that day at
+    50 % (a minute's samples per hour it ran), as Prometheus gives them."""
+    from jupyterhub_gpu.core.utilisation import Chunks, Reading
+
+    chunks = Chunks()
+    spans = chunks.spans(since, until)
+    sums: list[dict[str, float]] = [{} for _ in spans]
+    counts: list[dict[str, float]] = [{} for _ in spans]
+    for r in usage:
+        end = min(r.end(now, {r.key}), until)
+        for i, (start, stop) in enumerate(spans):
+            seconds = min(end, stop) - max(r.started, start)
+            if seconds > 0:
+                samples = seconds / 60
+                counts[i][r.key] = counts[i].get(r.key, 0.0) + samples
+                sums[i][r.key] = sums[i].get(r.key, 0.0) + 50.0 * samples
+    for (start, stop), s, c in zip(spans, sums, counts, strict=True):
+        chunks.put(Reading(start, stop, {UTIL: s}, {UTIL: c}, stop - start, now))
+    return chunks
 
 
 def main() -> None:

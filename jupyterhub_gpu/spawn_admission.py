@@ -46,11 +46,10 @@ from .core.fairshare import (
     Place,
     Waiter,
     burst_band,
-    line_order,
-    place,
     read_window,
     why_placed,
 )
+from .core.line import Line
 from .core.model import Group, Policy
 from .core.selection import Request
 from .core.shaping import usage_record_from_pod
@@ -58,9 +57,13 @@ from .core.shaping import usage_record_from_pod
 #: lists the charges on the pods Kubernetes has now (the spawner's own client)
 ListCharges = Callable[[Policy], Awaitable[list[Charge]]]
 
-#: seconds the waiting line's order is kept: standings move slowly (a half-life is
-#: days), and every waiter must read the same order to agree on who goes next
+#: seconds between two workings-out of every waiting server's standing (standings
+#: move slowly: a half-life is days), all for one moment, off any spawn's path; a
+#: newcomer's is worked out for that same moment, so the line compares like with like
+#: (a group's usage grows while its servers run: standings of two moments differ)
 ORDER_KEPT = 1.0
+#: standings worked out between two turns of the event loop, when all are
+STANDINGS_PER_TURN = 200
 
 #: what a GPU spawn of a group with a budget is told while budgets cannot be checked
 BUDGETS_UNCHECKED = (
@@ -83,12 +86,14 @@ class SpawnAdmission:
         self.loaded = loaded
         self._loading: asyncio.Future | None = None
         self._resync: asyncio.Task | None = None
-        #: the servers waiting for capacity, by key, in arrival order (``waiting``: by
-        #: group, in the order they go)
-        self.waiters: dict[str, Waiter] = {}
+        #: the servers waiting for capacity, kept in the order they go (``waiting``:
+        #: by group)
+        self.line = Line()
         self._arrivals = itertools.count()
-        self._line_version = 0
-        self._order: tuple[int, float, list[Waiter]] | None = None
+        #: the moment every waiting server's standing was worked out for, and the task
+        #: that works them out again every ``ORDER_KEPT`` while any server waits
+        self._standings_at: float | None = None
+        self._restanding: asyncio.Task | None = None
         #: with fair_share: each group's and member's decayed GPU time, fed the same
         #: records as ``usage``
         self.fair: FairShareBook | None = None
@@ -537,21 +542,15 @@ class SpawnAdmission:
 
         Only a server with nobody ahead of it in the line that waits for capacity it
         needs too (``core.fairshare.place``) is decided; the others wait their turn."""
-        me = Waiter(
-            key,
-            user,
-            group.name,
-            tuple(policy.charged_groups(group.name)),
-            self.clock(),
-            next(self._arrivals),
-        )
-        self.waiters[key] = me
-        self._line_version += 1
+        now = self.clock()
+        chain = tuple(policy.charged_groups(group.name))
+        me = Waiter(key, user, group.name, chain, now, next(self._arrivals))
+        self.join_line(policy, me, now)
         show_wait(None)
         try:
             while True:
                 reason = None
-                where = place(me, self._ordered(policy, self.clock()))
+                where = self.place(policy, me, self.clock())
                 if not where.ahead:
                     # check and reserve happen in this one synchronous step: atomic
                     over_budget = self.budget_refusal(policy, user, group, request)
@@ -566,43 +565,73 @@ class SpawnAdmission:
                     if decision.outcome != "wait":
                         return decision
                     reason = decision.reason
-                    me.blocked_on = decision.level or group.name
+                    self.line.block(me, decision.level or group.name)
                 elif me.blocked_on is None:
                     # it waits for what the first ahead of it waits for
-                    me.blocked_on = where.ahead[0].blocked_on
+                    self.line.block(me, where.ahead[0].blocked_on)
                 now = self.clock()
-                where = place(me, self._ordered(policy, now))
+                where = self.place(policy, me, now)
                 show_wait(self._wait_message(policy, group, me, where, reason, now))
                 async with self.changed:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.changed.wait(), poll_interval)
         finally:
-            if self.waiters.get(key) is me:
-                del self.waiters[key]
-                self._line_version += 1
+            self.line.leave(me)
             show_wait(None)
 
-    def _ordered(self, policy: Policy, now: float) -> list[Waiter]:
-        """The waiting servers in the order they go, kept ``ORDER_KEPT`` seconds while
-        nobody joins or leaves (every waiter reads the same order).
+    def join_line(self, policy: Policy, me: Waiter, now: float) -> None:
+        """``me`` joins the line; with fair share, with its standing worked out for the
+        moment every other waiter's was (now, if none waits or theirs are older than
+        ``ORDER_KEPT``), and the standings worked out again every ``ORDER_KEPT``."""
+        line = self._line_for(policy, now)
+        if policy.fair_share is not None:
+            at = self._standings_at
+            if not len(line) or at is None or not 0 <= now - at < ORDER_KEPT:
+                at = self._standings_at = now
+            me.standing = self.fair_book(policy).order_key(
+                me.user, me.group, at, self.ledger.charges
+            )
+            me.standing_at = at
+            if self._restanding is None or self._restanding.done():
+                with contextlib.suppress(RuntimeError):  # no event loop: nothing to keep
+                    self._restanding = asyncio.get_running_loop().create_task(
+                        self._restand_while_waiting(policy)
+                    )
+        line.join(me, now)
 
-        Each waiter's standing is kept as long: a join orders the line again, but
-        works out only the newcomer's standing, so a storm of spawns into a long line
-        costs a sort each, not every waiter's standing each."""
-        kept = self._order
-        if kept is not None and kept[0] == self._line_version and 0 <= now - kept[1] < ORDER_KEPT:
-            return kept[2]
+    def place(self, policy: Policy, me: Waiter, now: float) -> Place:
+        """``me``'s place in the line now, among those waiting for the same capacity."""
+        return self._line_for(policy, now).place(me, now)
+
+    async def _restand_while_waiting(self, policy: Policy) -> None:
+        """Every ``ORDER_KEPT`` while anyone waits: every waiter's standing worked out
+        for one moment, ``STANDINGS_PER_TURN`` between two turns of the event loop,
+        then the line filed anew at once."""
+        book = self.fair_book(policy)
+        while True:
+            await asyncio.sleep(ORDER_KEPT)
+            waiters = list(self.line)
+            if not waiters:
+                return
+            now = self.clock()
+            standings = []
+            for i, w in enumerate(waiters):
+                if i and i % STANDINGS_PER_TURN == 0:
+                    await asyncio.sleep(0)
+                standings.append(book.order_key(w.user, w.group, now, self.ledger.charges))
+            for w, standing in zip(waiters, standings, strict=True):
+                self.line.restand(w, standing, now)  # one that left meanwhile: passed over
+            self._standings_at = now
+
+    def _line_for(self, policy: Policy, now: float) -> Line:
+        """The line, ordered with ``policy``'s ``max_wait`` (filed anew for another)."""
         fair = policy.fair_share
-        if fair is not None:
-            book = self.fair_book(policy)
-            running = self.ledger.charges
-            for w in self.waiters.values():
-                if w.standing_at is None or not 0 <= now - w.standing_at < ORDER_KEPT:
-                    w.standing = book.order_key(w.user, w.group, now, running)
-                    w.standing_at = now
-        ordered = line_order(self.waiters.values(), now, fair.max_wait if fair else None)
-        self._order = (self._line_version, now, ordered)
-        return ordered
+        max_wait = fair.max_wait if fair is not None else None
+        if self.line.max_wait != max_wait:
+            waiters, self.line = list(self.line), Line(max_wait)
+            for w in waiters:
+                self.line.join(w, now)
+        return self.line
 
     @staticmethod
     def _wait_message(
@@ -620,13 +649,9 @@ class SpawnAdmission:
     def waiting(self) -> dict[str, deque[str]]:
         """Group -> the keys of its servers waiting, in the order they go."""
         lines: defaultdict[str, deque[str]] = defaultdict(deque)
-        policy = self._policy
-        ordered = (
-            self._ordered(policy, self.clock())
-            if policy is not None
-            else line_order(self.waiters.values(), self.clock())
-        )
-        for w in ordered:
+        policy, now = self._policy, self.clock()
+        line = self._line_for(policy, now) if policy is not None else self.line
+        for w in line.ordered(now):
             lines[w.group].append(w.key)
         return lines
 

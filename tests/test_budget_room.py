@@ -15,7 +15,7 @@ from unittest.mock import patch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyterhub_gpu.core import budgets
+from jupyterhub_gpu.core import usage_book
 from jupyterhub_gpu.core.budgets import UsageBook, UsageRecord, room_returns
 from jupyterhub_gpu.core.model import Budget, parse_policy
 
@@ -201,7 +201,7 @@ def test_the_books_used_gives_the_definitions_sum_to_the_bit(drawn, period, summ
     records, running, now = drawn
     book = book_with(records)
     budget = Budget(gpu_hours=Fraction(1), period=int(period))
-    with patch.object(budgets, "SUMMED_UP_TO", summed):
+    with patch.object(usage_book, "SUMMED_UP_TO", summed):
         for group, member in (("research", None), ("department", None), ("research", "alice")):
             mine = [r for r in records if member is None or r.user == member]
             expected = reference_used(mine, period, now, running)
@@ -222,7 +222,7 @@ def test_the_books_used_agrees_with_the_definition_on_any_times(drawn, period, s
     # summed in another order: equal to rounding
     records, running, now = drawn
     book = book_with(records)
-    with patch.object(budgets, "SUMMED_UP_TO", summed):
+    with patch.object(usage_book, "SUMMED_UP_TO", summed):
         used = book.used("research", None, int(period), now, running)
     expected = reference_used(records, period, now, running)
     assert abs(used - expected) <= 1e-9 + 1e-12 * abs(expected), (used, expected)
@@ -239,14 +239,14 @@ def test_a_large_owners_used_sums_only_its_open_records_each_time():
     running = {live[0].key, live[1].key}
     book = book_with(records + live)
     summed: list[int] = []
-    seconds = budgets.gpu_seconds
+    seconds = usage_book.gpu_seconds
 
     def counting(records, *args):
         records = list(records)
         summed.append(len(records))
         return seconds(records, *args)
 
-    with patch.object(budgets, "gpu_seconds", counting):
+    with patch.object(usage_book, "gpu_seconds", counting):
         for step in range(50):
             now = NOW + step * 1.5
             used = book.used("research", None, int(30 * DAY), now, running)
@@ -271,7 +271,7 @@ def test_with_as_many_owners_kept_as_the_book_keeps_another_owners_used_is_summe
     ]
     book = book_with(records)
     budget = Budget(gpu_hours=Fraction(1), period=int(30 * DAY))
-    with patch.object(budgets, "SUMMED_UP_TO", 0), patch.object(budgets, "MAX_ROOMS", 1):
+    with patch.object(usage_book, "SUMMED_UP_TO", 0), patch.object(usage_book, "MAX_ROOMS", 1):
         for member in ("alice", "bob", "alice"):
             mine = [r for r in records if r.user == member]
             used = book.used("research", member, int(30 * DAY), NOW)
@@ -397,8 +397,8 @@ def test_the_books_kept_sums_give_the_definitions_answer_through_any_changes(
         assert book.used(group, member, int(period), now, running) == used
 
     with (
-        patch.object(budgets, "ROOM_REMAKE_AFTER", remake_after),
-        patch.object(budgets, "SUMMED_UP_TO", summed),
+        patch.object(usage_book, "ROOM_REMAKE_AFTER", remake_after),
+        patch.object(usage_book, "SUMMED_UP_TO", summed),
     ):
         for op in first + ops:
             kind = op[0]

@@ -206,23 +206,43 @@ async def test_usage_counted_while_waiting_reorders_the_line_within_a_second(con
     bob_waits = asyncio.create_task(bob.load_user_options())
     cy_waits = asyncio.create_task(cy.load_user_options())
     await in_line(cy, "position 1 of 2: you used less GPU time recently")
-    # a join orders the line again, working out the newcomer's standing only: the
-    # others' stand for up to a second
-    book = ADMISSION.fair
-    asked = []
-    order_key = book.order_key
-    book.order_key = lambda user, *rest: asked.append(user) or order_key(user, *rest)
+    # a join works out the newcomer's standing only, for the moment the others' were
+    # worked out: they stand for up to a second
     dee = spawner(config, "dee")
     dee_waits = asyncio.create_task(dee.load_user_options())
     await in_line(dee, "position 2 of 3")  # used nothing, as cy: behind cy, who came first
-    assert asked == ["dee"]
+    moments = {ADMISSION.line.get(s._server_key).standing_at for s in (bob, cy, dee)}
+    assert len(moments) == 1, moments
     # cy's earlier server is counted now (3 GPU-hours): a second on, the line says so
     used(cy, "lab", 6, hours_ago=0.1, hours=0.5)
     CLOCK[0] += 1
     await in_line(cy, "position 3 of 3")
     await in_line(bob, "position 2 of 3")
     await in_line(dee, "position 1 of 3")
-    assert sorted(asked[1:]) == ["bob", "cy", "dee"]
+    assert {ADMISSION.line.get(s._server_key).standing_at for s in (bob, cy, dee)} == {CLOCK[0]}
     for waits in (bob_waits, cy_waits, dee_waits):
         waits.cancel()
     await asyncio.gather(bob_waits, cy_waits, dee_waits, return_exceptions=True)
+
+
+async def test_a_newcomer_is_measured_against_the_line_at_the_same_moment(config):
+    """Lab's usage grows while ann's server runs, so a standing worked out half a second
+    later is higher: cy, who used less than bob, joins half a second after him and
+    still goes first, their group compared at one moment."""
+    ann, bob, cy = (spawner(config, u) for u in ("ann", "bob", "cy"))
+    used(bob, "lab", 2, hours_ago=0.5, hours=1)
+    used(cy, "lab", 1, hours_ago=0.5, hours=0.5)
+    await ann.load_user_options()  # ann holds Lab's one GPU, and her server runs on
+    ADMISSION.count_usage(
+        ann.gpu_policy,
+        UsageRecord("ann-now", ann._server_key, "ann", "lab", "p", "g", 1.0, NOW, NOW),
+    )
+    bob_waits = asyncio.create_task(bob.load_user_options())
+    await in_line(bob, "position 1 of 1")
+    CLOCK[0] += 0.5
+    cy_waits = asyncio.create_task(cy.load_user_options())
+    await in_line(cy, "position 1 of 2: you used less GPU time recently than others waiting")
+    assert list(ADMISSION.waiting["lab"]) == [cy._server_key, bob._server_key]
+    for waits in (bob_waits, cy_waits):
+        waits.cancel()
+    await asyncio.gather(bob_waits, cy_waits, return_exceptions=True)

@@ -2,20 +2,28 @@
 its GPU service and the local cluster: a pod deleted by an admin, a pod deleted while
 the hub is down, and a JupyterLab "Shut Down". The hub's poll notices each later than
 it happened (here its poll interval is 10 s, and the hub is down for 20 s); none may
-be billed until the hub noticed."""
+be billed until the hub noticed. And a month's showback over all of these, a service
+restart and a hub restart is each pod's life as the API server reported it."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
+import json
+import os
+import signal
 import time
 import urllib.request
+from datetime import datetime
 
 import pytest
-from test_gpu_time_service import rows
+from test_gpu_time_service import get_json, rows
 
 from hub_helpers import api, no_server, running_hub
+from jupyterhub_gpu.core.showback import month_of
 from kube_helpers import eventually
-from test_service_hub import start_server, wait_for_service
+from test_service_hub import aget, service_pids, start_server, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -23,7 +31,7 @@ H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
 POLICY = {
     "flavors": {"h200": {"kind": "gpu", "display_name": "H200", "node_selector": H200}},
     "profiles": {"small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
-    "groups": {"alpha": {"display_name": "Alpha Lab", "quota": {"gpus": 4}, "profiles": ["small"]}},
+    "groups": {"alpha": {"display_name": "Alpha Lab", "quota": {"gpus": 8}, "profiles": ["small"]}},
 }
 #: the service's sighting interval
 SIGHTING = 2
@@ -39,7 +47,10 @@ async def ends_hub(local_cluster, core, priority_class_objects):
     async with running_hub(
         local_cluster,
         core,
-        users={"ann": ["alpha"], "bob": ["alpha"], "cid": ["alpha"], "root": []},
+        users={
+            **{user: ["alpha"] for user in ("ann", "bob", "cid", "dee", "eli", "fay", "gus")},
+            "root": [],
+        },
         admin_users=("root",),
         policy=POLICY,
         gpu_service=True,
@@ -154,3 +165,168 @@ async def test_a_server_shut_down_from_jupyterlab_is_billed_to_its_process_exit(
     assert shut - END_ERROR <= end <= shut + END_ERROR, (end - shut, end, shut)
     log = ends_hub.log_path.read_text(errors="replace")
     assert "ended when the pod ended" in log
+
+
+class PodLives:
+    """Every server pod of a namespace as the API server last reported it, by uid, those
+    deleted too (the object of their deletion event), from a list and a watch."""
+
+    SELECTOR = "component=singleuser-server"
+
+    def __init__(self, core, namespace: str) -> None:
+        self.core, self.namespace = core, namespace
+        self.last: dict[str, dict] = {}
+        #: when the watch reported each deleted pod gone (epoch seconds)
+        self.gone: dict[str, float] = {}
+
+    async def watch(self) -> None:
+        listed = await self.core.list_namespaced_pod(
+            self.namespace, label_selector=self.SELECTOR, _preload_content=False
+        )
+        data = json.loads(await listed.read())
+        for pod in data["items"]:
+            self.last[pod["metadata"]["uid"]] = pod
+        response = await self.core.list_namespaced_pod(
+            self.namespace,
+            label_selector=self.SELECTOR,
+            watch=True,
+            resource_version=data["metadata"]["resourceVersion"],
+            timeout_seconds=900,
+            _request_timeout=930,
+            _preload_content=False,
+        )
+        async for line in response.content:
+            event = json.loads(line)
+            if event["type"] == "ERROR":
+                raise RuntimeError(f"the pod watch failed: {event['object']}")
+            pod = event["object"]
+            self.last[pod["metadata"]["uid"]] = pod
+            if event["type"] == "DELETED":
+                self.gone[pod["metadata"]["uid"]] = time.time()
+
+    def life(self, uid: str) -> tuple[float, float]:
+        """(start, end) of pod ``uid``: its ``startTime``, and the earliest of its server
+        container's ``finishedAt`` and the moment its deletion was asked
+        (``deletionTimestamp`` less the grace it gave), else the moment it was reported
+        gone."""
+        pod = self.last[uid]
+        ends = []
+        for status in pod["status"].get("containerStatuses") or []:
+            finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
+            if status["name"] == "notebook" and finished:
+                ends.append(epoch(finished))
+        deleted = pod["metadata"].get("deletionTimestamp")
+        if deleted:
+            ends.append(epoch(deleted) - (pod["metadata"].get("deletionGracePeriodSeconds") or 0))
+        if not ends:
+            ends.append(self.gone[uid])
+        return epoch(pod["status"]["startTime"]), min(ends)
+
+
+def epoch(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def row_ended(hub, uid: str) -> float:
+    async def ended():
+        (row,) = await rows(hub, uid=uid)
+        return row.ended
+
+    return await eventually(ended, f"the row of pod {uid} to be ended", within=30)
+
+
+async def showback_hours(hub, token: str, months: list[str]) -> tuple[dict, dict]:
+    """Each alpha user's GPU-hours in ``months``: (from the JSON, from the CSV)."""
+    from_json: dict[str, float] = {}
+    from_csv: dict[str, float] = {}
+    for month in months:
+        status, body = await get_json(hub, token, f"api/showback?month={month}")
+        assert status == 200, body
+        for row in body["users"]:
+            if row["group"] == "alpha":
+                from_json[row["user"]] = from_json.get(row["user"], 0.0) + row["gpu_hours"]
+        status, _, text = await aget(
+            hub.service_url + f"api/showback?month={month}&format=csv", token
+        )
+        assert status == 200, text
+        for row in csv.DictReader(io.StringIO(text)):
+            if row["group"] == "alpha":
+                from_csv[row["user"]] = from_csv.get(row["user"], 0.0) + float(row["gpu_hours"])
+    return from_json, from_csv
+
+
+async def test_a_months_showback_over_faults_is_each_pods_real_life(ends_hub, core):
+    """Four GPU servers: dee's pod deleted by an admin; the GPU service killed, and fay's
+    server shut down from JupyterLab while it is down; the hub's pod stopped, with eli's
+    pod deleted while it is down; gus's running through all of it, stopped through the
+    hub at the end. The month's showback (JSON and CSV) bills each the GPU-hours of its
+    pod's life as the API server reported it, within one sighting interval (eli's: also
+    the seconds between the hub's going down and the deletion, which nobody saw)."""
+    hub = ends_hub
+    lives = PodLives(core, hub.namespace)
+    watching = asyncio.create_task(lives.watch())
+    first_month = month_of(time.time())
+    users = ("dee", "eli", "fay", "gus")
+    opened = dict(
+        zip(users, await asyncio.gather(*map(running_row, [hub] * 4, users)), strict=True)
+    )
+    uid = {user: row.uid for user, row in opened.items()}
+    pods = {user: (await the_pod(core, hub, user)).metadata.name for user in users}
+
+    await core.delete_namespaced_pod(pods["dee"], hub.namespace, grace_period_seconds=0)
+    await row_ended(hub, uid["dee"])
+
+    (service,) = service_pids(hub)
+    os.kill(service, signal.SIGKILL)
+
+    async def gone():
+        return service not in service_pids(hub)
+
+    await eventually(gone, "the service to be gone", within=10, interval=0.1)
+    status, body = await api(
+        hub, "POST", "/users/fay/tokens", {"scopes": ["access:servers!user=fay"]}
+    )
+    assert status == 201, body
+    await asyncio.to_thread(shut_down, hub, "fay", body["token"])
+    await wait_for_service(hub)  # the hub started it again
+    back = time.time()
+
+    async def seen_again():
+        # the service's first pass after its restart has seen the servers still running
+        found = [(await rows(hub, uid=uid[user]))[0] for user in ("eli", "gus")]
+        return all(row.last_seen > back for row in found)
+
+    await eventually(seen_again, "the restarted service to see eli's and gus's pods", 30)
+
+    stopping = time.time()
+    await asyncio.to_thread(hub._stop_process)
+    await core.delete_namespaced_pod(pods["eli"], hub.namespace, grace_period_seconds=0)
+    unseen = time.time() - stopping  # eli's pod went while nobody looked, up to this long
+    await asyncio.to_thread(hub.start)
+    await wait_for_service(hub)
+    for user in ("dee", "eli", "fay"):
+        await eventually(lambda u=user: no_server(hub, u), f"the hub to find {user}'s gone", 60)
+    status, _ = await api(hub, "DELETE", "/users/gus/server")
+    assert status in (202, 204)
+    await eventually(lambda: no_server(hub, "gus"), "gus's server to stop", within=60)
+
+    ended = {user: await row_ended(hub, uid[user]) for user in users}
+    recorded = {user: (ended[user] - row.started) / 3600 for user, row in opened.items()}
+    months = sorted({first_month, month_of(time.time())})
+    root = await user_token(hub, "root")
+
+    async def billed():
+        # this month's showback is made once per pass: until it has every end
+        found = await showback_hours(hub, root, months)
+        return all(found[0].get(u) == pytest.approx(recorded[u], abs=1e-4) for u in users) and found
+
+    from_json, from_csv = await eventually(billed, "showback to bill every end", within=30)
+    assert not watching.done(), watching
+    watching.cancel()
+    for user in users:
+        start, end = lives.life(uid[user])
+        assert opened[user].started == start, user  # billed from its startTime
+        allowed = (SIGHTING + 1 + (unseen if user == "eli" else 0)) / 3600
+        real = (end - start) / 3600
+        assert from_json[user] == pytest.approx(real, abs=allowed), (user, from_json[user], real)
+        assert from_csv[user] == pytest.approx(from_json[user], abs=1e-4), user

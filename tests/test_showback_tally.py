@@ -10,20 +10,24 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jupyterhub_gpu.core.budgets import UsageBook, UsageRecord, used_seconds
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.showback import (
     NO_FLAVOR,
-    ShowbackTally,
     month_bounds,
     month_of,
+    sessions_of,
     showback,
 )
+from jupyterhub_gpu.core.showback_tally import ShowbackTally
+from jupyterhub_gpu.core.usage import UsageRecord
+from jupyterhub_gpu.core.usage_book import UsageBook
+from jupyterhub_gpu.core.utilisation import Chunks, Reading
 from jupyterhub_gpu.service.time_views import showback_json
 from jupyterhub_gpu.service.views import Viewer
 
 H = 3600.0
 DAY = 86400.0
+UTIL = "DCGM_FI_DEV_GPU_UTIL"
 POLICY = parse_policy(
     flavors={"a100": {"kind": "gpu"}, "mig": {"kind": "mig", "profile": "1g.5gb"}},
     profiles={"gpu": {"gpu": {"flavor": "a100"}}, "small": {"gpu": {"flavor": "mig"}}},
@@ -40,19 +44,15 @@ ZONES = ["UTC", "Europe/Berlin", "America/Sao_Paulo", "Australia/Lord_Howe", "Am
 
 
 def expected(records, month, zone, now, running, busy, groups, shared):
-    """What the service answered before the tally: ``showback`` over every record,
-    the servers that held a shared flavor in the month unmeasured."""
+    """What the service answers from the usage database's records: ``showback`` over
+    every record, the sessions of a shared flavor unmeasured."""
     since, until = month_bounds(month, zone)
     until = min(until, now)
     if until <= since:
         records = []
     records = [r for r in records if groups is None or r.group in groups]
     if busy and shared:
-        sharing = {
-            r.key
-            for r in records
-            if (r.flavor or NO_FLAVOR) in shared and used_seconds(r, since, until, now, running) > 0
-        }
+        sharing = {r.uid for r in records if (r.flavor or NO_FLAVOR) in shared}
         busy = {k: v for k, v in busy.items() if k not in sharing}
     return showback(records, since, until, now, running, busy)
 
@@ -82,13 +82,20 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
     # a quarter of some year: month ends and daylight saving changes inside
     begin = datetime(2026, rng.randrange(1, 12), rng.randrange(1, 28), tzinfo=zone).timestamp()
     now = begin
-    book, tally = UsageBook(horizon=400 * DAY), ShowbackTally(zone)
+    shared = rng.choice(((), {"mig"}))  # the policy's shared flavors
+    book, tally = UsageBook(horizon=400 * DAY), ShowbackTally(zone, shared)
     pods = [f"ns/jupyter-{i}" for i in range(12)]
     serial = 0
+    #: each session's mean utilisation (None: no samples), as the chunks would give it
+    means: dict[str, float | None] = {}
+    #: the sessions whose mean was made final, by month (a record put anew is not)
+    finalised: dict[str, set[str]] = {}
 
     def put(record: UsageRecord) -> None:
         book.put(POLICY, record)
         tally.put(record, now)
+        for uids in finalised.values():
+            uids.discard(record.uid)
 
     for step in range(250):
         now += rng.choice((60.0, 600.0, 3 * H, DAY, 4 * DAY))
@@ -133,18 +140,43 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
                 put(replace(old, ended=old.ended - rng.uniform(0, 2 * H)))
         if step % 10 == 0:
             running = {k for k in pods if rng.random() < 0.5}
-            busy = {k: rng.uniform(-10, 120) for k in pods if rng.random() < 0.6}
-            shared = rng.choice(((), {"mig"}))
-            groups = rng.choice(FAMILIES)
             every = list(book.records.values())
+            for r in every:
+                if r.uid not in means:
+                    means[r.uid] = rng.uniform(-10, 120) if rng.random() < 0.6 else None
+            # each session's utilisation, by uid (one unknown: another month's, gone)
+            busy = {uid: mean for uid, mean in means.items() if mean is not None}
+            busy[f"u{serial + 1}"] = 50.0
+            groups = rng.choice(FAMILIES)
             for month in months_around(begin, now, zone):
-                args = (month, now, running, busy, groups, shared)
-                want = expected(every, month, zone, *args[1:])
+                args = (month, now, running, busy, groups)
+                want = expected(every, month, zone, *args[1:], shared)
+                same(tally.showback(*args), want)
+                # the sessions still to measure: those showback uses, less the final ones
+                since, until = month_bounds(month, zone)
+                mine = [r for r in every if groups is None or r.group in groups]
+                want_sessions = sessions_of(mine, since, min(until, now), now, running, shared)
+                done = finalised.setdefault(month, set())
+                unmeasured = tally.unmeasured(month, now, groups)
+                assert sessions_of(unmeasured, since, min(until, now), now, running) == {
+                    uid: session for uid, session in want_sessions.items() if uid not in done
+                }
+                # some ended sessions' means become final: summed from now on
+                for r in mine:
+                    ended = r.ended is not None and r.ended <= now
+                    if ended and r.uid in want_sessions and rng.random() < 0.5:
+                        tally.finalise(month, [(r.uid, means[r.uid], r.ended)])
+                        done.add(r.uid)
                 same(tally.showback(*args), want)
                 # the clock gone back: every record summed
                 back = now - rng.uniform(1, 5 * DAY)
                 want = expected(every, month, zone, back, running, busy, groups, shared)
-                same(tally.showback(month, back, running, busy, groups, shared), want)
+                same(tally.showback(month, back, running, busy, groups), want)
+                want_sessions = sessions_of(mine, since, min(until, back), back, running, shared)
+                unmeasured = tally.unmeasured(month, back, groups)
+                assert sessions_of(unmeasured, since, min(until, back), back, running) == (
+                    want_sessions
+                )
 
 
 def test_a_month_across_a_daylight_saving_change_is_cut_at_local_midnight():
@@ -203,3 +235,74 @@ def test_a_pruned_month_is_refused_by_name():
     tally.prune(month_bounds("2026-11", zone)[0] + DAY)
     with pytest.raises(ValueError, match="2026-10 begins before the records kept"):
         tally.showback("2026-10", month_bounds("2026-12", zone)[0])
+
+
+def test_two_sessions_of_one_pod_name_each_get_their_own_utilisation():
+    """ann's server ran idle in lab on the 2nd, was stopped, and ran busy in course on
+    the 4th as a pod of the same name, then again idle in lab on the 6th: each session
+    is billed with its own days' utilisation, never the pod name's month mean (which
+    gave both groups 35 %)."""
+    zone = ZoneInfo("UTC")
+    nov = month_bounds("2026-11", zone)[0]
+    key = "jhub/jupyter-ann"
+    chunks = Chunks(zone=zone)
+    for day, busy in ((1, 5.0), (3, 90.0), (5, 10.0)):
+        start = nov + day * DAY
+        chunks.put(
+            Reading(
+                start,
+                start + DAY,
+                {UTIL: {key: busy * 100}},
+                {UTIL: {key: 100}},
+                DAY,
+                nov + 9 * DAY,
+            )
+        )
+    records = [
+        UsageRecord("s1", key, "ann", "lab", "gpu", "a100", 1.0, nov + DAY, nov, nov + DAY + 4 * H),
+        UsageRecord(
+            "s2", key, "ann", "course", "gpu", "a100", 2.0, nov + 3 * DAY, nov, nov + 3 * DAY + H
+        ),
+        # the third runs on: its pod is running now
+        UsageRecord("s3", key, "ann", "lab", "gpu", "a100", 1.0, nov + 5 * DAY, nov, None),
+    ]
+    now = nov + 5 * DAY + 2 * H
+    running = {key}
+    tally = ShowbackTally(zone)
+    for r in records:
+        tally.put(r, now)
+    since, until = month_bounds("2026-11", zone)
+    sessions = sessions_of(tally.unmeasured("2026-11", now), since, min(until, now), now, running)
+    assert sessions == {
+        "s1": (key, nov + DAY, nov + DAY + 4 * H),
+        "s2": (key, nov + 3 * DAY, nov + 3 * DAY + H),
+        "s3": (key, nov + 5 * DAY, now),
+    }
+    means, _ = chunks.mean(since, min(until, now), [UTIL], sessions)
+    assert means == {"s1": 5.0, "s2": 90.0, "s3": 10.0}
+    result = tally.showback("2026-11", now, running, means)
+    # lab: 4 GPU-hours at 5 % and 2 at 10 %; course: 2 GPU-hours at 90 %
+    assert result.measured == {("lab", "ann", "a100"): 6.0, ("course", "ann", "a100"): 2.0}
+    assert result.utilised == {
+        ("lab", "ann", "a100"): pytest.approx(4 * 0.05 + 2 * 0.10),
+        ("course", "ann", "a100"): pytest.approx(2 * 0.90),
+    }
+    # a month summed from the database's records: the same sessions, the same answer
+    assert sessions_of(records, since, min(until, now), now, running) == sessions
+    summed = showback(records, since, min(until, now), now, running, means)
+    same(result, summed)
+    # the pod name's month mean (what was billed before) would give both groups 35 %
+    by_pod, _ = chunks.mean(since, min(until, now), [UTIL])
+    assert by_pod[key] == pytest.approx(35.0)
+    # s1's and s2's days are read for good: their means kept, measured no more
+    stale = nov + DAY + 3 * H  # an end s1 no longer has: passed over
+    tally.finalise("2026-11", [("s1", 5.0, stale), ("s3", 10.0, now)])  # s3 runs on
+    assert {r.uid for r in tally.unmeasured("2026-11", now)} == {"s1", "s2", "s3"}
+    tally.finalise("2026-11", [("s1", 5.0, nov + DAY + 4 * H), ("s2", 90.0, nov + 3 * DAY + H)])
+    assert [r.uid for r in tally.unmeasured("2026-11", now)] == ["s3"]
+    same(tally.showback("2026-11", now, running, {"s3": 10.0}), summed)
+    # a member's answer: their group's sessions only
+    assert [r.uid for r in tally.unmeasured("2026-11", now, {"lab"})] == ["s3"]
+    assert tally.showback("2026-11", now, running, {"s3": 10.0}, {"course"}).measured == {
+        ("course", "ann", "a100"): 2.0
+    }

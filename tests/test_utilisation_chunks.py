@@ -4,6 +4,7 @@ the month's mean from the chunks, and what is reported missing."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -148,7 +149,12 @@ def test_pods_of_one_name_one_after_the_other_each_get_their_own_mean():
     # the pod name's mean over the month mixes both, as it did for every session
     by_pod, same = chunks.mean(0, 500, [UTIL, MIG])
     assert by_pod["ns/jupyter-ann"] == 47.5
-    assert coverage == same
+    # every day of the sessions inside the span is read for good: their means are final
+    assert coverage.final == {"idle", "busy", "mig", "unmeasured"}
+    assert replace(coverage, final=frozenset()) == same
+    # a day read while under way is not: the sessions that ran in it may still change
+    chunks.put(reading(200, 250, {key: 450.0}, {key: 5}))
+    assert chunks.mean(0, 500, [UTIL, MIG], sessions)[1].final == {"idle", "mig"}
     # a session cut by the range counts only its days inside it
     assert chunks.mean(100, 500, [UTIL], {"idle": (key, 10.0, 190.0)})[0] == {"idle": 5.0}
     assert chunks.mean(200, 500, [UTIL], {"idle": (key, 10.0, 190.0)})[0] == {}

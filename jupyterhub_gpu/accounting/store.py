@@ -70,7 +70,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..core.budgets import UsageRecord
+from ..core.usage import UsageRecord, open_end
 
 if TYPE_CHECKING:
     from .backlog import Pending
@@ -500,7 +500,7 @@ class UsageStore:
             ).all()
             gone = [_record(r) for r in rows if r.uid not in live]
             for record in gone:
-                record.ended = max(record.last_seen, record.started)
+                record.ended = open_end(record, now)  # not running: its last sighting
                 connection.execute(
                     update(usage)
                     .where(usage.c.uid == record.uid, usage.c.ended.is_(None))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 
 DAY = 86400.0
@@ -96,6 +96,10 @@ class Coverage:
     read_until: float | None = None
     #: why the rest was not read this time (Prometheus did not answer)
     error: str | None = None
+    #: the sessions asked about whose every chunk has been read for good: their means
+    #: will not change (a session still running is never among them: its chunk is
+    #: under way)
+    final: frozenset[str] = frozenset()
 
     @property
     def missing(self) -> float:
@@ -193,7 +197,8 @@ class Chunks:
         chunks its own life overlaps: pods of the same name one after the other (a
         server stopped and started again, maybe in another group) never share one
         mean across the month. Two of them within one chunk share that chunk's
-        samples, which Prometheus keeps by pod name only."""
+        samples, which Prometheus keeps by pod name only. (The pods' own means are not
+        worked out then: a month has many more sessions than pods.)"""
         order = list(metrics)
         sums: dict[str, dict[str, float]] = {m: {} for m in order}
         counts: dict[str, dict[str, float]] = {m: {} for m in order}
@@ -201,15 +206,20 @@ class Chunks:
         gaps: list[tuple[float, float]] = []
         read_until = None
         read: list[tuple[float, float, Reading]] = []
+        #: every chunk's end, and how many of those up to it are not read for good
+        ends: list[float] = []
+        not_final = [0]
         for start, end in self.spans(since, until):
             full = self._full(start)
             reading = self.readings.get(full)
+            ends.append(end)
+            not_final.append(not_final[-1] + (reading is None or reading.until < full[1]))
             if reading is None:
                 unread += end - start
                 continue
             read.append((start, end, reading))
             read_until = max(read_until or reading.until, reading.until)
-            for metric in order:
+            for metric in order if sessions is None else ():
                 into_s, into_c = sums[metric], counts[metric]
                 for key, value in reading.sums.get(metric, {}).items():
                     into_s[key] = into_s.get(key, 0.0) + value
@@ -235,36 +245,60 @@ class Chunks:
                     found[key] = sums[metric].get(key, 0.0) / count
         coverage = Coverage(since, until, covered, tuple(gaps), unread, read_until)
         if sessions is not None:
-            found = _session_means(read, sessions, order, since, until)
+            found, final = _session_means(read, ends, not_final, sessions, order, since, until)
+            coverage = replace(coverage, final=final)
         return found, coverage
 
 
 def _session_means(
     read: list[tuple[float, float, Reading]],
+    chunk_ends: list[float],
+    not_final: list[int],
     sessions: Mapping[str, Session],
     order: list[str],
     since: float,
     until: float,
-) -> dict[str, float]:
-    """Each session's mean from the chunks read that its life overlaps."""
+) -> tuple[dict[str, float], frozenset[str]]:
+    """Each session's mean from the chunks read that its life overlaps, and the
+    sessions whose every chunk (``chunk_ends``: every chunk's end, read or not;
+    ``not_final[i]``: how many of the first ``i`` are not read for good) is final.
+
+    A month at a large site has some 150,000 sessions, most within a chunk or two:
+    each finds its chunks by bisection and reads a chunk's samples of its pod from
+    tables made once per chunk and metric."""
     starts = [start for start, _, _ in read]
+    ends = [end for _, end, _ in read]
+    tables = [
+        [(reading.sums.get(metric) or {}, reading.counts.get(metric) or {}) for metric in order]
+        for _, _, reading in read
+    ]
     found: dict[str, float] = {}
+    final: list[str] = []
+    last_chunk = len(chunk_ends)
     for sid, (key, began, ended) in sessions.items():
-        lo, hi = max(began, since), min(ended, until)
+        lo = began if began > since else since
+        hi = ended if ended < until else until
         if hi <= lo:
             continue
-        # the first chunk that ends after the session begins, up to the one it ends in
-        first = max(bisect.bisect_right(starts, lo) - 1, 0)
-        for metric in order:
+        # every chunk from the first that ends after the session begins to the one it
+        # ends in: all read for good?
+        a = bisect.bisect_right(chunk_ends, lo)
+        b = min(bisect.bisect_left(chunk_ends, hi) + 1, last_chunk)
+        if not_final[b] == not_final[a]:
+            final.append(sid)
+        # the chunks read, from the first that ends after the session begins, up to
+        # the last that starts before it ends
+        first = bisect.bisect_right(ends, lo)
+        last = bisect.bisect_left(starts, hi)
+        for m in range(len(order)):
             total = count = 0.0
-            for start, end, reading in read[first:]:
-                if start >= hi:
-                    break
-                if end <= lo:
-                    continue
-                total += reading.sums.get(metric, {}).get(key, 0.0)
-                count += reading.counts.get(metric, {}).get(key, 0.0)
+            for i in range(first, last):
+                table_sums, table_counts = tables[i][m]
+                n = table_counts.get(key)
+                if n:
+                    count += n
+                    total += table_sums.get(key, 0.0)
             if count > 0:
                 found[sid] = total / count
                 break
-    return found
+    return found, frozenset(final)

@@ -46,14 +46,15 @@ from ..core.model import Budget, Policy
 from ..core.showback import (
     Series,
     Showback,
-    ShowbackTally,
     check_history,
     history,
     month_bounds,
     month_of,
+    sessions_of,
     showback,
 )
-from ..core.utilisation import Chunks, Coverage
+from ..core.showback_tally import ShowbackTally
+from ..core.utilisation import Chunks, Coverage, Session
 from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
 from .idle import SHARED_KINDS, Prometheus
 from .state import ServiceState
@@ -175,7 +176,7 @@ class GPUTime:
         self.fair = FairShareBook(policy) if policy.fair_share else None
         #: the book's records summed by billing month as they are read: a showback of
         #: the book's months sums only the servers running, not every record
-        self.tally = ShowbackTally(self.zone)
+        self.tally = ShowbackTally(self.zone, self._shared_flavors())
         self.snapshot = GPUTimeSnapshot(fail_open=fail_open)
         self._read_at: float | None = None
         #: what the pods showed that is not written yet (all of it, between passes,
@@ -382,7 +383,7 @@ class GPUTime:
         def build_books() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
             records, revision = self.store.snapshot(since, now)
             book = UsageBook(horizon=self.book.horizon)
-            tally = ShowbackTally(self.zone)
+            tally = ShowbackTally(self.zone, self._shared_flavors())
             fair = FairShareBook(self.policy) if self.policy.fair_share else None
             self._take(book, tally, fair, records, now)
             return book, tally, fair, revision, self._sums(book, fair, now, running)
@@ -576,16 +577,28 @@ class GPUTime:
         self, month: str, since: float, until: float, groups: set[str] | None
     ) -> Showback:
         """A month of the book's from its tally: the closed records' sums kept, the
-        running servers' added (a few thousand at most: no thread needed)."""
+        running servers' added (a few thousand at most: no thread needed); with
+        Prometheus, the sessions not final yet measured, and those final now kept."""
         book = self.book
         known = book.records if groups is None else any(book.by_group.get(g) for g in groups)
-        utilisation, coverage = (
-            await self.utilisation(since, until) if until > since and known else (None, None)
-        )
-        flavors = self.policy.flavors
-        shared = {n for n, f in flavors.items() if f.kind in SHARED_KINDS}
+        utilisation, coverage = None, None
+        if until > since and known and self.utilisation_reader is not None:
+            # the sessions whose mean is not final yet (the others' hours are summed):
+            # listed here, made and measured on a thread (a month's first are many)
+            now = self.clock()
+            records = self.tally.unmeasured(month, now, groups)
+            sessions = await asyncio.get_running_loop().run_in_executor(
+                self.readers, sessions_of, records, since, min(until, now), now, self.running
+            )
+            utilisation, coverage = await self.utilisation(since, until, sessions)
+            if coverage is not None and coverage.final and utilisation is not None:
+                final = coverage.final
+                self.tally.finalise(
+                    month, ((uid, utilisation.get(uid), sessions[uid][2]) for uid in final)
+                )
+                utilisation = {k: v for k, v in utilisation.items() if k not in final}
         # read after the utilisation: a pass meanwhile summed records up to its clock
-        result = self.tally.showback(month, self.clock(), self.running, utilisation, groups, shared)
+        result = self.tally.showback(month, self.clock(), self.running, utilisation, groups)
         return result if coverage is None else dataclasses.replace(result, coverage=coverage)
 
     async def _summed(
@@ -593,7 +606,13 @@ class GPUTime:
     ) -> Showback:
         """A month older than the book's: summed from the usage database's records."""
         records = await self._records(since, until, groups) if until > since else []
-        utilisation, coverage = await self.utilisation(since, until) if records else (None, None)
+        utilisation, coverage = None, None
+        if records and self.utilisation_reader is not None:
+            shared = self._shared_flavors()
+            sessions = await asyncio.get_running_loop().run_in_executor(
+                self.readers, sessions_of, records, since, until, now, self.running, shared
+            )
+            utilisation, coverage = await self.utilisation(since, until, sessions)
         # a month's records are a few hundred thousand at a large site: summed off the
         # event loop, which keeps answering meanwhile
         result = await asyncio.get_running_loop().run_in_executor(
@@ -604,14 +623,20 @@ class GPUTime:
         return result
 
     async def utilisation(
-        self, since: float, until: float
+        self, since: float, until: float, sessions: Mapping[str, Session]
     ) -> tuple[dict[str, float] | None, Coverage | None]:
-        """Each measured server pod's mean GPU utilisation (percent) from ``since`` to
-        ``until``, by ``<namespace>/<pod>``, from the DCGM metrics in Prometheus, and
-        which part of the range it covers; (None, None) without Prometheus."""
+        """Each session's mean GPU utilisation (percent) from ``since`` to ``until`` over
+        its own pod's life, by its id (the record's uid), from the DCGM metrics in
+        Prometheus, and which part of the range it covers; (None, None) without
+        Prometheus."""
         if self.utilisation_reader is None:
             return None, None
-        return await self.utilisation_reader.read(since, until)
+        return await self.utilisation_reader.read(since, until, sessions, self.readers)
+
+    def _shared_flavors(self) -> set[str]:
+        """The flavors whose GPUs are shared: a device's utilisation is all its sharers',
+        so it tells nothing of one session's."""
+        return {n for n, f in self.policy.flavors.items() if f.kind in SHARED_KINDS}
 
     def _showback(
         self,
@@ -622,12 +647,7 @@ class GPUTime:
         running: Container[str],
         utilisation: dict[str, float] | None,
     ) -> Showback:
-        if utilisation:
-            # a shared GPU's utilisation is every sharer's: it tells nothing of one pod
-            flavors = self.policy.flavors
-            shared = {n for n, f in flavors.items() if f.kind in SHARED_KINDS}
-            for key in {r.key for r in records if r.flavor in shared}:
-                utilisation.pop(key, None)
+        # no session of a shared flavor was measured (``sessions_of``)
         return showback(records, since, until, now, running, utilisation)
 
     async def showback_view(

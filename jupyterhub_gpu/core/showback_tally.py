@@ -1,0 +1,459 @@
+"""Showback kept as records change: each billing month's sums, and its measured hours.
+
+``ShowbackTally`` answers what ``showback.showback`` sums over every record, from
+sums kept per month as records are put, so a request costs the running servers and
+the month's rows per group, user and flavor, not every record kept.
+
+Utilisation is each session's (one pod's life, by its record's uid): a session's
+mean over the days its pod ran, from DCGM samples read a day at a time
+(``utilisation.Chunks``). Once a session has ended and every day it ran in the month
+has been read for good, its mean no longer changes: ``finalise`` adds its measured
+and utilised hours to the month's sums, once. A request measures only the sessions
+not final yet (the running servers and those that ended in a day still being read),
+so a month of 150,000 sessions costs what a day's do. Pure: no I/O; epoch seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, tzinfo
+
+from .showback import (
+    NO_FLAVOR,
+    Showback,
+    busy_hours,
+    month_bounds,
+    month_of,
+    showback,
+    showback_of,
+)
+from .usage import HOUR, UsageRecord
+
+#: (group, user, flavor): the rows of a showback
+Row = tuple[str, str, str]
+
+
+def _next_month(month: str) -> str:
+    year, number = int(month[:4]), int(month[5:7])
+    return f"{year + number // 12:04d}-{number % 12 + 1:02d}"
+
+
+def _previous_month(month: str) -> str:
+    year, number = int(month[:4]), int(month[5:7])
+    return f"{year - 1:04d}-12" if number == 1 else f"{year:04d}-{number - 1:02d}"
+
+
+@dataclass(slots=True)
+class _MonthTally:
+    """The closed records of one billing month: their GPU-hours, each entry ``[hours,
+    records]`` (the count says when an entry is empty again, whatever the rounding of
+    adding and taking away left), and their utilisation."""
+
+    #: by group, then row: a member's answer reads its groups' only
+    detail: dict[str, dict[Row, list]] = field(default_factory=dict)
+    #: the records whose session's mean is not final yet, by group, then uid
+    unfinal: dict[str, dict[str, UsageRecord]] = field(default_factory=dict)
+    #: each final session's mean (None: no samples), by uid
+    final: dict[str, float | None] = field(default_factory=dict)
+    #: the final sessions' hours, by group, then row: ``[measured, utilised, sessions]``
+    measured: dict[str, dict[Row, list]] = field(default_factory=dict)
+
+
+class ShowbackTally:
+    """``showback`` kept up to date as records change, instead of summed over every
+    record at each request.
+
+    A closed record's GPU-hours are added to each billing month it overlaps (split at
+    the months' bounds in ``zone`` exactly as ``showback`` cuts them) when it is put,
+    and taken away again when it is put anew (an inferred end reopened, or changed)
+    or pruned; so are its measured hours once its session's mean is final. Open
+    records, and closed ones ending after the latest ``now`` seen (a clock ahead of
+    this one), are summed at each request: the work of a request is bounded by the
+    running servers and the month's rows, not by all records.
+
+    The answer is ``showback`` over the records put, with the means of the final
+    sessions and those given (the same per-record GPU-hours; the sums may differ in
+    the last bits, being added in another order). A record put must not be changed
+    in place once it is closed: put a new one with its uid (``UsageBook`` only ever
+    ends an open record in place; such a record is summed at the next request that
+    sees it ended).
+    """
+
+    def __init__(self, zone: tzinfo = UTC, shared: Collection[str] = ()) -> None:
+        self.zone = zone
+        #: the flavors whose GPUs are shared: a device's utilisation is all its sharers',
+        #: so their sessions are never measured
+        self.shared = frozenset(shared)
+        self._months: dict[str, _MonthTally] = {}
+        self._bounds: dict[str, tuple[float, float]] = {}
+        self._rows: dict[Row, Row] = {}
+        #: records summed into ``_months``, by uid, as they were summed
+        self._closed: dict[str, UsageRecord] = {}
+        #: records summed at each request: open, or ending after ``settled``
+        self._open: dict[str, UsageRecord] = {}
+        self._open_by_group: dict[str, dict[str, UsageRecord]] = {}
+        #: every closed record ending by then is in ``_months`` (the latest ``now`` seen)
+        self.settled = -math.inf
+        #: months starting before this were pruned: no longer complete
+        self.pruned = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._closed) + len(self._open)
+
+    def month_bounds(self, month: str) -> tuple[float, float]:
+        bounds = self._bounds.get(month)
+        if bounds is None:
+            bounds = self._bounds[month] = month_bounds(month, self.zone)
+        return bounds
+
+    # ---- records ----------------------------------------------------------------------
+
+    def put(self, record: UsageRecord, now: float) -> None:
+        """Add a record as known at ``now``, or replace the one with its uid (its
+        session's mean is then no longer final)."""
+        self._remove(record.uid)
+        if now > self.settled:
+            self.settled = now
+        if record.ended is not None and record.ended <= self.settled:
+            self._closed[record.uid] = record
+            self._add(record, 1)
+        else:
+            self._open[record.uid] = record
+            self._open_by_group.setdefault(record.group, {})[record.uid] = record
+
+    def discard(self, uid: str) -> None:
+        """Forget the record with this uid (if any)."""
+        self._remove(uid)
+
+    def prune(self, before: float) -> int:
+        """Forget the closed records that ended before the billing month of ``before``
+        began, and every month before it: ``showback`` is not asked for those months
+        any more (``UsageBook.prune`` forgets the same records). A scan of the records,
+        made once a month."""
+        start = self.month_bounds(month_of(before, self.zone))[0]
+        if start <= self.pruned:
+            return 0
+        self.pruned = start
+        gone = [r for r in self._closed.values() if r.ended < start]  # type: ignore[operator]
+        for record in gone:
+            del self._closed[record.uid]
+        # what those records added is in the months dropped here and nowhere else
+        for month in [m for m in self._months if self.month_bounds(m)[0] < start]:
+            del self._months[month]
+        return len(gone)
+
+    def _remove(self, uid: str) -> None:
+        old = self._closed.pop(uid, None)
+        if old is not None:
+            self._add(old, -1)
+        else:
+            self._unopen(uid)
+
+    def _unopen(self, uid: str) -> UsageRecord | None:
+        record = self._open.pop(uid, None)
+        if record is not None:
+            owned = self._open_by_group[record.group]
+            del owned[uid]
+            if not owned:
+                del self._open_by_group[record.group]
+        return record
+
+    def _settle(self, now: float) -> None:
+        """Sum the open records that have ended by ``now`` into their months (ended in
+        place by ``UsageBook``, or ending after an earlier ``now``)."""
+        if now > self.settled:
+            self.settled = now
+        done = [r for r in self._open.values() if r.ended is not None and r.ended <= now]
+        for record in done:
+            self._unopen(record.uid)
+            self._closed[record.uid] = record
+            self._add(record, 1)
+
+    def _months_of(self, record: UsageRecord) -> Iterator[tuple[str, float]]:
+        """Each month a closed record has GPU-hours in (not pruned), with those hours:
+        the arithmetic of ``showback``, step for step, so the hours added are the hours
+        taken away, and those ``showback`` adds."""
+        end, start = record.ended, record.started
+        if end is None or not end > start:
+            return
+        month = month_of(start, self.zone)
+        if self.month_bounds(month)[0] > start:  # a midnight that a clock change skipped
+            month = _previous_month(month)
+        while True:
+            since, until = self.month_bounds(month)
+            if since >= end:
+                return
+            if since >= self.pruned:
+                lo = start if start > since else since
+                hi = end if end < until else until
+                seconds = record.gpus * (hi - lo) if hi > lo else 0.0
+                if seconds > 0:
+                    yield month, seconds / HOUR
+            month = _next_month(month)
+
+    def _add(self, record: UsageRecord, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) a closed record in each month it has
+        GPU-hours in: its hours, and its measured hours if its mean was final."""
+        row = None
+        for month, hours in self._months_of(record):
+            if row is None:
+                row = self._row(record)
+            tally = self._months.get(month)
+            if tally is None:
+                tally = self._months[month] = _MonthTally()
+            _count(tally.detail, row, sign, month, record, hours)
+            if sign > 0:
+                if (record.flavor or NO_FLAVOR) in self.shared:
+                    tally.final[record.uid] = None  # never measured
+                else:
+                    tally.unfinal.setdefault(record.group, {})[record.uid] = record
+            elif record.uid in tally.final:
+                busy = tally.final.pop(record.uid)
+                if busy is not None:
+                    _count(tally.measured, row, -1, month, record, hours, busy_hours(hours, busy))
+            else:
+                _pop(tally.unfinal, record.group, record.uid)
+            if not tally.detail:
+                del self._months[month]
+
+    def _row(self, record: UsageRecord) -> Row:
+        row = (record.group, record.user, record.flavor or NO_FLAVOR)
+        return self._rows.setdefault(row, row)  # one tuple per row, kept
+
+    # ---- utilisation ------------------------------------------------------------------
+
+    def unmeasured(
+        self, month: str, now: float, groups: Collection[str] | None = None
+    ) -> list[UsageRecord]:
+        """The records of ``month`` up to ``now`` (of ``groups`` only; None: all) whose
+        session's utilisation ``showback`` still needs: the open ones, and the closed
+        ones whose mean is not final; none of a shared flavor. Every record when the
+        clock went back (``showback`` then sums every record). ``showback.sessions_of``
+        makes their sessions (a month's are many: on a thread)."""
+        since, until = self.month_bounds(month)
+        if min(until, now) <= since:
+            return []
+        if now < self.settled:
+            indexes = [self._closed_by_group(), self._open_by_group]
+        else:
+            self._settle(now)
+            tally = self._months.get(month)
+            indexes = [tally.unfinal if tally is not None else {}, self._open_by_group]
+        shared = self.shared
+        return [
+            r
+            for index in indexes
+            for owned in (index.values() if groups is None else _owned(index, groups))
+            for r in owned.values()
+            if not shared or (r.flavor or NO_FLAVOR) not in shared
+        ]
+
+    def _closed_by_group(self) -> dict[str, dict[str, UsageRecord]]:
+        found: dict[str, dict[str, UsageRecord]] = {}
+        for r in self._closed.values():
+            found.setdefault(r.group, {})[r.uid] = r
+        return found
+
+    def finalise(self, month: str, means: Iterable[tuple[str, float | None, float]]) -> None:
+        """These closed sessions' mean utilisation in ``month`` is final (their pods'
+        days there all read for good): (uid, percent or None without samples, the end
+        the mean was worked out to). Their measured hours are summed from now on; an
+        open record's mean is not final, nor one whose record has ended otherwise since
+        (both passed over). A month's worth at a time after a restart: one loop."""
+        tally = self._months.get(month)
+        if tally is None:
+            return
+        since, until = self.month_bounds(month)
+        closed, unfinal, final = self._closed.get, tally.unfinal, tally.final
+        added: dict[Row, list[float]] = {}
+        for uid, busy, ended in means:
+            record = closed(uid)
+            if record is None or record.ended != ended:
+                continue
+            owned = unfinal.get(record.group)
+            if owned is None or owned.pop(uid, None) is None:
+                continue  # final already, or no GPU-hours in that month
+            if not owned:
+                del unfinal[record.group]
+            final[uid] = busy
+            if busy is None:
+                continue
+            hours = _closed_hours(record, since, until)
+            assert hours is not None  # it was summed into the month
+            row = (record.group, record.user, record.flavor or NO_FLAVOR)
+            entry = added.get(row)
+            if entry is None:
+                entry = added[row] = [0.0, 0.0, 0]
+            entry[0] += hours
+            entry[1] += busy_hours(hours, busy)
+            entry[2] += 1
+        for row, (hours, busy, count) in added.items():
+            row = self._rows.setdefault(row, row)
+            entries = tally.measured.setdefault(row[0], {})
+            entry = entries.get(row)
+            if entry is None:
+                entries[row] = [hours, busy, count]
+            else:
+                entry[0] += hours
+                entry[1] += busy
+                entry[2] += count
+
+    # ---- answers ----------------------------------------------------------------------
+
+    def showback(
+        self,
+        month: str,
+        now: float,
+        running: Container[str] = (),
+        utilisation: Mapping[str, float] | None = None,
+        groups: Collection[str] | None = None,
+    ) -> Showback:
+        """``showback`` of the records put, for ``month`` up to ``now``, of ``groups``
+        only (None: all; a parent's children are not implied): the final sessions
+        measured with their means, the others with ``utilisation`` (each session's
+        mean, by uid: ``showback``'s), except a session of a shared flavor."""
+        since, until = self.month_bounds(month)
+        if since < self.pruned:
+            raise ValueError(
+                f"showback tally: {month} begins before the records kept; "
+                "sum it from the usage database's records (showback)"
+            )
+        until = min(until, now)
+        if until <= since:
+            return Showback(since, until, {}, {}, {}, {})
+        if now < self.settled:
+            # the clock went back: some records summed end after now, and count up to
+            # now only; every record is summed, as showback does
+            return self._summed(since, until, now, running, utilisation, groups)
+        self._settle(now)
+        tally = self._months.get(month)
+        detail: dict[Row, float] = {}
+        measured: dict[Row, float] = {}
+        utilised: dict[Row, float] = {}
+        final: Container[str] = ()
+        if tally is not None:
+            final = tally.final
+            for index, into in ((tally.detail, detail), (tally.measured, None)):
+                for entries in index.values() if groups is None else _owned(index, groups):
+                    for row, entry in entries.items():
+                        if into is not None:
+                            into[row] = entry[0]
+                        else:
+                            measured[row], utilised[row] = entry[0], entry[1]
+        # the open records (the running servers, a few thousand at most): ``showback``
+        # of them, their sessions measured with their means as given
+        opens = [
+            r
+            for owned in (
+                self._open_by_group.values()
+                if groups is None
+                else _owned(self._open_by_group, groups)
+            )
+            for r in owned.values()
+        ]
+        busy_open = {
+            r.uid: utilisation[r.uid]
+            for r in opens
+            if utilisation and r.uid in utilisation and (r.flavor or NO_FLAVOR) not in self.shared
+        }
+        running_part = showback(opens, since, until, now, running, busy_open)
+        for into, part in (
+            (detail, running_part.detail),
+            (measured, running_part.measured),
+            (utilised, running_part.utilised),
+        ):
+            for row, hours in part.items():
+                into[row] = into.get(row, 0.0) + hours
+        # the closed sessions not final: their means as given
+        month_until = self.month_bounds(month)[1]
+        closed = self._closed
+        for uid, busy in (utilisation or {}).items():
+            r = closed.get(uid)
+            if r is None or uid in final or (groups is not None and r.group not in groups):
+                continue
+            row = self._row(r)
+            hours = _closed_hours(r, since, month_until)
+            if hours is None or row[2] in self.shared:
+                continue
+            measured[row] = measured.get(row, 0.0) + hours
+            utilised[row] = utilised.get(row, 0.0) + busy_hours(hours, busy)
+        return showback_of(since, until, detail, measured, utilised)
+
+    def _summed(
+        self,
+        since: float,
+        until: float,
+        now: float,
+        running: Container[str],
+        utilisation: Mapping[str, float] | None,
+        groups: Container[str] | None,
+    ) -> Showback:
+        records = [
+            r
+            for r in (*self._closed.values(), *self._open.values())
+            if groups is None or r.group in groups
+        ]
+        if utilisation and self.shared:
+            # the sessions that held a shared flavor
+            sharing = {r.uid for r in records if (r.flavor or NO_FLAVOR) in self.shared}
+            utilisation = {k: v for k, v in utilisation.items() if k not in sharing}
+        return showback(records, since, until, now, running, utilisation)
+
+
+def _count(
+    index: dict[str, dict[Row, list]],
+    row: Row,
+    sign: int,
+    month: str,
+    record: UsageRecord,
+    *amounts: float,
+) -> None:
+    """Add (``sign`` 1) or take away (-1) ``amounts`` in ``index``'s entry for ``row``
+    (``[*amounts, count]``), the entry gone once its count is 0."""
+    entries = index.get(row[0])
+    if entries is None:
+        entries = index[row[0]] = {}
+    entry = entries.get(row)
+    if entry is None:
+        if sign < 0:
+            # what is taken away was added, by the same arithmetic: only a record
+            # changed in place after it was summed can break this
+            raise AssertionError(
+                f"showback tally: {row} has no GPU-hours in {month} to take away for "
+                f"{record.uid}; was a closed record changed in place after it was put?"
+            )
+        entries[row] = [*amounts, 1]
+    elif entry[-1] + sign == 0:
+        del entries[row]
+        if not entries:
+            del index[row[0]]
+    else:
+        for i, amount in enumerate(amounts):
+            entry[i] += amount * sign
+        entry[-1] += sign
+
+
+def _pop(index: dict[str, dict[str, UsageRecord]], group: str, uid: str) -> UsageRecord | None:
+    owned = index.get(group)
+    found = owned.pop(uid, None) if owned is not None else None
+    if owned is not None and not owned:
+        del index[group]
+    return found
+
+
+def _closed_hours(record: UsageRecord, since: float, until: float) -> float | None:
+    """A closed record's GPU-hours from ``since`` to ``until`` (``showback``'s
+    arithmetic, step for step); None for none."""
+    end, start = record.ended, record.started
+    assert end is not None
+    lo = start if start > since else since
+    hi = end if end < until else until
+    seconds = record.gpus * (hi - lo) if hi > lo else 0.0
+    return seconds / HOUR if seconds > 0 else None
+
+
+def _owned(index: dict[str, dict], groups: Collection[str]) -> list[dict]:
+    """The entries of ``groups`` in an index by group."""
+    return [index[group] for group in groups if group in index]
