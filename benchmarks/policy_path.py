@@ -181,8 +181,8 @@ async def main(
     from jupyterhub_gpu.core.fairshare import Waiter, standing_line
     from jupyterhub_gpu.core.profiles import profile_entry
     from jupyterhub_gpu.core.selection import offers, select
-    from jupyterhub_gpu.offline import _unreachable_cluster
-    from jupyterhub_gpu.spawn_admission import ORDER_KEPT, SpawnAdmission
+    from jupyterhub_gpu.hub.admission import ORDER_KEPT, SpawnAdmission
+    from jupyterhub_gpu.hub.offline import _unreachable_cluster
 
     rng = random.Random(7)
     policy = build_policy(groups, budgets=days > 0)

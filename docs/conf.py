@@ -49,7 +49,7 @@ def _own_traits(cls, base) -> str:
 def _spawner_traits() -> str:
     from kubespawner import KubeSpawner
 
-    from jupyterhub_gpu.spawner import GPUKubeSpawner
+    from jupyterhub_gpu.hub.spawner import GPUKubeSpawner
 
     return _own_traits(GPUKubeSpawner, KubeSpawner)
 

@@ -141,7 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         spawner_setting,
     )
     from .core.model import PolicyError, hub_namespace_errors
-    from .hub_classes import check_classes
+    from .hub.classes import check_classes
 
     # the hub's classes and every setting of theirs, beside the policy: one report
     sections = (load_values(args.values).get("hub") or {}).get("config") or {}
@@ -215,7 +215,7 @@ def _mounts_line(dataset: Any, namespace: str | None) -> str:
 def cmd_profiles(args: argparse.Namespace) -> int:
     from .core.objects import namespace_for
     from .core.selection import offers
-    from .offline import offered_profiles
+    from .hub.offline import offered_profiles
 
     groups = _groups(args.groups)
     profiles = offered_profiles(args.values, groups)
@@ -245,8 +245,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 def cmd_pod(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .offline import render_pod
-    from .spawner import SpawnRefused
+    from .hub.offline import render_pod
+    from .hub.spawner import SpawnRefused
 
     options = {}
     for item in args.option:

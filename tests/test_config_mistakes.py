@@ -20,8 +20,8 @@ from traitlets.config import Config
 from jupyterhub_gpu.config.hubconfig import check_policy
 from jupyterhub_gpu.config.policy import GPUPolicy
 from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused
+from jupyterhub_gpu.hub.offline import offline_spawner
+from jupyterhub_gpu.hub.spawner import GPUKubeSpawner, SpawnRefused
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {

@@ -23,8 +23,8 @@ from kubernetes_asyncio import client
 
 from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.manifests import priority_classes
+from jupyterhub_gpu.hub.offline import render_pod
 from jupyterhub_gpu.kube.reconciler import Reconciler
-from jupyterhub_gpu.offline import render_pod
 from kube_helpers import eventually, module_cluster
 
 pytestmark = pytest.mark.k8s

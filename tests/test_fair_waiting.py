@@ -14,9 +14,9 @@ import pytest
 from traitlets.config import Config
 
 from jupyterhub_gpu.core.budgets import UsageRecord
-from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
-from jupyterhub_gpu.spawner import GPUKubeSpawner
+from jupyterhub_gpu.hub.admission import SpawnAdmission
+from jupyterhub_gpu.hub.offline import offline_spawner
+from jupyterhub_gpu.hub.spawner import GPUKubeSpawner
 from kube_helpers import eventually
 
 HOUR = 3600.0

@@ -28,10 +28,10 @@ import z2jh_schema
 from jupyterhub_gpu.config.values import hub_config, load_values, merge, policy_from_config
 from jupyterhub_gpu.core.selection import offers
 from jupyterhub_gpu.core.shaping import namespace_for
-from jupyterhub_gpu.offline import offline_spawner
+from jupyterhub_gpu.hub.offline import offline_spawner
+from jupyterhub_gpu.hub.spawner import GPUKubeSpawner
 from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
 from jupyterhub_gpu.service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
-from jupyterhub_gpu.spawner import GPUKubeSpawner
 
 ROOT = Path(__file__).parents[1]
 VALUES = ROOT / "helm-values"

@@ -17,8 +17,8 @@ from traitlets.config import Config
 from hub_helpers import api, stop_server, wait_no_pods
 from jupyterhub_gpu.config.values import policy_from_config
 from jupyterhub_gpu.core.selection import ECHO_LIMIT, Malformed, Refused, select, shown
-from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawner import SpawnRefused
+from jupyterhub_gpu.hub.offline import offline_spawner
+from jupyterhub_gpu.hub.spawner import SpawnRefused
 from kube_helpers import eventually
 
 POLICY = {

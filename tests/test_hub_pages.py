@@ -24,8 +24,8 @@ from traitlets.config import Config
 
 from jupyterhub_gpu.accounting.events import EventStore, StopRow
 from jupyterhub_gpu.accounting.store import UsageStore
-from jupyterhub_gpu.hub_pages import TEMPLATE_VAR, TEMPLATES, LastStops, show_last_stops
-from jupyterhub_gpu.spawner import gpu_service_url
+from jupyterhub_gpu.hub.pages import TEMPLATE_VAR, TEMPLATES, LastStops, show_last_stops
+from jupyterhub_gpu.hub.spawner import gpu_service_url
 from kube_helpers import eventually
 
 NOW = 1_790_000_000.0
@@ -134,7 +134,7 @@ async def test_the_last_stop_of_each_server_not_running(tmp_path):
 
 async def test_a_database_out_of_reach_leaves_the_page_as_it_was_and_says_why(caplog):
     stops = LastStops(lambda: "sqlite:////nonexistent/usage.sqlite", clock=lambda: NOW)
-    with caplog.at_level(logging.WARNING, "jupyterhub_gpu.hub_pages"):
+    with caplog.at_level(logging.WARNING, "jupyterhub_gpu.hub.pages"):
         assert await stops.fresh(user("ann")) == []
         assert "the form" in await render("spawn.html", stops, user("ann"))
     assert "show no last stops" in caplog.text
@@ -199,7 +199,7 @@ async def test_a_locked_database_never_stalls_the_hubs_loop(usage_url, caplog):
     holder.execute("BEGIN EXCLUSIVE")
     holder.execute("DELETE FROM jupyterhub_gpu_stops WHERE 0")
     try:
-        with caplog.at_level(logging.WARNING, "jupyterhub_gpu.hub_pages"):
+        with caplog.at_level(logging.WARNING, "jupyterhub_gpu.hub.pages"):
             async with Heartbeat() as heartbeat:
                 began = time.monotonic()
                 # many users' pages at once, and one user's twice

@@ -23,7 +23,7 @@ from kubespawner import KubeSpawner
 from traitlets.config import Config
 
 from jupyterhub_gpu.core.shaping import kubespawner_items
-from jupyterhub_gpu.offline import _Named, _unreachable_cluster, offline_spawner
+from jupyterhub_gpu.hub.offline import _Named, _unreachable_cluster, offline_spawner
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 POLICY = {

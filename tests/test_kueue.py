@@ -16,8 +16,8 @@ import yaml
 from kubernetes_asyncio import client
 
 from jupyterhub_gpu.config.values import policy_from_values
+from jupyterhub_gpu.hub.offline import render_pod
 from jupyterhub_gpu.kube.reconciler import Reconciler
-from jupyterhub_gpu.offline import render_pod
 from kube_helpers import eventually
 
 pytestmark = pytest.mark.k8s

@@ -1,14 +1,19 @@
-"""The package's layout holds: the pure core imports no I/O library, dependencies point
-one way (core <- config <- kube <- spawner and service; lint rules enforce both), and
-the hub and the service never import the local cluster or the demo, so a hub image
-without the ``[demo]`` extra works."""
+"""The package's layout holds: the pure core imports no I/O library (a ruff rule), each
+room imports only the rooms below it (core <- config, kube, accounting <- hub, service,
+auth <- dev <- cli; import-linter's contract in pyproject.toml), and the hub and the
+service never import the local cluster or the demo, so a hub image without the
+``[demo]`` extra works."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUES = ROOT / "helm-values"
@@ -43,8 +48,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_the_hub_and_the_service_import_nothing_of_the_demo_extra():
     result = _python(
         """
-        import jupyterhub_gpu.spawner, jupyterhub_gpu.service.app, jupyterhub_gpu.config.hubconfig
-        import jupyterhub_gpu.cli
+        import jupyterhub_gpu.hub.spawner, jupyterhub_gpu.service.app
+        import jupyterhub_gpu.config.hubconfig, jupyterhub_gpu.cli
         print(sorted(m for m in sys.modules
                      if m.startswith(("jupyterhub_gpu.dev", "cryptography", "jupyterlab"))))
         """
@@ -90,22 +95,16 @@ def _ruff_as(module: str, source: str) -> subprocess.CompletedProcess:
 def test_the_lint_rule_keeps_io_out_of_the_core():
     bad = textwrap.dedent(
         """
+        import os
         from kubernetes_asyncio.client import ApiException
         from tornado import web
-        from ..kube import client
-        from jupyterhub_gpu.spawner import GPUKubeSpawner
 
-        __all__ = ["ApiException", "GPUKubeSpawner", "client", "web"]
+        __all__ = ["ApiException", "os", "web"]
         """
     )
     result = _ruff_as("core/probe.py", bad)
     assert result.returncode == 1
-    for banned in (
-        "kubernetes_asyncio",
-        "tornado",
-        "jupyterhub_gpu.kube",
-        "jupyterhub_gpu.spawner",
-    ):
+    for banned in ("kubernetes_asyncio", "tornado", "os"):
         assert f"`{banned}` is banned" in result.stdout, result.stdout
 
     # the core's own siblings and the standard library's pure modules pass
@@ -116,52 +115,71 @@ def test_the_lint_rule_keeps_io_out_of_the_core():
     assert _ruff_as("core/probe.py", good).returncode == 0
 
 
-#: what each layer must not import: everything above it
-#: the spawner's parts beside it
-SPAWNER_PARTS = (
-    "spawn_checks",
-    "spawn_profiles",
-    "spawn_progress",
-    "server_pods",
-    "queue_watch",
-    "server_exit",
-)
-ABOVE = {
-    "config": ("kube", "service", "spawner", "spawn_admission", *SPAWNER_PARTS, "dev"),
-    "kube": ("service", "spawner", "spawn_admission", *SPAWNER_PARTS, "dev"),
-}
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's check of the package at ``root`` (its pyproject.toml's contract)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; "
+            "sys.exit(lint_imports_command())",
+            "--no-cache",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=120,
+    )
 
 
-def test_the_lint_rule_keeps_the_layers_pointing_one_way():
-    """config/ reads the core only, kube/ the core and config/: an import of a layer
-    above, relative or absolute, at the top or inside a function, is a lint error."""
-    for layer, above in ABOVE.items():
-        for name in above:
-            for line in (
-                f"from ..{name} import something",
-                f"import jupyterhub_gpu.{name}",
-                # inside a function, as a lazy import would be
-                f"def f():\n    from jupyterhub_gpu.{name} import x\n\n    return x",
-            ):
-                source = f"{line}\n\n__all__ = []\n"
-                result = _ruff_as(f"{layer}/probe.py", source)
-                assert result.returncode == 1, (layer, line)
-                assert f"`jupyterhub_gpu.{name}` is banned: {layer}/ must not" in result.stdout, (
-                    result.stdout
-                )
-
-    # what lies below passes
-    good = {
-        "config": "from ..core.model import Policy\nfrom .policy import GPUPolicy\n",
-        "kube": "from ..config.policy import GPUPolicy\nfrom ..core.model import Policy\n",
-    }
-    for layer, imports in good.items():
-        result = _ruff_as(f"{layer}/probe.py", f'{imports}\n__all__ = ["GPUPolicy", "Policy"]\n')
-        assert result.returncode == 0, (layer, result.stdout)
+def test_the_package_keeps_its_rooms():
+    """Every import in the package, at the top of a module or inside a function, goes
+    down the floors of pyproject.toml's contract (the same check as the lint step)."""
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 kept, 0 broken" in result.stdout
 
 
-def test_the_package_keeps_its_layers():
-    """The package as it is: no layer imports one above it (the same rules as the lint
-    step, so running the tests alone catches such an import too)."""
-    result = _ruff("--select", "TID251", "jupyterhub_gpu")
-    assert result.returncode == 0, result.stdout
+#: (the module an import is added to, the import, what it breaks): a room importing a
+#: room above it, or a room beside it on its floor
+AGAINST_THE_FLOORS = [
+    ("core/probe.py", "from ..config import policy", "core -> config"),
+    ("config/probe.py", "from ..kube import client", "config -> kube"),
+    ("kube/probe.py", "from ..accounting import store", "kube -> accounting"),
+    ("accounting/probe.py", "from ..hub import spawner", "accounting -> hub"),
+    ("hub/probe.py", "from ..service import app", "hub -> service"),
+    ("service/probe.py", "from ..hub import spawner", "service -> hub"),
+    ("auth/probe.py", "from ..hub import pages", "auth -> hub"),
+    ("hub/probe.py", "def f():\n    from ..dev import demo\n\n    return demo", "hub -> dev"),
+    ("dev/probe.py", "from .. import cli", "dev -> cli"),
+]
+
+
+@pytest.fixture(scope="module")
+def package_copy(tmp_path_factory) -> Path:
+    """The package and its contract, copied, for imports the real one must not have."""
+    root = tmp_path_factory.mktemp("layout")
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    shutil.copytree(
+        ROOT / "jupyterhub_gpu",
+        root / "jupyterhub_gpu",
+        ignore=shutil.ignore_patterns("__pycache__", "gomod", "*.html", "*.yaml"),
+    )
+    return root
+
+
+@pytest.mark.parametrize(("module", "line", "broken"), AGAINST_THE_FLOORS)
+def test_an_import_against_the_floors_is_a_lint_error(package_copy, module, line, broken):
+    probe = package_copy / "jupyterhub_gpu" / module
+    probe.write_text(line + "\n")
+    try:
+        result = _lint_imports(package_copy)
+    finally:
+        probe.unlink()
+    assert result.returncode == 1, result.stdout
+    assert "BROKEN" in result.stdout
+    importer, imported = broken.split(" -> ")
+    assert f"jupyterhub_gpu.{importer}.probe -> jupyterhub_gpu.{imported}" in result.stdout, (
+        result.stdout
+    )

@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from traitlets.config import Config
 
-from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
-from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused
+from jupyterhub_gpu.hub.admission import SpawnAdmission
+from jupyterhub_gpu.hub.offline import offline_spawner
+from jupyterhub_gpu.hub.spawner import GPUKubeSpawner, SpawnRefused
 
 #: the admission every spawner of a test shares, as a hub's spawners do
 ADMISSION: SpawnAdmission

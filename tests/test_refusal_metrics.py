@@ -14,10 +14,10 @@ from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.admission import Ledger
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.selection import Request
-from jupyterhub_gpu.server_exit import EXITED_STATUS
-from jupyterhub_gpu.spawn_admission import BUDGETS_UNCHECKED, SpawnAdmission
-from jupyterhub_gpu.spawn_checks import SpawnRefused
-from jupyterhub_gpu.spawn_metrics import REASONS, count_refusal, refusal_reason, refusals_counter
+from jupyterhub_gpu.hub.admission import BUDGETS_UNCHECKED, SpawnAdmission
+from jupyterhub_gpu.hub.checks import SpawnRefused
+from jupyterhub_gpu.hub.metrics import REASONS, count_refusal, refusal_reason, refusals_counter
+from jupyterhub_gpu.hub.server_exit import EXITED_STATUS
 
 POLICY = parse_policy(
     flavors={"h200": {"kind": "gpu"}},

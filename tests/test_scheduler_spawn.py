@@ -37,8 +37,8 @@ from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.pending import VOLCANO_GROUP_ANNOTATION, kueue_waiting
 from jupyterhub_gpu.dev.localcluster import sockets, volcano
 from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu.hub.offline import render_pod
 from jupyterhub_gpu.kube.reconciler import Reconciler
-from jupyterhub_gpu.offline import render_pod
 from kube_helpers import eventually, module_cluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

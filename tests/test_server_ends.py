@@ -11,7 +11,7 @@ from test_usage_outage import POLICY, gpu_pod
 
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.ends import has_ended, pod_ended_at
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
+from jupyterhub_gpu.hub.admission import SpawnAdmission
 
 NOW = 1_800_000_000.0
 

@@ -22,8 +22,8 @@ from traitlets.config import Config
 from browser import log_in
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.budgets import UsageRecord
-from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
+from jupyterhub_gpu.hub.admission import SpawnAdmission
+from jupyterhub_gpu.hub.offline import offline_spawner
 from kube_helpers import eventually
 
 #: what an admin puts in a profile's override and no user may read

@@ -19,8 +19,8 @@ import matrix
 from cli_helpers import cli
 from jupyterhub_gpu.config.values import policy_from_config
 from jupyterhub_gpu.core.selection import Refused, offers, select
-from jupyterhub_gpu.offline import offered_profiles, render_pod
-from jupyterhub_gpu.spawner import SpawnRefused
+from jupyterhub_gpu.hub.offline import offered_profiles, render_pod
+from jupyterhub_gpu.hub.spawner import SpawnRefused
 
 VALUES = Path(__file__).parents[1] / "helm-values"
 
@@ -445,7 +445,7 @@ async def test_rendering_offline_leaves_the_process_and_the_hubs_admission_as_th
     from kubernetes_asyncio.client import Configuration
     from kubernetes_asyncio.config import kube_config
 
-    from jupyterhub_gpu.spawner import GPUKubeSpawner
+    from jupyterhub_gpu.hub.spawner import GPUKubeSpawner
 
     location = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
     host = Configuration.get_default_copy().host

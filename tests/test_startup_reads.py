@@ -18,8 +18,8 @@ from usage_rows import YEAR, fill, year_policy
 
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.budgets import gpu_hours
+from jupyterhub_gpu.hub.admission import SpawnAdmission
 from jupyterhub_gpu.service.gpu_time import GPUTime
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
 
 ROWS = int(os.environ.get("JHGPU_STARTUP_ROWS", "150000"))
 NOW = 1_800_000_000.0

@@ -21,9 +21,9 @@ from jupyterhub_gpu.core.budgets import UsageRecord
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, FLAVOR_LABEL, GROUP_LABEL, PROFILE_LABEL
+from jupyterhub_gpu.hub.admission import BUDGETS_UNCHECKED, AccountingCollector, SpawnAdmission
 from jupyterhub_gpu.service.gpu_time import AccountingBehind, GPUTime, PodsUnseen
 from jupyterhub_gpu.service.tasks import BackgroundTask, RetryAtInterval
-from jupyterhub_gpu.spawn_admission import BUDGETS_UNCHECKED, AccountingCollector, SpawnAdmission
 from kube_helpers import eventually
 
 NOW = 1_800_000_000.0

@@ -13,7 +13,7 @@ from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, create_e
 from jupyterhub_gpu.accounting.store import AccountingUnavailable, UsageStore
 from jupyterhub_gpu.core.budgets import UsageRecord
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
+from jupyterhub_gpu.hub.admission import SpawnAdmission
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

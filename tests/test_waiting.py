@@ -11,9 +11,9 @@ import asyncio
 import pytest
 from traitlets.config import Config
 
-from jupyterhub_gpu.offline import offline_spawner
-from jupyterhub_gpu.spawn_admission import SpawnAdmission
-from jupyterhub_gpu.spawner import GPUKubeSpawner, SpawnRefused
+from jupyterhub_gpu.hub.admission import SpawnAdmission
+from jupyterhub_gpu.hub.offline import offline_spawner
+from jupyterhub_gpu.hub.spawner import GPUKubeSpawner, SpawnRefused
 from kube_helpers import eventually
 
 #: the hub's one admission, which every spawner of a test shares (an empty cluster)

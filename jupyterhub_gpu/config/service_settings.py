@@ -15,6 +15,17 @@ from urllib.parse import urlparse
 from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, Unicode
 from traitlets.config import Application, Configurable
 
+#: what a server's own token (``Spawner.server_token_scopes``) needs beside JupyterHub's
+#: defaults (its activity, access to itself): access to the GPU service, whose
+#: ``api/servers/<user>/<name>`` then answers for that server alone
+SERVER_TOKEN_SCOPES = [
+    "users:activity!user",
+    "access:servers!server",
+    "access:services!service=gpu",
+]
+#: the variable a server's JupyterLab extension reads the service's URL from
+SERVICE_URL_ENV = "JUPYTERHUB_GPU_SERVICE_URL"
+
 
 class GPUService(Configurable):
     """The service's own settings; how it runs is ``jupyterhub_gpu.service.app``."""

@@ -70,7 +70,11 @@ def hub_config(values: Mapping[str, Any]) -> Config:
 
 
 #: how a hub config may name this bundle's spawner
-GPU_SPAWNER_NAMES = ("gpu-kubespawner", "jupyterhub_gpu.spawner.GPUKubeSpawner")
+GPU_SPAWNER_NAMES = (
+    "gpu-kubespawner",
+    "jupyterhub_gpu.spawner.GPUKubeSpawner",
+    "jupyterhub_gpu.hub.spawner.GPUKubeSpawner",
+)
 
 
 def uses_gpu_spawner(spawner_class: Any) -> bool:

@@ -27,17 +27,6 @@ from .gpu_time import HoursView
 from .state import ServerPod
 from .views import Server
 
-#: what a server's own token (``Spawner.server_token_scopes``) needs beside JupyterHub's
-#: defaults (its activity, access to itself): access to the GPU service, whose
-#: ``api/servers/<user>/<name>`` then answers for that server alone
-SERVER_TOKEN_SCOPES = [
-    "users:activity!user",
-    "access:servers!server",
-    "access:services!service=gpu",
-]
-#: the variable a server's JupyterLab extension reads the service's URL from
-SERVICE_URL_ENV = "JUPYTERHUB_GPU_SERVICE_URL"
-
 #: how many of the user's latest notices an answer carries
 NOTICES = 20
 

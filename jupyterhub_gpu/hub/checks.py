@@ -20,11 +20,11 @@ import jupyterhub
 from kubernetes_asyncio.client.rest import ApiException
 from tornado import web
 
-from .config.values import site_profile_list_error
-from .core.model import Policy, PolicyError
-from .core.selection import Malformed, Refused, Selection, select
-from .core.shaping import mount_collisions
-from .kube.client import exception_message
+from ..config.values import site_profile_list_error
+from ..core.model import Policy, PolicyError
+from ..core.selection import Malformed, Refused, Selection, select
+from ..core.shaping import mount_collisions
+from ..kube.client import exception_message
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner

@@ -19,8 +19,8 @@ import yaml
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.config import kube_config
 
-from .config.values import hub_config, load_values, policy_from_config
-from .core.selection import offers
+from ..config.values import hub_config, load_values, policy_from_config
+from ..core.selection import offers
 
 _OFFLINE_KUBECONFIG = {
     "apiVersion": "v1",
@@ -40,8 +40,8 @@ class _Named:
 
 def offered_profiles(paths: list[str], groups: list[str]) -> list[dict[str, Any]]:
     """The KubeSpawner ``profile_list`` a member of ``groups`` sees on an empty cluster."""
-    from .core.admission import Ledger
-    from .core.profiles import profile_entry
+    from ..core.admission import Ledger
+    from ..core.profiles import profile_entry
 
     policy = policy_from_config(hub_config(load_values(paths)))
     return [profile_entry(policy, Ledger(), offer) for offer in offers(policy, groups)]
@@ -93,7 +93,7 @@ def _unreachable_cluster() -> Iterator[None]:
 def offline_spawner(config, user: str, groups: list[str], admission=None):
     """A GPUKubeSpawner for ``user`` whose Kubernetes client can reach nothing, admitting
     against ``admission`` (default: its own, of an empty cluster)."""
-    from .spawn_admission import SpawnAdmission
+    from .admission import SpawnAdmission
     from .spawner import GPUKubeSpawner
 
     hub_user = _Named(

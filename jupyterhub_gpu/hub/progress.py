@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .core.pending import explain_unschedulable
-from .core.selection import Selection
-from .core.shaping import PodShape
+from ..core.pending import explain_unschedulable
+from ..core.selection import Selection
+from ..core.shaping import PodShape
 
 Event = dict[str, Any]
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from kubernetes_asyncio.client import ApiException
 
-from .core.exits import (
+from ..core.exits import (
     LOG_LINES,
     NOTEBOOK_CONTAINER,
     ContainerExit,
@@ -39,8 +39,8 @@ from .core.exits import (
     exit_message,
     log_tail,
 )
-from .kube.client import exception_message
-from .spawn_checks import SpawnRefused
+from ..kube.client import exception_message
+from .checks import SpawnRefused
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner

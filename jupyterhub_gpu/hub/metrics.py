@@ -17,15 +17,15 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from .core.admission import REFUSED_GROUP_FULL, REFUSED_TOO_LARGE, REFUSED_USER_CAP
-from .server_exit import EXITED_STATUS
-from .spawn_admission import REFUSED_BUDGET, REFUSED_USAGE_DATABASE
-from .spawn_checks import (
+from ..core.admission import REFUSED_GROUP_FULL, REFUSED_TOO_LARGE, REFUSED_USER_CAP
+from .admission import REFUSED_BUDGET, REFUSED_USAGE_DATABASE
+from .checks import (
     REFUSED_DATASET_CLAIM,
     REFUSED_KUBERNETES,
     REFUSED_OPTIONS,
     SpawnRefused,
 )
+from .server_exit import EXITED_STATUS
 
 REFUSED_QUEUE_TIMEOUT = "queue_timeout"
 REFUSED_SERVER_EXITED = "server_exited"

@@ -29,10 +29,10 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from .accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
-from .accounting.store import AccountingUnavailable, UsageStore, collector_paused
-from .core.admission import Charge, Decision, Ledger
-from .core.budgets import (
+from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
+from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
+from ..core.admission import Charge, Decision, Ledger
+from ..core.budgets import (
     BudgetState,
     UsageBook,
     UsageRecord,
@@ -41,7 +41,7 @@ from .core.budgets import (
     has_budget,
     longest_period,
 )
-from .core.fairshare import (
+from ..core.fairshare import (
     FairShareBook,
     Place,
     Waiter,
@@ -49,10 +49,10 @@ from .core.fairshare import (
     read_window,
     why_placed,
 )
-from .core.line import Line
-from .core.model import Group, Policy
-from .core.selection import Request
-from .core.shaping import usage_record_from_pod
+from ..core.line import Line
+from ..core.model import Group, Policy
+from ..core.selection import Request
+from ..core.shaping import usage_record_from_pod
 
 #: lists the charges on the pods Kubernetes has now (the spawner's own client)
 ListCharges = Callable[[Policy], Awaitable[list[Charge]]]

@@ -23,19 +23,19 @@ import aiohttp
 from jupyterhub.utils import isoformat
 from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Preconditions
 
-from .core.admission import Charge
-from .core.adoption import adopt, servers_selector, username_of
-from .core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
-from .core.model import Policy
-from .core.quantities import format_gpus
-from .core.shaping import (
+from ..core.admission import Charge
+from ..core.adoption import adopt, servers_selector, username_of
+from ..core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
+from ..core.model import Policy
+from ..core.quantities import format_gpus
+from ..core.shaping import (
     GROUP_LABEL,
     SPAWN_ANNOTATION,
     charge_from_pod,
     namespace_for,
     of_another_hub,
 )
-from .kube.client import exception_message
+from ..kube.client import exception_message
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner

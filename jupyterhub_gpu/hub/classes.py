@@ -33,7 +33,7 @@ ENTRY_POINT_GROUPS = {
 #: what each of this bundle's modules needs installed beside it (pyproject's extras)
 EXTRAS = {"jupyterhub_gpu.auth.ldap": "ldap", "jupyterhub_gpu.auth.oidc": "oidc"}
 #: the spawner that enforces GPUPolicy, as its import path and its entry point
-GPU_SPAWNER = "jupyterhub_gpu.spawner.GPUKubeSpawner"
+GPU_SPAWNER = "jupyterhub_gpu.hub.spawner.GPUKubeSpawner"
 GPU_SPAWNER_NAME = "gpu-kubespawner"
 #: what z2jh's own jupyterhub_config.py sets when the values name no class
 Z2JH_DEFAULTS = {"spawner_class": "kubespawner.KubeSpawner", "authenticator_class": "dummy"}

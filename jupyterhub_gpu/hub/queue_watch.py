@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
-from .core.model import PolicyError
-from .core.schedulers import Resource, Scheduler, scheduler_for
-from .kube.client import exception_message
-from .spawn_checks import SpawnRefused
+from ..core.model import PolicyError
+from ..core.schedulers import Resource, Scheduler, scheduler_for
+from ..kube.client import exception_message
+from .checks import SpawnRefused
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .core.admission import Ledger
-from .core.budgets import BudgetState
-from .core.capacity import FlavorCapacity
-from .core.fairshare import standing_line
-from .core.model import Policy
-from .core.profiles import profile_entry, with_usable_default
-from .core.selection import offers
-from .kube.clusterview import ClusterView
+from ..core.admission import Ledger
+from ..core.budgets import BudgetState
+from ..core.capacity import FlavorCapacity
+from ..core.fairshare import standing_line
+from ..core.model import Policy
+from ..core.profiles import profile_entry, with_usable_default
+from ..core.selection import offers
+from ..kube.clusterview import ClusterView
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner
