@@ -40,7 +40,6 @@ WHEN_EXHAUSTED = ("warn", "stop")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 GPUS = Quantity(parse=parse_number, doc="GPU-equivalents (a number)")
-NUMBER = Quantity(parse=parse_number, doc="number")
 CPUS = Quantity(parse=parse_millicores, doc="CPUs (quantity: `2`, `500m`)")
 MEMORY = Quantity(parse=parse_bytes, doc="bytes (quantity: `16Gi`)")
 DURATION = Quantity(parse=parse_duration, doc="duration (`90m`, `8h`, `7d`)")
@@ -54,9 +53,6 @@ MAPPING = KeyType(doc="mapping (below)")
 # ---- flavors --------------------------------------------------------------------
 
 _DISPLAY_NAME = Key("display_name", Text(), "the name users see", Derived("its name"))
-_NODE_SELECTOR = Key(
-    "node_selector", Labels(), "node labels its servers' pods must run on (merged)", {}
-)
 _REPLICAS = Key(
     "replicas",
     Whole(minimum=1),
@@ -173,7 +169,7 @@ FLAVOR = section(
         default_words="the `nvidia.com/gpu` taint",
     ),
     _DISPLAY_NAME,
-    _NODE_SELECTOR,
+    Key("node_selector", Labels(), "node labels its servers' pods must run on (merged)", {}),
     Key("runtime_class_name", Text(), "the RuntimeClass its servers' pods run with"),
     help="Every flavor's keys, whatever its kind.",
 )
@@ -310,7 +306,8 @@ AMOUNTS = section(
         KeyType(doc="mapping: flavor → count"),
         "devices of each flavor (a name in `flavors`)",
     ),
-    help="Caps on what the group's servers hold together; unset: not capped.",
+    help="Caps on what the group's servers hold together; unset: not capped "
+    "(a limit's: the quota's).",
 )
 BUDGET = section(
     "budget, per_user.budget",
@@ -370,9 +367,13 @@ GROUP = section(
     Key("queue", Text(), "its scheduler queue", Derived("the group's name")),
     Key("parent", Text(), "the group whose quota, limit and budget cap it and its siblings"),
     _DISPLAY_NAME,
-    Key("priority_class", Text(), "the PriorityClass of its servers (else the scheduler's)"),
+    Key(
+        "priority_class",
+        Text(),
+        "the PriorityClass of its servers within quota (else the scheduler's)",
+    ),
     Key("unlimited", Flag(), "no quota, limit or budget", False),
-    Key("admin", Flag(), "its members see every group's usage", False),
+    Key("admin", Flag(), "its members see every group's usage in the GPU service", False),
     Key(
         "directory_groups",
         Checked(check=checks.directory_groups, doc="list of names, DNs, IDs or paths", unset=()),
