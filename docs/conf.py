@@ -6,8 +6,8 @@ Built by scripts/test with warnings as errors:
 
 The configuration reference is generated from the code: the traits of
 ``GPUPolicy``, ``GPUKubeSpawner``, ``GPUService`` and ``LDAPGroupsAuthenticator``
-(autodoc-traits) and the keys the policy accepts (the allow-lists in
-``jupyterhub_gpu.core.model``), written to
+(autodoc-traits) and the policy's settings and the keys inside them (from the
+one table of its keys, ``jupyterhub_gpu.core.policy``), written to
 ``docs/_generated/`` at build time.
 """
 
@@ -32,12 +32,12 @@ autodoc_member_order = "bysource"
 # the docs build offline: no intersphinx inventories are fetched
 
 
-def _own_traits(cls, base) -> str:
+def _own_traits(cls, base, leave_out=()) -> str:
     """autotrait entries for the config traits ``cls`` adds to ``base``'s."""
     own = [
         name
         for name in cls.class_own_traits(config=True)
-        if name not in base.class_traits(config=True)
+        if name not in base.class_traits(config=True) and name not in leave_out
     ]
     lines = ["```{eval-rst}", f".. currentmodule:: {cls.__module__}", ""]
     for name in sorted(own):
@@ -70,40 +70,21 @@ def _ldap_traits() -> str:
     return _own_traits(LDAPGroupsAuthenticator, LDAPAuthenticator)
 
 
-def _policy_keys() -> str:
-    """Tables of the keys the policy accepts, from the parser's own allow-lists."""
-    from jupyterhub_gpu.core import model
+def _policy_settings() -> str:
+    """The policy's settings and the keys inside them, from the one table of its keys."""
+    from jupyterhub_gpu.core.policy.reference import reference_markdown
 
-    def keys(names) -> str:
-        return ", ".join(f"`{n}`" for n in sorted(names))
+    return reference_markdown()
 
-    rows = ["| where | keys |", "|---|---|"]
-    for kind in model.KINDS:
-        allowed = model._FLAVOR_COMMON | model._FLAVOR_KEYS[kind]
-        rows.append(f"| `flavors.<name>` with `kind: {kind}` | {keys(allowed)} |")
-    rows.append(f"| `profiles.<name>` | {keys(model._PROFILE_KEYS)} |")
-    rows.append("| `profiles.<name>.gpu` | `count`, `flavor` |")
-    rows.append(
-        "| `profiles.<name>.options` | `flavor`, `gpus`, `image` "
-        "(each: `choices`, `display_name`) |"
-    )
-    rows.append("| `interfaces.<name>` | `display_name`, `url` |")
-    rows.append(f"| `datasets.<name>` | {keys(model._DATASET_KEYS)} |")
-    rows.append("| `datasets.<name>.nfs` | `path`, `server` |")
-    rows.append("| `datasets.<name>.csi` | `driver`, `fs_type`, `volume_attributes` |")
-    rows.append(f"| `groups.<name>` | {keys(model._GROUP_KEYS)} |")
-    rows.append("| `everyone` | " + keys(model._GROUP_KEYS - model._EVERYONE_EXCLUDES) + " |")
-    rows.append("| `quota`, `limit`, `per_user` | `cpu`, `flavors`, `gpus`, `memory`, `servers` |")
-    rows.append(
-        "| `scheduler` | `in_quota_priority_class`, `name` "
-        f"({', '.join(model.SCHEDULERS)}), `over_quota_priority_class` |"
-    )
-    rows.append(
-        "| `profiles.<name>.kubespawner_override` | anything but "
-        + keys(model.ACCOUNTED_OVERRIDES)
-        + " |"
-    )
-    return "\n".join(rows) + "\n"
+
+def _policy_traits() -> str:
+    """autotrait entries for GPUPolicy's traits that are not policy settings."""
+    from traitlets.config import Configurable
+
+    from jupyterhub_gpu.config.policy import GPUPolicy
+    from jupyterhub_gpu.core.policy.settings import SETTINGS
+
+    return _own_traits(GPUPolicy, Configurable, leave_out=SETTINGS.names)
 
 
 def _node_pools(example: str) -> str:
@@ -120,7 +101,8 @@ for name, text in {
     "spawner-traits.md": _spawner_traits(),
     "service-traits.md": _service_traits(),
     "ldap-traits.md": _ldap_traits(),
-    "policy-keys.md": _policy_keys(),
+    "policy-settings.md": _policy_settings(),
+    "policy-traits.md": _policy_traits(),
     **{
         f"node-pools-{example}.yaml": _node_pools(example)
         for example in ("university", "department", "enterprise")
