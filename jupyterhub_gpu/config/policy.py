@@ -41,6 +41,9 @@ class GPUPolicy(Configurable):
         What the cluster offers, by name. Each flavor has a ``kind``:
 
         - ``gpu``: whole GPUs (``resource``, default ``nvidia.com/gpu``); 1 GPU-equivalent.
+          ``device_class`` says a DRA driver serves ``resource`` through that
+          DeviceClass's ``extendedResourceName`` (the extended-resource bridge)
+          instead of a device plugin.
         - ``mig``: a MIG slice (``profile`` such as ``1g.5gb``; ``strategy`` ``mixed``
           requests ``nvidia.com/mig-<profile>``, ``single`` requests ``nvidia.com/gpu``
           on nodes labelled ``<product>-MIG-<profile>``); slices/7 GPU-equivalents.

@@ -123,10 +123,14 @@ class Flavor:
     gpu_memory: int | None = None  # MiB
     device_memory: int | None = None  # MiB of one whole device, for GPU-equivalents
     gpucores: int | None = None
+    #: dra: the DeviceClass a claim asks for; gpu: the DeviceClass that serves
+    #: ``resource`` through DRA (its ``extendedResourceName``), None: a device plugin
     device_class: str | None = None
     selectors: tuple[str, ...] = ()
     sharing: str | None = None
-    dra_equivalents: Fraction = Fraction(1)
+    #: dra: GPU-equivalents per device as the policy sets them (None: 1 at admission;
+    #: GPU time counts what each device allocated is, see ``core.dra``)
+    dra_equivalents: Fraction | None = None
     scheduler_name: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -164,7 +168,13 @@ class Flavor:
             if self.gpu_memory and self.device_memory:
                 return min(Fraction(self.gpu_memory, self.device_memory), Fraction(1))
             return Fraction(1)
-        return self.dra_equivalents
+        return self.dra_equivalents or Fraction(1)
+
+    @property
+    def bridged(self) -> bool:
+        """A ``gpu`` flavor whose resource a DRA driver serves: pods ask for the
+        extended resource, kube-scheduler allocates devices of ``device_class``."""
+        return self.kind == "gpu" and self.device_class is not None
 
     def claim_template_name(self, count: int) -> str:
         """The ResourceClaimTemplate a DRA pod of ``count`` devices references."""
@@ -619,7 +629,7 @@ class _Errors:
 
 _FLAVOR_COMMON = {"kind", "display_name", "node_selector", "tolerations", "runtime_class_name"}
 _FLAVOR_KEYS = {
-    "gpu": {"resource"},
+    "gpu": {"resource", "device_class"},
     "mig": {"profile", "strategy", "product"},
     "timeslice": {"replicas", "resource"},
     "mps": {"replicas", "resource"},
@@ -653,7 +663,10 @@ def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | N
     }
     if kind == "gpu":
         resource = e.string(f"{path}.resource", spec.get("resource")) or "nvidia.com/gpu"
-        return Flavor(resource=resource, **common)
+        # the DeviceClass whose extendedResourceName is this resource: a DRA driver
+        # serves it (Kubernetes' extended-resource bridge); absent, a device plugin
+        bridge = e.string(f"{path}.device_class", spec.get("device_class"))
+        return Flavor(resource=resource, device_class=bridge, **common)
     if kind == "mig":
         profile = e.string(f"{path}.profile", spec.get("profile"), required=True)
         if profile and not _MIG_PROFILE.match(profile):
@@ -753,7 +766,7 @@ def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | N
     sharing = spec.get("sharing")
     if sharing not in (None, "TimeSlicing", "MPS"):
         e.add(f"{path}.sharing", f"expected TimeSlicing or MPS, got {sharing!r}")
-    equivalents = Fraction(1)
+    equivalents = None
     if "gpu_equivalents" in spec:
         equivalents = e.convert(f"{path}.gpu_equivalents", spec["gpu_equivalents"], parse_number)
         if equivalents is not None and equivalents <= 0:
@@ -762,7 +775,7 @@ def _parse_flavor(e: _Errors, name: str, raw: Any, scheduler: str) -> Flavor | N
         device_class=device_class,
         selectors=tuple(selectors),
         sharing=sharing,
-        dra_equivalents=equivalents or Fraction(1),
+        dra_equivalents=equivalents or None,
         **common,
     )
 

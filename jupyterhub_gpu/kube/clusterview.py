@@ -93,20 +93,35 @@ def slim_slice(resource_slice: dict[str, Any]) -> dict[str, Any]:
 
 
 def slim_class(device_class: dict[str, Any]) -> dict[str, Any]:
-    """What DRA capacity needs of a DeviceClass: its name and selectors."""
+    """What DRA capacity needs of a DeviceClass: its name, selectors and the extended
+    resource it serves (the extended-resource bridge)."""
+    spec = device_class.get("spec") or {}
     return {
         "metadata": {"name": (device_class.get("metadata") or {}).get("name")},
-        "spec": {"selectors": (device_class.get("spec") or {}).get("selectors") or []},
+        "spec": {
+            "selectors": spec.get("selectors") or [],
+            "extendedResourceName": spec.get("extendedResourceName"),
+        },
     }
 
 
 def slim_claim(claim: dict[str, Any]) -> dict[str, Any]:
-    """What DRA capacity needs of a ResourceClaim: the devices it was allocated."""
+    """What DRA capacity needs of a ResourceClaim: the devices it was allocated, and
+    the pod that owns it (what a server was allocated)."""
     metadata = claim.get("metadata") or {}
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or []
+    owners = [
+        {k: o.get(k) for k in ("kind", "name", "uid", "controller")}
+        for o in metadata.get("ownerReferences") or []
+        if o.get("kind") == "Pod"
+    ]
     return {
-        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
+        "metadata": {
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "ownerReferences": owners,
+        },
         "status": {
             "allocation": {
                 "devices": {
