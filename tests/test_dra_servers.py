@@ -70,7 +70,10 @@ async def dra_hub(local_cluster, core, priority_class_objects, gpu_metrics):
         admin_users=("root",),
         policy=POLICY,
         gpu_service=True,
-        service_settings={**settings(gpu_metrics.prometheus.url), "usage_interval": 2},
+        # the service's GPU-time pass runs once, before any server: each server's record
+        # is the hub's, written when its start finishes (the service charges from the
+        # same allocation, which the dashboard's device names below read)
+        service_settings={**settings(gpu_metrics.prometheus.url), "usage_interval": 3600},
         extra_config=CONFIG,
     ) as hub:
         pods = {user: f"jupyter-{user}" for user in SERVERS}
@@ -91,6 +94,8 @@ async def dra_hub(local_cluster, core, priority_class_objects, gpu_metrics):
 
 
 async def test_a_dra_server_is_charged_what_its_claim_was_allocated(dra_hub):
+    """The hub reads a DRA server's claims when its start finishes, and writes down
+    what they hold."""
     store = UsageStore(f"sqlite:///{dra_hub.directory / 'jupyterhub-gpu-usage.sqlite'}")
 
     async def recorded():

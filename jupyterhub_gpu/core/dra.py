@@ -449,6 +449,17 @@ def pod_allocation(
     return Allocation(keys, total, tuple(words))
 
 
+def allocated_gpus(
+    inventory: DraInventory, pod_uid: str, per_device: Fraction | None = None
+) -> Fraction | None:
+    """GPU-equivalents the claims of the pod ``pod_uid`` hold (``pod_allocation``), or
+    None where that is not known: no allocated claim of the pod, or DRA unreadable."""
+    if inventory.problem is not None:
+        return None
+    allocation = pod_allocation(inventory, pod_uid, per_device)
+    return allocation.gpus if allocation is not None else None
+
+
 def device_words(key: DeviceKey, device: Device | None) -> str:
     """``gpu-1 (NVIDIA H200 NVL) on h200-dra-0``; a MIG partition names its profile."""
     driver, pool, name = key

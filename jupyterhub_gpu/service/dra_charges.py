@@ -6,7 +6,10 @@ allocated to the ResourceClaims its pod owns. Its GPU time counts those devices
 (``core.dra.pod_allocation``: a whole GPU 1 GPU-equivalent, a MIG partition its
 compute slices out of 7, or the flavor's ``gpu_equivalents`` per device), not the
 count the profile asked for. A server's charge is fixed the first time its
-allocation is seen, and kept while its pod runs (its claims go with the pod).
+allocation is seen, and kept while its pod runs (its claims go with the pod). The
+hub, which writes a server's record when its start finishes, reads the same
+allocation (``kube.clusterview.pod_dra_inventory``): whichever writes first, the
+record says what the server holds.
 
 Until then a DRA server is not recorded yet, for at most ``ALLOCATION_WAIT``
 seconds after its pod started (its record starts at the pod's start whenever it
@@ -20,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from ..core.dra import DraInventory, pod_allocation
+from ..core.dra import DraInventory, allocated_gpus
 from ..core.model import Policy
 from ..core.usage import UsageRecord
 
@@ -44,15 +47,12 @@ class AllocationCharges:
             return known
         flavor = self.policy.flavors.get(record.flavor or "")
         on_dra = flavor is not None and (flavor.kind == "dra" or flavor.bridged)
-        readable = inventory is not None and inventory.problem is None
-        if readable:
-            assert inventory is not None
-            per_device = flavor.dra_equivalents if flavor is not None else None
-            allocation = pod_allocation(inventory, record.uid, per_device)
-            if allocation is not None:
-                charged = replace(record, gpus=float(allocation.gpus))
-                self._charged[record.uid] = charged
-                return charged
+        per_device = flavor.dra_equivalents if flavor is not None else None
+        gpus = allocated_gpus(inventory, record.uid, per_device) if inventory else None
+        if gpus is not None:
+            charged = replace(record, gpus=float(gpus))
+            self._charged[record.uid] = charged
+            return charged
         if on_dra and now - record.started < ALLOCATION_WAIT:
             return None
         return record
