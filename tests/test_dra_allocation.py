@@ -27,7 +27,7 @@ from jupyterhub_gpu.dev.dcgm_exporter import PodOnNode
 from jupyterhub_gpu.dev.localcluster.dra import device_classes, render_resource_slices
 from jupyterhub_gpu.dev.localcluster.nodepools import NodePoolError, render_nodes
 from jupyterhub_gpu.service.dra_charges import ALLOCATION_WAIT, AllocationCharges
-from jupyterhub_gpu.service.idle import ENGINE_ACTIVE, GPU_UTIL, candidates
+from jupyterhub_gpu.service.idle import ENGINE_ACTIVE, GPU_UTIL, candidates, shares_its_device
 from jupyterhub_gpu.service.state import ServerPod
 from jupyterhub_gpu.service.views import Server
 
@@ -261,6 +261,9 @@ def test_a_dra_server_is_judged_by_the_metric_of_the_devices_it_holds():
     server = Server("ann", "", "lab", None, NOW - timedelta(hours=2), True, None)
     (candidate,) = candidates(shared, [server], {"p": pod}, None)
     assert candidate.metric is None  # a shared device: notebook activity
+    # and showback's utilisation tells nothing of one server's use of it
+    assert shares_its_device(shared.flavors["ts"])
+    assert not shares_its_device(POLICY.flavors["h200-claim"])
 
 
 def test_the_simulated_exporter_reports_dra_devices_as_dcgm_exporter_does():

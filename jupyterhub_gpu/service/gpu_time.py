@@ -57,7 +57,7 @@ from ..core.showback_tally import ShowbackTally
 from ..core.utilisation import Chunks, Coverage, Session
 from .dra_charges import AllocationCharges
 from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
-from .idle import SHARED_KINDS, Prometheus
+from .idle import Prometheus, shares_its_device
 from .state import ServiceState
 from .tasks import RetryAtInterval
 from .time_views import showback_json
@@ -645,7 +645,7 @@ class GPUTime:
     def _shared_flavors(self) -> set[str]:
         """The flavors whose GPUs are shared: a device's utilisation is all its sharers',
         so it tells nothing of one session's."""
-        return {n for n, f in self.policy.flavors.items() if f.kind in SHARED_KINDS}
+        return {n for n, f in self.policy.flavors.items() if shares_its_device(f)}
 
     def _showback(
         self,

@@ -50,7 +50,7 @@ from urllib.parse import urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..core.dra import DraInventory, attribute
-from ..core.model import Idle, Policy
+from ..core.model import Flavor, Idle, Policy
 from ..core.quantities import format_duration
 from .state import ServerPod, ServiceState
 from .views import Notice, Server
@@ -60,6 +60,13 @@ StopServer = Callable[[str, str, str], Awaitable[str | None]]
 
 #: flavor kinds whose devices several pods share: a device's utilisation is not one pod's
 SHARED_KINDS = frozenset({"timeslice", "mps", "fraction", "hami"})
+
+
+def shares_its_device(flavor: Flavor) -> bool:
+    """Whether a flavor's servers share their devices with others (a shared kind, or a
+    DRA claim configured for time-slicing or MPS): a device's utilisation is then all
+    its sharers', and tells nothing of one server's."""
+    return flavor.kind in SHARED_KINDS or flavor.sharing is not None
 #: dcgm-exporter's metrics: GPU utilisation in percent (whole GPUs, not MIG slices) ...
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 #: ... and the graphics engine's active ratio, 0 to 1 (MIG slices report this one)
@@ -168,7 +175,7 @@ def candidates(
         if not flavors:
             continue
         kinds = dra_kinds(inventory, pod)
-        if any(f is None or f.kind in SHARED_KINDS or f.sharing for f in flavors):
+        if any(f is None or shares_its_device(f) for f in flavors):
             metric = None  # unknown or shared: fall back to activity
         elif kinds:  # DRA devices: as the devices allocated are
             metric = ENGINE_ACTIVE if kinds == {"mig"} else GPU_UTIL
