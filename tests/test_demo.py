@@ -457,6 +457,10 @@ async def test_a_dra_server_starts_and_its_device_is_named(browser, demo):
     """test-1 starts "H200 via DRA": the spawn form names the device and the free count
     the DRA driver's ResourceSlices give; kube-scheduler allocates one of the DRA node's
     whole H200s to the server's claim, and the dashboard names that device."""
+    # the walkthrough's step (wrapped), and how to see the slices and claims
+    words = " ".join(demo.output.split())
+    assert 'DRA: as research-1, start "H200 via DRA".' in words
+    assert "kubectl get resourceslices -o yaml; kubectl get resourceclaims -A" in words
     token = printed(demo, r"^\s+export JUPYTERHUB_API_TOKEN=(\w+)$")
     try:
         async with logged_in(browser, demo, "test-1") as page:
