@@ -30,9 +30,9 @@ pod a ResourceClaim of its own, owned by the pod. ``bridged_count`` counts those
 devices for a flavor of such a resource.
 
 What a server was allocated: the devices the allocations of the claims its pod
-owns name (``pod_devices``), and what they are worth in GPU-equivalents
-(``allocated_equivalents``): a whole GPU 1, a MIG partition its compute slices
-out of 7, unless the flavor sets ``gpu_equivalents`` per device.
+owns name (``pod_allocation``), and what they are worth in GPU-equivalents
+(``allocated_gpus``; ``device_equivalents``): a whole GPU 1, a MIG partition its
+compute slices out of 7, unless the flavor sets ``gpu_equivalents`` per device.
 
 Pure: no I/O; objects in the API's JSON form (camelCase keys).
 """

@@ -60,6 +60,11 @@ StopServer = Callable[[str, str, str], Awaitable[str | None]]
 
 #: flavor kinds whose devices several pods share: a device's utilisation is not one pod's
 SHARED_KINDS = frozenset({"timeslice", "mps", "fraction", "hami"})
+#: dcgm-exporter's metrics: GPU utilisation in percent (whole GPUs, not MIG slices) ...
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+#: ... and the graphics engine's active ratio, 0 to 1 (MIG slices report this one)
+ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def shares_its_device(flavor: Flavor) -> bool:
@@ -67,11 +72,6 @@ def shares_its_device(flavor: Flavor) -> bool:
     DRA claim configured for time-slicing or MPS): a device's utilisation is then all
     its sharers', and tells nothing of one server's."""
     return flavor.kind in SHARED_KINDS or flavor.sharing is not None
-#: dcgm-exporter's metrics: GPU utilisation in percent (whole GPUs, not MIG slices) ...
-GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-#: ... and the graphics engine's active ratio, 0 to 1 (MIG slices report this one)
-ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class PrometheusError(Exception):
