@@ -132,6 +132,7 @@ def _groups(text: str) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .config.deployment import deployment_warnings
+    from .config.devices import device_lines
     from .config.service_form import service_form
     from .config.values import (
         checked_values,
@@ -168,6 +169,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         f"{len(policy.groups)} groups, scheduler {policy.scheduler.name}"
     )
     print(f"GPU service: {form.words}")
+    for line in device_lines(policy):
+        print(line)
     for extra, why in classes.extras:
         install = f"pip install 'jupyterhub-gpu[{extra}]'"
         print(f"the hub image needs the [{extra}] extra ({why}): {install}")

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from jupyterhub_gpu.dev.localcluster.cluster import _alive
+from jupyterhub_gpu.dev.localcluster.cluster import DEFAULT_NODE_POOLS, _alive
+from jupyterhub_gpu.dev.localcluster.nodepools import read_node_pools, render_nodes
 
 CLI = [sys.executable, "-m", "jupyterhub_gpu.cli"]
+#: the nodes of the default pools (nodepools.yaml)
+NODES = len(render_nodes(read_node_pools(DEFAULT_NODE_POOLS)))
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -32,7 +35,7 @@ def test_up_status_env_down_leaves_nothing_behind(local_cluster):
     name = f"cli-{os.getpid()}"
     up = run("cluster", "up", "--name", name)
     assert up.returncode == 0, up.stderr
-    assert "registering 9 simulated nodes" in up.stderr  # progress is shown
+    assert f"registering {NODES} simulated nodes" in up.stderr  # progress is shown
     try:
         status = run("cluster", "status", "--name", name)
         assert status.returncode == 0, status.stdout + status.stderr
@@ -56,7 +59,7 @@ def test_up_status_env_down_leaves_nothing_behind(local_cluster):
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         assert shell.returncode == 0, shell.stderr
-        assert len(shell.stdout.split()) == 9, shell.stdout
+        assert len(shell.stdout.split()) == NODES, shell.stdout
         # a second `up` finds the running cluster instead of starting another
         again = run("cluster", "up", "--name", name)
         assert "already up" in again.stdout

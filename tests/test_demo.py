@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -30,11 +31,13 @@ from demo_helpers import Demo, api, cmdline, processes_under, still_running
 from hub_helpers import logged_in_opener
 from jupyterhub_gpu.dev.demo import DEMO_VALUES, plan_demo
 from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.cluster import free_port
+from jupyterhub_gpu.dev.localcluster.cluster import DEFAULT_NODE_POOLS, free_port
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
+from jupyterhub_gpu.dev.localcluster.nodepools import read_node_pools, render_nodes
 from kube_helpers import eventually
 
 PASSWORD = "jupyterhub-gpu"
+SCREENSHOTS = Path(os.environ.get("JUPYTERHUB_GPU_SCREENSHOTS", "/tmp/jupyterhub-gpu-screenshots"))
 #: a loaded two-core machine: JupyterLab's first start and page load can be slow
 SPAWN_TIMEOUT_MS = 240_000
 PAGE_TIMEOUT_MS = 60_000
@@ -58,7 +61,13 @@ def test_progress_then_the_url_and_the_logins(demo):
     banner_at = next(i for i, line in enumerate(demo.lines) if "is running at" in line)
     before, after = "\n".join(demo.lines[:banner_at]), "\n".join(demo.lines[banner_at:])
     # progress while it starts: the cluster, its objects, the hub
-    for step in ("starting etcd", "registering 9 simulated nodes", "PriorityClass", "JupyterHub"):
+    nodes = len(render_nodes(read_node_pools(DEFAULT_NODE_POOLS)))  # the built-in example's
+    for step in (
+        "starting etcd",
+        f"registering {nodes} simulated nodes",
+        "PriorityClass",
+        "JupyterHub",
+    ):
         assert step in before, before
     assert f"password for all: {PASSWORD}" in after
     for user in DEMO_USERS:
@@ -196,16 +205,18 @@ async def offered(page) -> tuple[list[str], str]:
 
 
 GROUP_NAMES = {"research": "Research", "students": "Students", "test": "Test (admins)"}
+RESEARCH = ["research--research", "research--research-dra", "research--cpu", "everyone--cpu"]
+TEST = ["test--research", "test--research-dra", "test--student", "test--cpu", "everyone--cpu"]
 EXPECTED = {
-    "research-1": ["research--research", "research--cpu", "everyone--cpu"],
-    "research-2": ["research--research", "research--cpu", "everyone--cpu"],
+    "research-1": RESEARCH,
+    "research-2": RESEARCH,
     # one GPU profile, the students'; plus the CPU profile everyone gets
     "students-1": ["students--student", "everyone--cpu"],
     "students-2": ["students--student", "everyone--cpu"],
-    "test-1": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
-    "test-2": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+    "test-1": TEST,
+    "test-2": TEST,
     # the hub admin, in the policy's admin group
-    "admin": ["test--research", "test--student", "test--cpu", "everyone--cpu"],
+    "admin": TEST,
     "nogroup": ["everyone--cpu"],
 }
 
@@ -438,6 +449,48 @@ async def test_research_members_wait_for_the_a100_and_who_used_less_goes_first(b
             return [p for p in await user_pods(demo) if "research" in p] == []
 
         await eventually(no_research_pods, "research's pods to go", within=120)
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_a_dra_server_starts_and_its_device_is_named(browser, demo):
+    """test-1 starts "H200 via DRA": the spawn form names the device and the free count
+    the DRA driver's ResourceSlices give; kube-scheduler allocates one of the DRA node's
+    whole H200s to the server's claim, and the dashboard names that device."""
+    # the walkthrough's step (wrapped), and how to see the slices and claims
+    words = " ".join(demo.output.split())
+    assert 'DRA: as research-1, start "H200 via DRA".' in words
+    assert "kubectl get resourceslices -o yaml; kubectl get resourceclaims -A" in words
+    token = printed(demo, r"^\s+export JUPYTERHUB_API_TOKEN=(\w+)$")
+    try:
+        async with logged_in(browser, demo, "test-1") as page:
+            text = await page.inner_text("#spawn_form")
+            assert "Test (admins): H200 via DRA" in text
+            assert "1 x H200 via DRA" in text
+            # GPUs 1-3 of h200-dra-0 (GPU 0 is in MIG mode: mig.nvidia.com's)
+            assert "cluster: 3 of 3 devices free" in text
+            await page.check("#profile-item-test--research-dra")
+            await page.click("#spawn_form button[type=submit]")
+            try:
+                await page.wait_for_url(f"{demo.url}/user/test-1/lab**", timeout=SPAWN_TIMEOUT_MS)
+            except PlaywrightTimeout:
+                raise AssertionError(await what_went_wrong(page, demo)) from None
+            await page.goto(f"{demo.url}/services/gpu/")
+            device = page.locator("span.device")
+            await device.wait_for(timeout=PAGE_TIMEOUT_MS)
+            shown = await device.inner_text()
+            assert re.fullmatch(r"gpu-[123] \(NVIDIA H200 NVL\) on h200-dra-0", shown), shown
+            await asyncio.to_thread(SCREENSHOTS.mkdir, parents=True, exist_ok=True)
+            await page.screenshot(path=str(SCREENSHOTS / "dashboard-dra.png"), full_page=True)
+        async with logged_in(browser, demo, "test-2") as page:
+            await shown_after_reloads(page, "cluster: 2 of 3 devices free")
+    finally:
+        await asyncio.to_thread(api, demo, token, "DELETE", "/users/test-1/server")
+
+        async def gone():
+            return "jupyter-test-1" not in await user_pods(demo)
+
+        await eventually(gone, "test-1's pod to go", within=120)
 
 
 # ---- what runs: processes and their listening sockets, from /proc ----------------

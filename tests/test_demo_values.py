@@ -22,9 +22,12 @@ from cli_helpers import cli
 from demo_helpers import Demo, api
 from hub_helpers import page_as
 from jupyterhub_gpu.config.values import policy_from_values
+from jupyterhub_gpu.core.capacity import flavor_capacity
+from jupyterhub_gpu.core.dra import DraInventory
 from jupyterhub_gpu.core.quantities import parse_quantity
 from jupyterhub_gpu.dev.demo import plan_demo, stand_in_claims
 from jupyterhub_gpu.dev.localcluster.cluster import free_port
+from jupyterhub_gpu.dev.localcluster.dra import device_classes, render_resource_slices
 from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
 from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
 from kube_helpers import eventually
@@ -167,6 +170,9 @@ def test_the_derived_node_pools_are_printed_and_start_nothing(example):
     description = yaml.safe_load(result.stdout)
     nodes = render_nodes(description)
     policy = policy_from_values(values(example))
+    # a dra flavor's devices are in the printed DRA pools' ResourceSlices
+    devices = DraInventory(render_resource_slices(description), device_classes(description))
+    capacity = flavor_capacity(policy, nodes, [], dra=devices)
     for flavor in policy.flavors.values():
         offering = [
             n
@@ -174,6 +180,9 @@ def test_the_derived_node_pools_are_printed_and_start_nothing(example):
             if all(n["metadata"]["labels"].get(k) == v for k, v in flavor.node_selector.items())
             and (flavor.node_resource or "") in n["status"]["allocatable"]
         ]
+        if flavor.kind == "dra":
+            assert capacity[flavor.name].allocatable, f"{example}: no device for {flavor.name}"
+            continue
         assert offering, f"{example}: no printed node offers {flavor.name}"
 
 

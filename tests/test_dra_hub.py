@@ -2,7 +2,12 @@
 driver (simulated slices): kube-scheduler allocates the server's claim to a device
 on the node the pod lands on, and the spawn page and the service's api/capacity
 count the free devices from the ResourceSlices and claims at each step, under the
-RBAC ``jupyterhub-gpu manifests`` renders."""
+RBAC ``jupyterhub-gpu manifests`` renders.
+
+The driver's DeviceClass ``gpu.nvidia.com`` also maps ``nvidia.com/gpu`` (the
+extended-resource bridge): a ``gpu`` flavor's server, asking for ``nvidia.com/gpu``
+as on a device-plugin node, gets a GPU of the DRA node through a claim
+kube-scheduler makes for it, and its capacity, and the DRA flavor's, follow."""
 
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
 #: one H200 node run by the DRA driver (two GPUs), one A100 node by the device plugin
 POOLS = {
+    # the DeviceClass gpu.nvidia.com serves pods that ask for nvidia.com/gpu
+    "dra": {"extended_resource_name": "nvidia.com/gpu"},
     "node_pools": {
         "h200dra": {
             "count": 1,
@@ -38,7 +45,7 @@ POOLS = {
             "memory": "128Gi",
             "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "memory": 40960, "count": 2},
         },
-    }
+    },
 }
 
 POLICY = {
@@ -48,11 +55,27 @@ POLICY = {
             "display_name": "H200 via DRA",
             "device_class": "gpu.nvidia.com",
             "selectors": ["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"],
-        }
+        },
+        # pods ask for nvidia.com/gpu; on the H200 node the DRA driver serves it
+        "h200-bridged": {
+            "kind": "gpu",
+            "display_name": "H200 (nvidia.com/gpu)",
+            "device_class": "gpu.nvidia.com",
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"},
+        },
+        # any GPU node: the A100's device plugin or the H200's DRA driver
+        "any": {"kind": "gpu", "display_name": "Any GPU"},
     },
-    "profiles": {"h200": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
+    "profiles": {
+        "h200": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}},
+        "bridged": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200-bridged"}},
+        "any": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "any"}},
+    },
     "everyone": {"profiles": []},
-    "groups": {"lab": {"display_name": "Lab", "quota": {"gpus": 2}, "profiles": ["h200"]}},
+    "groups": {
+        "lab": {"display_name": "Lab", "quota": {"gpus": 2}, "profiles": ["h200"]},
+        "ops": {"display_name": "Ops", "quota": {"gpus": 2}, "profiles": ["bridged", "any"]},
+    },
 }
 
 
@@ -79,7 +102,7 @@ async def dra_hub(dra_cluster, dra_kube):
     async with running_hub(
         dra_cluster,
         client.CoreV1Api(dra_kube),
-        users={"ann": ["lab"], "bob": ["lab"]},
+        users={"ann": ["lab"], "bob": ["lab"], "cy": ["ops"], "dee": ["ops"]},
         admin_users=("root",),
         policy=POLICY,
         gpu_service=True,
@@ -94,24 +117,29 @@ async def dra_hub(dra_cluster, dra_kube):
         yield hub
 
 
-async def spawn_line(hub) -> str:
-    page = await asyncio.to_thread(page_as, hub.url, "bob", hub.password)
-    found = re.search(r"cluster: [^<·]*", page)
-    assert found, f"no cluster capacity on bob's spawn page: {page[:2000]}"
-    return found.group(0).strip()
+async def spawn_lines(hub, user: str = "bob") -> list[str]:
+    """The cluster capacity each of the user's profiles shows, in the form's order."""
+    page = await asyncio.to_thread(page_as, hub.url, user, hub.password)
+    found = [m.strip() for m in re.findall(r"cluster: [^<·]*", page)]
+    assert found, f"no cluster capacity on {user}'s spawn page: {page[:2000]}"
+    return found
 
 
-async def capacity_api(hub) -> dict:
+async def capacity_api(hub, flavor: str = "h200") -> dict:
     token = await user_token(hub, "bob")
     status, _, body = await aget(hub.service_url + "api/capacity", token)
     assert status == 200, body
-    (h200,) = json.loads(body)["flavors"]
-    return h200
+    (found,) = [f for f in json.loads(body)["flavors"] if f["flavor"] == flavor]
+    return found
 
 
-async def shows(hub, free: int) -> None:
+async def shows(hub, free: int, bridged: int | None = None, any_gpu: int | None = None) -> None:
+    """bob's spawn page and api/capacity show ``free`` of the H200 node's 2 devices
+    free for the DRA flavor; dee's page (ops) the bridged flavor's (of 2) and any GPU's (of
+    4: the A100's two and the H200's) when given."""
+
     async def page():
-        return await spawn_line(hub) == f"cluster: {free} of 2 devices free"
+        return await spawn_lines(hub) == [f"cluster: {free} of 2 devices free"]
 
     await eventually(page, f"the spawn page to show {free} of 2 devices free", within=30)
 
@@ -120,6 +148,14 @@ async def shows(hub, free: int) -> None:
         return (h200["allocatable"], h200["free"]) == (2, free)
 
     await eventually(api, f"api/capacity to count {free} of 2 devices free", within=30)
+    if bridged is None:
+        return
+    lines = [f"cluster: {bridged} of 2 GPUs free", f"cluster: {any_gpu} of 4 GPUs free"]
+
+    async def ops_page():
+        return await spawn_lines(hub, "dee") == lines
+
+    await eventually(ops_page, f"dee's spawn page to show {lines}", within=30)
 
 
 async def test_a_dra_server_gets_a_device_on_its_node_and_the_free_count_follows(dra_hub, dra_kube):
@@ -149,3 +185,51 @@ async def test_a_dra_server_gets_a_device_on_its_node_and_the_free_count_follows
 
     await eventually(released, "ann's claim released with her server", within=60)
     await shows(dra_hub, 2)
+
+
+async def test_a_gpu_flavor_served_by_dra_gets_a_device_through_the_bridge(dra_hub, dra_kube):
+    """cy's server asks for nvidia.com/gpu as on any device-plugin node; the H200 node
+    advertises none, so kube-scheduler serves it from the DRA driver's devices through
+    a claim of its own for the pod (Kubernetes 1.36's DRAExtendedResource, on by
+    default), and every flavor over those devices counts it."""
+    core, custom = client.CoreV1Api(dra_kube), client.CustomObjectsApi(dra_kube)
+    await shows(dra_hub, 2, bridged=2, any_gpu=4)
+    await start_server(dra_hub, "cy", "ops--bridged")
+    (pod,) = [
+        p
+        for p in (await core.list_namespaced_pod(dra_hub.namespace)).items
+        if p.metadata.name.startswith("jupyter-cy")
+    ]
+    assert pod.spec.node_name == "h200dra-0"
+    (container,) = pod.spec.containers
+    assert container.resources.requests["nvidia.com/gpu"] == "1"
+    assert not pod.spec.resource_claims  # no claim of its own: the scheduler's
+    raw = await core.read_namespaced_pod(
+        pod.metadata.name, dra_hub.namespace, _preload_content=False
+    )
+    status = json.loads(await raw.read())["status"]
+    name = status["extendedResourceClaimStatus"]["resourceClaimName"]
+    claim = await custom.get_namespaced_custom_object(
+        "resource.k8s.io", "v1", dra_hub.namespace, "resourceclaims", name
+    )
+    annotations = claim["metadata"]["annotations"]
+    assert annotations["resource.kubernetes.io/extended-resource-claim"] == "true"
+    (owner,) = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Pod", pod.metadata.uid)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", "h200dra-0")
+    # one H200 taken: the bridged flavor, any GPU, and the DRA claims' flavor
+    await shows(dra_hub, 1, bridged=1, any_gpu=3)
+    bridged = await capacity_api(dra_hub, "h200-bridged")
+    assert bridged["note"] == "2 of them through DeviceClass gpu.nvidia.com (DRA)"
+
+    await stop_server(dra_hub, "cy")
+
+    async def released():
+        claims = await custom.list_namespaced_custom_object(
+            "resource.k8s.io", "v1", dra_hub.namespace, "resourceclaims"
+        )
+        return not claims["items"]
+
+    await eventually(released, "cy's claim released with the server", within=60)
+    await shows(dra_hub, 2, bridged=2, any_gpu=4)

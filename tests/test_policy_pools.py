@@ -9,8 +9,11 @@ from traitlets.config import Config
 
 import matrix
 from jupyterhub_gpu.config.values import policy_from_config, policy_from_values
-from jupyterhub_gpu.core.model import Flavor, Policy
+from jupyterhub_gpu.core.capacity import flavor_capacity
+from jupyterhub_gpu.core.dra import DraInventory
+from jupyterhub_gpu.core.model import Flavor, Policy, parse_policy
 from jupyterhub_gpu.core.quantities import parse_quantity
+from jupyterhub_gpu.dev.localcluster.dra import device_classes, render_resource_slices
 from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
 from jupyterhub_gpu.dev.localcluster.policy_pools import (
     MAX_NODES,
@@ -67,8 +70,14 @@ def test_every_flavor_has_nodes_enough_for_every_groups_limit(name):
     nodes = render_nodes(node_pools_for(policy))
     assert any("nvidia.com/gpu.present" not in n["metadata"]["labels"] for n in nodes)  # CPU
     needed = units_needed(policy)
+    devices = dra_devices(node_pools_for(policy))
     for flavor in policy.flavors.values():
         if flavor.kind == "dra":
+            # published in ResourceSlices on DRA nodes: enough devices the flavor's
+            # DeviceClass and selectors accept (the whole cluster's count)
+            capacity = flavor_capacity(policy, nodes, [], dra=devices)[flavor.name]
+            assert capacity.allocatable, (flavor.name, capacity.note)
+            assert capacity.allocatable >= min(needed.get(flavor.name, 1), MAX_NODES * 8)
             continue
         offering = [n for n in nodes if offers(n, flavor)]
         assert offering, f"no node offers {flavor.name}"
@@ -81,11 +90,62 @@ def test_every_flavor_has_nodes_enough_for_every_groups_limit(name):
             )
 
 
+def dra_devices(description: dict) -> DraInventory:
+    return DraInventory(render_resource_slices(description), device_classes(description))
+
+
 def test_flavors_the_nodes_cannot_offer_are_named_with_why():
-    assert without_nodes(matrix_policy("default")) == [
-        "dra: DRA devices are claimed through ResourceSlices, which simulated nodes do not publish"
+    for name in ("university", "enterprise"):
+        assert without_nodes(example(name)) == []
+    assert without_nodes(matrix_policy("default")) == []
+    other = parse_policy(
+        flavors={
+            "amd": {"kind": "dra", "device_class": "gpu.amd.com"},
+            "a": {"kind": "gpu", "device_class": "gpu.nvidia.com"},
+            "b": {"kind": "gpu", "resource": "example.com/gpu", "device_class": "gpu.nvidia.com"},
+        }
+    )
+    assert without_nodes(other) == [
+        "amd: the simulated DRA driver installs the DeviceClasses gpu.nvidia.com and "
+        "mig.nvidia.com, not gpu.amd.com",
+        "b: the simulated DeviceClass gpu.nvidia.com maps nvidia.com/gpu only",
     ]
-    assert without_nodes(example("university")) == []
+
+
+def test_dra_flavors_get_nodes_of_nvidias_dra_driver():
+    """A dra flavor gets DRA nodes of the product its selectors name (MIG partitions of
+    the profile they name for mig.nvidia.com); a bridged gpu flavor gets DRA nodes and
+    the DeviceClass that maps its resource, so it is served there."""
+    policy = parse_policy(
+        flavors={
+            "h200": {
+                "kind": "dra",
+                "selectors": [
+                    "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"
+                ],
+            },
+            "mig-3g": {
+                "kind": "dra",
+                "device_class": "mig.nvidia.com",
+                "selectors": ["device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"],
+            },
+            "bridged": {"kind": "gpu", "device_class": "gpu.nvidia.com"},
+        }
+    )
+    description = node_pools_for(policy)
+    pools = description["node_pools"]
+    assert pools["flavor-h200"]["dra"] is True
+    assert pools["flavor-h200"]["gpu"]["product"] == "NVIDIA-H200-NVL"
+    assert pools["flavor-mig-3g"]["gpu"]["mig"] == {"strategy": "mixed", "devices": {"3g.40gb": 16}}
+    assert description["dra"] == {"extended_resource_name": "nvidia.com/gpu"}
+    nodes = render_nodes(description)
+    capacity = flavor_capacity(policy, nodes, [], dra=dra_devices(description))
+    assert capacity["h200"].allocatable == 8
+    assert capacity["mig-3g"].allocatable == 16
+    # pods asking for nvidia.com/gpu are served by every whole GPU of the DRA nodes
+    # (the MIG partitions are mig.nvidia.com's, whose class maps no resource)
+    assert capacity["bridged"].allocatable == 8 + 8
+    assert "through DeviceClass gpu.nvidia.com (DRA)" in capacity["bridged"].note
 
 
 def test_the_hardware_is_the_flavors_own():

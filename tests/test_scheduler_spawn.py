@@ -50,6 +50,15 @@ QUEUE_TIMEOUT = 45
 
 GPU_PROFILE = {"display_name": "One H200", "cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}}
 H200_FLAVOR = {"kind": "gpu", "node_selector": {"nvidia.com/gpu.product": H200}}
+#: a whole H200 claimed through DRA (the default pools' h200-dra node)
+DRA_FLAVOR = {
+    "kind": "dra",
+    "display_name": "H200 via DRA",
+    "selectors": ["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"],
+}
+#: what Kueue counts a DRA server's devices in: the name the local cluster's Kueue
+#: configuration maps the DeviceClass gpu.nvidia.com to
+DRA_DEVICES = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
 
 
 async def user_pod(kube, namespace: str, user: str) -> client.V1Pod | None:
@@ -67,7 +76,9 @@ class Kueue:
     """Kueue's manager: one cluster of the default node pools. Group ``lab`` (quota 1
     GPU, limit 3) sits under ``dept`` (quota 1 GPU, limit 3), so the hub admits lab
     servers over quota, up to three GPUs, while the cohort's nominal quota is one GPU
-    with nothing to borrow: Kueue queues the second and third servers."""
+    with nothing to borrow: Kueue queues the second and third servers. Group
+    ``dralab`` under ``dradept`` is the same for an H200 claimed through DRA (the
+    default pools' DRA node), which Kueue counts by its DeviceClass."""
 
     name = "kueue"
     label = "Kueue"
@@ -82,9 +93,11 @@ class Kueue:
             # no node has it: Kueue admits such a server (it counts quota, not nodes), and
             # then the scheduler cannot place it
             "b300": {"kind": "gpu", "node_selector": {"nvidia.com/gpu.product": "NVIDIA-B300"}},
+            "h200-dra": DRA_FLAVOR,
         },
         "profiles": {
             "gpu": GPU_PROFILE,
+            "dra": {**GPU_PROFILE, "display_name": "H200 via DRA", "gpu": {"flavor": "h200-dra"}},
             "b300": {
                 "display_name": "One B300",
                 "cpu": 1,
@@ -116,6 +129,14 @@ class Kueue:
                 "limit": {"gpus": 2},
                 "profiles": ["gpu"],
             },
+            # lab and dept again, for a DRA server
+            "dradept": {"quota": {"gpus": 1}, "limit": {"gpus": 2}},
+            "dralab": {
+                "parent": "dradept",
+                "quota": {"gpus": 1},
+                "limit": {"gpus": 2},
+                "profiles": ["dra"],
+            },
         },
     }
     users: ClassVar[dict[str, list[str]]] = {
@@ -124,6 +145,8 @@ class Kueue:
         "fay": ["a"],
         "gus": ["a"],
         "hal": ["b"],
+        "ivy": ["dralab"],
+        "jo": ["dralab"],
     }
     hub_config = (
         # KubeSpawner 7.1's "please be patient", early: it must not hide the queue line
@@ -148,7 +171,7 @@ class Kueue:
 
     async def queues_open(self, kube, namespace: str) -> None:
         custom = client.CustomObjectsApi(kube)
-        for name in ("lab", "dept", "ops", "pool", "a", "b"):
+        for name in ("lab", "dept", "ops", "pool", "a", "b", "dradept", "dralab"):
             await eventually(
                 lambda name=name: self._active(
                     custom.get_cluster_custom_object(*self.api, "clusterqueues", name)
@@ -157,7 +180,7 @@ class Kueue:
                 within=60,
             )
         local_queue = custom.get_namespaced_custom_object
-        for name in ("lab", "ops", "a", "b"):
+        for name in ("lab", "ops", "a", "b", "dralab"):
             await eventually(
                 lambda name=name: self._active(
                     local_queue(*self.api, namespace, "localqueues", name)
@@ -601,6 +624,66 @@ async def test_a_server_within_its_quota_takes_the_gpu_back_from_one_above_it(
 
 
 # ---- Kueue's own ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheduler", ["kueue"], indirect=True)
+async def test_kueue_queues_admits_and_counts_a_dra_servers_devices(
+    scheduler, hub, kube, stopped_after
+):
+    """ivy's DRA server is admitted by Kueue, which counts the one device of its
+    ResourceClaimTemplate against dralab's ClusterQueue; kube-scheduler then allocates
+    the claim on the DRA node. jo's, which the hub admits over dralab's quota, waits in
+    Kueue's queue for want of that device quota, and starts when ivy's stops."""
+    custom = client.CustomObjectsApi(kube)
+    status, body = await api(hub, "POST", "/users/ivy/server", {"profile": "dralab--dra"})
+    assert status in (201, 202), body
+    await eventually(lambda: ready(hub, "ivy"), "ivy's server", within=120)
+    ivy = await scheduler.placed(kube, hub.namespace, "ivy", "dralab")
+    assert ivy.spec.node_name == "h200-dra-0"
+    (workload,) = await scheduler.workloads_of(kube, ivy)
+    (assigned,) = workload["status"]["admission"]["podSetAssignments"]
+    assert assigned["resourceUsage"][DRA_DEVICES] == "1"
+    assert "nvidia.com/gpu" not in assigned["resourceUsage"]
+    (pod_claim,) = ivy.status.resource_claim_statuses
+    claim = await custom.get_namespaced_custom_object(
+        "resource.k8s.io", "v1", hub.namespace, "resourceclaims", pod_claim.resource_claim_name
+    )
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == "h200-dra-0"
+
+    async def counted():
+        queue = await custom.get_cluster_custom_object(*scheduler.api, "clusterqueues", "dralab")
+        usage = queue.get("status", {}).get("flavorsUsage") or []
+        return {
+            r["name"]: r["total"] for f in usage for r in f["resources"] if r["name"] == DRA_DEVICES
+        }
+
+    assert await eventually(counted, "dralab's ClusterQueue counting the device") == {
+        DRA_DEVICES: "1"
+    }
+
+    # jo: over dralab's quota, within its limit for the hub; Kueue has no device for it
+    status, body = await api(hub, "POST", "/users/jo/server", {"profile": "dralab--dra"})
+    assert status == 202, body
+    await scheduler.held(kube, hub.namespace, "jo")
+    jo = await user_pod(kube, hub.namespace, "jo")
+
+    async def not_reserved():
+        mine = await scheduler.workloads_of(kube, jo)
+        reserved = mine and scheduler.condition(mine[0], "QuotaReserved")
+        return reserved if reserved and reserved["status"] == "False" else None
+
+    reserved = await eventually(not_reserved, "Kueue holding jo's server", within=60)
+    assert DRA_DEVICES in reserved["message"], reserved
+    messages = await asyncio.to_thread(
+        progress_messages, hub, "jo", "waiting in Kueue queue dralab: position 1", 60
+    )
+    assert "Kueue: couldn't assign flavors" in messages[-1], messages[-1]
+
+    await api(hub, "DELETE", "/users/ivy/server")
+    await eventually(lambda: ready(hub, "jo"), "jo's server after ivy's stopped", within=120)
+    jo = await scheduler.placed(kube, hub.namespace, "jo", "dralab")
+    assert jo.spec.node_name == "h200-dra-0"
 
 
 @pytest.mark.parametrize("scheduler", ["kueue"], indirect=True)

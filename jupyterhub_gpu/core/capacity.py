@@ -34,6 +34,14 @@ What "capacity" means per kind (honest about what node allocatable can tell):
   that subset, ``allocatable``, ``allocated`` and ``free`` are ``None`` (unknown)
   and ``note`` says why.
 
+Through the extended-resource bridge, a DRA driver serves a ``gpu`` or ``mig``
+flavor's resource on nodes that do not advertise it: the devices of the
+DeviceClasses that map the resource (``core.dra.bridged_count``) on nodes the
+flavor may land on count beside the device plugins' units, as kube-scheduler
+would use them, whatever the flavor says. A flavor that names its ``device_class``
+(a bridged flavor) is unknown while the DRA objects are, and says so when no
+DeviceClass maps its resource.
+
 Pure: no I/O.
 """
 
@@ -44,7 +52,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .dra import DraInventory, dra_count
+from .dra import DraCount, DraInventory, bridged_count, dra_count
 from .model import Flavor, Policy
 from .quantities import QuantityError, parse_quantity
 
@@ -197,6 +205,46 @@ def allocated_per_node(
     return per_node
 
 
+#: kinds whose one unit is one device, which a DRA driver can serve through the bridge
+_BRIDGEABLE = ("gpu", "mig")
+
+
+def _advertises(node: Mapping[str, Any], resource: str) -> bool:
+    return _whole(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0)) > 0
+
+
+def _bridged(
+    flavor: Flavor,
+    resource: str,
+    by_name: Mapping[str, Mapping[str, Any]],
+    dra: DraInventory | None,
+) -> DraCount | None:
+    """The DRA devices a pod of ``flavor`` could get through the extended-resource
+    bridge (None: none do); for a flavor that names its ``device_class``, a count
+    with ``allocatable`` None and a note when that cannot be known."""
+    declared = flavor.device_class
+    if dra is None or dra.problem is not None:
+        if declared is None:
+            return None  # served by device plugins, as far as can be told
+        why = dra.problem if dra is not None else "not read here"
+        return DraCount(None, None, 0, f"DRA devices unknown: {why}")
+
+    def node_ok(node: str) -> bool:
+        found = by_name.get(node)
+        return found is not None and not _advertises(found, resource) and node_admits(flavor, found)
+
+    count = bridged_count(resource, dra, node_ok)
+    if count is None and declared is not None:
+        return DraCount(
+            0,
+            0,
+            0,
+            f"no DeviceClass maps {resource} (extendedResourceName), so no DRA device "
+            f"serves it: is {declared}'s extendedResourceName set?",
+        )
+    return count
+
+
 def counted_resources(policy: Policy) -> set[str]:
     """Every node resource the policy's flavors are counted in."""
     return {r for f in policy.flavors.values() if (r := f.node_resource)}
@@ -259,6 +307,29 @@ def flavor_capacity(
             total += node_total
             used += min(-(-in_use.numerator // in_use.denominator), node_total)
         note = ""
+        if flavor.kind in _BRIDGEABLE:
+            bridged = _bridged(flavor, resource, by_name, dra)
+            if bridged is not None and bridged.allocatable is None:
+                result[name] = FlavorCapacity(
+                    flavor=name,
+                    resource=resource,
+                    unit=unit,
+                    unit_equivalents=flavor.unit_equivalents,
+                    allocatable=None,
+                    allocated=None,
+                    nodes=serving,
+                    note=bridged.note,
+                )
+                continue
+            if bridged is not None:
+                total += bridged.allocatable or 0
+                used += bridged.allocated or 0
+                serving += bridged.nodes
+                note = (
+                    f"{bridged.allocatable} of them {bridged.note}"
+                    if bridged.allocatable
+                    else bridged.note
+                )
         if flavor.kind == "fraction":
             note = "whole devices no pod holds; devices already shared by fractions count as used"
         elif flavor.kind == "hami":

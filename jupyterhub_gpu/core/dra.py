@@ -22,6 +22,18 @@ would stop at the error: fewer devices are counted, never more). Anything else
 the expression. Partitionable devices (shared counters), consumable capacity
 and device taints are not modelled: each device is one unit, free or not.
 
+The extended-resource bridge (Kubernetes' DRAExtendedResource): a DeviceClass
+with ``extendedResourceName`` (and every class, under its implicit name
+``deviceclass.resource.kubernetes.io/<class>``) serves pods that ask for that
+extended resource on nodes that do not advertise it; kube-scheduler makes the
+pod a ResourceClaim of its own, owned by the pod. ``bridged_count`` counts those
+devices for a flavor of such a resource.
+
+What a server was allocated: the devices the allocations of the claims its pod
+owns name (``pod_allocation``), and what they are worth in GPU-equivalents
+(``allocated_gpus``; ``device_equivalents``): a whole GPU 1, a MIG partition its
+compute slices out of 7, unless the flavor sets ``gpu_equivalents`` per device.
+
 Pure: no I/O; objects in the API's JSON form (camelCase keys).
 """
 
@@ -30,9 +42,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 Device = Mapping[str, Any]  # {"driver", "pool", "name", "node", "attributes"}
+#: (driver, pool, device): what an allocation result names
+DeviceKey = tuple[str, str, str]
+#: the name every DeviceClass also maps, without ``extendedResourceName``
+IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
+#: compute slices of a GPU that MIG partitions (A100, H100, H200)
+MIG_SLICES = 7
 Predicate = Callable[[Device], bool]
 
 
@@ -204,11 +223,35 @@ class DraInventory:
     #: why the DRA objects are not known (no RBAC, an old cluster); None: they are
     problem: str | None = None
     devices: list[dict[str, Any]] = field(init=False)
-    allocated: set[tuple[str, str, str]] = field(init=False)
+    allocated: set[DeviceKey] = field(init=False)
+    #: a pod's uid -> the devices the claims that pod owns were allocated
+    by_pod: dict[str, list[DeviceKey]] = field(init=False)
 
     def __post_init__(self) -> None:
+        claims = list(self.claims)
+        object.__setattr__(self, "claims", claims)
         object.__setattr__(self, "devices", published_devices(self.slices))
-        object.__setattr__(self, "allocated", allocated_devices(self.claims))
+        object.__setattr__(self, "allocated", allocated_devices(claims))
+        object.__setattr__(self, "by_pod", devices_by_pod(claims))
+
+    def device(self, key: DeviceKey) -> Device | None:
+        """The published device an allocation names (None: not published now)."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = {(d["driver"], d["pool"], d["name"]): d for d in self.devices}
+            self.__dict__["_index"] = index
+        return index.get(key)
+
+    def bridge_classes(self, resource: str) -> list[str]:
+        """The DeviceClasses that serve ``resource`` to pods asking for it: those whose
+        ``extendedResourceName`` it is, and the class its implicit name names."""
+        found = []
+        for c in self.classes:
+            name = (c.get("metadata") or {}).get("name") or ""
+            mapped = (c.get("spec") or {}).get("extendedResourceName")
+            if mapped == resource or resource == f"{IMPLICIT_PREFIX}{name}":
+                found.append(name)
+        return found
 
 
 def published_devices(slices: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -241,14 +284,36 @@ def published_devices(slices: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
     return devices
 
 
-def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+def _results(claim: Mapping[str, Any]) -> list[DeviceKey]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [
+        (r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
+        for r in (allocation.get("devices") or {}).get("results") or []
+    ]
+
+
+def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[DeviceKey]:
     """(driver, pool, device) of every device some claim's allocation names."""
-    taken = set()
+    return {key for claim in claims for key in _results(claim)}
+
+
+def owner_pod(claim: Mapping[str, Any]) -> str | None:
+    """The uid of the pod that owns a claim (a claim from a pod's ResourceClaimTemplate,
+    or the one kube-scheduler makes for a pod's bridged extended resource), or None."""
+    for owner in (claim.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("kind") == "Pod" and owner.get("controller"):
+            return owner.get("uid")
+    return None
+
+
+def devices_by_pod(claims: Iterable[Mapping[str, Any]]) -> dict[str, list[DeviceKey]]:
+    """A pod's uid -> the devices allocated to the claims that pod owns."""
+    by_pod: dict[str, list[DeviceKey]] = {}
     for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            taken.add((result.get("driver", ""), result.get("pool", ""), result.get("device", "")))
-    return taken
+        pod = owner_pod(claim)
+        if pod is not None:
+            by_pod.setdefault(pod, []).extend(_results(claim))
+    return by_pod
 
 
 def flavor_predicate(
@@ -313,3 +378,95 @@ def dra_count(
         if (device["driver"], device["pool"], device["name"]) in inventory.allocated:
             used += 1
     return DraCount(total, used, len(nodes), "devices published in ResourceSlices")
+
+
+def bridged_count(
+    resource: str, inventory: DraInventory, node_ok: Callable[[str], bool]
+) -> DraCount | None:
+    """The devices kube-scheduler could give a pod asking for the extended resource
+    ``resource`` on the nodes ``node_ok`` accepts (those that do not advertise it,
+    where a pod of the flavor may land), and how many are allocated; None when no
+    DeviceClass maps it."""
+    if inventory.problem is not None:
+        return None
+    classes = inventory.bridge_classes(resource)
+    if not classes:
+        return None
+    counts = [dra_count(c, (), inventory, node_ok) for c in classes]
+    unknown = [c.note for c in counts if c.allocatable is None]
+    if unknown:
+        return DraCount(None, None, 0, unknown[0])
+    return DraCount(
+        sum(c.allocatable or 0 for c in counts),
+        sum(c.allocated or 0 for c in counts),
+        sum(c.nodes for c in counts),
+        f"through DeviceClass {', '.join(classes)} (DRA)",
+    )
+
+
+def device_equivalents(device: Device | None) -> Fraction | None:
+    """GPU-equivalents of one published device as NVIDIA's driver describes it: a whole
+    GPU (``type: gpu``) 1, a MIG partition (``type: mig``, ``profile: 3g.40gb``) its
+    compute slices out of 7; None for anything else."""
+    if device is None:
+        return None
+    kind = attribute(device, device.get("driver", ""), "type")
+    if kind == "gpu":
+        return Fraction(1)
+    if kind == "mig":
+        profile = attribute(device, device.get("driver", ""), "profile")
+        if isinstance(profile, str) and (slices := profile.split("g.", 1)[0]).isdigit():
+            return min(Fraction(int(slices), MIG_SLICES), Fraction(1))
+    return None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What a pod's claims were allocated, in GPU-equivalents, and in words."""
+
+    devices: tuple[DeviceKey, ...]
+    gpus: Fraction
+    words: tuple[str, ...]
+
+
+def pod_allocation(
+    inventory: DraInventory, pod_uid: str, per_device: Fraction | None = None
+) -> Allocation | None:
+    """The devices the claims of the pod ``pod_uid`` were allocated and their worth:
+    ``per_device`` each (a flavor's ``gpu_equivalents``) or, without it, what each
+    device is (``device_equivalents``; a device of unknown kind counts 1). None:
+    no allocated claim of that pod is known."""
+    keys = tuple(inventory.by_pod.get(pod_uid, ()))
+    if not keys:
+        return None
+    total = Fraction(0)
+    words = []
+    for key in keys:
+        device = inventory.device(key)
+        worth = per_device or device_equivalents(device) or Fraction(1)
+        total += worth
+        words.append(device_words(key, device))
+    return Allocation(keys, total, tuple(words))
+
+
+def allocated_gpus(
+    inventory: DraInventory, pod_uid: str, per_device: Fraction | None = None
+) -> Fraction | None:
+    """GPU-equivalents the claims of the pod ``pod_uid`` hold (``pod_allocation``), or
+    None where that is not known: no allocated claim of the pod, or DRA unreadable."""
+    if inventory.problem is not None:
+        return None
+    allocation = pod_allocation(inventory, pod_uid, per_device)
+    return allocation.gpus if allocation is not None else None
+
+
+def device_words(key: DeviceKey, device: Device | None) -> str:
+    """``gpu-1 (NVIDIA H200 NVL) on h200-dra-0``; a MIG partition names its profile."""
+    driver, pool, name = key
+    if device is None:
+        return f"{name} of {driver} pool {pool}"
+    product = attribute(device, driver, "productName")
+    profile = attribute(device, driver, "profile")
+    what = [p for p in (product, profile) if isinstance(p, str)]
+    shown = f"{name} ({' '.join(what)})" if what else name
+    return f"{shown} on {device['node']}" if device.get("node") else shown

@@ -151,14 +151,12 @@ def device_caps(policy: Policy, group: Group, amounts: Amounts) -> dict[str, int
     reach = reachable_within(policy, group)
     caps: dict[str, int | None] = {}
     for flavor in policy.flavors.values():
-        resource = device_resource(flavor)
-        if resource is None:
-            continue
         units = _units(flavor, amounts) if flavor.name in reach else 0
-        if resource not in caps:
-            caps[resource] = units
-        elif caps[resource] is not None:
-            caps[resource] = None if units is None else max(caps[resource] or 0, units)
+        for resource in counted_in(flavor):
+            if resource not in caps:
+                caps[resource] = units
+            elif caps[resource] is not None:
+                caps[resource] = None if units is None else max(caps[resource] or 0, units)
     return caps
 
 
@@ -167,8 +165,25 @@ def device_resource(flavor: Flavor) -> str | None:
     if flavor.kind == "fraction":
         return None
     if flavor.kind == "dra":
-        return f"{flavor.device_class}.deviceclass.resource.k8s.io/devices"
+        return device_class_resource(flavor.device_class or "")
     return flavor.resource
+
+
+def counted_in(flavor: Flavor) -> list[str]:
+    """Every quota resource a unit of this flavor counts in: its own, and for a bridged
+    ``gpu`` flavor also its DeviceClass's devices (the ResourceClaim kube-scheduler
+    makes for the pod counts in a ResourceQuota as any claim does)."""
+    own = device_resource(flavor)
+    found = [own] if own else []
+    if flavor.bridged:
+        found.append(device_class_resource(flavor.device_class or ""))
+    return found
+
+
+def device_class_resource(device_class: str) -> str:
+    """The quota resource of a DeviceClass's devices: what a ResourceQuota counts claims
+    in, and the name Kueue's ``deviceClassMappings`` give it here."""
+    return f"{device_class}.deviceclass.resource.k8s.io/devices"
 
 
 def resource_list(policy: Policy, group: Group, amounts: Amounts) -> dict[str, str]:

@@ -24,7 +24,17 @@ pods through the kubelet's pod-resources API):
 - MIG slices (``nvidia.com/mig-<profile>``, or ``nvidia.com/gpu`` on a node
   with the single strategy): ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (ratio 0 to 1)
   per GPU instance, with ``GPU_I_PROFILE`` and ``GPU_I_ID``;
-- HAMi shares, KAI fractions and DRA claims: nothing (no per-pod device here).
+- DRA devices (NVIDIA's DRA driver: a node with a ResourceSlice of
+  ``gpu.nvidia.com``), as dcgm-exporter reports them with its DRA mapping on
+  (``--kubernetes-enable-dra``, which reads the kubelet's pod-resources API for
+  claims): ``DCGM_FI_DEV_GPU_UTIL`` for every whole GPU the slice publishes, and
+  ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` for each MIG partition a claim holds, with the
+  device's own index and UUID from the slice; a device a pod's claim was allocated
+  carries the pod's labels and ``dra_claim_name``, ``dra_claim_namespace``,
+  ``dra_driver_name``, ``dra_pool_name`` and ``dra_device_name``. With
+  ``set_mapped(namespace, pod, False)`` a DRA device is reported as by an exporter
+  without the DRA mapping: no pod labels;
+- HAMi shares and KAI fractions: nothing (no per-pod device here).
 
 Every series has dcgm-exporter's device labels: ``gpu``, ``UUID``,
 ``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` and
@@ -60,10 +70,9 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from .dcgm_dra import DRIVER_VERSION, ENGINE_ACTIVE, GPU_UTIL, DraObjects, dra_samples
+
 GROUP_LABEL = "gpu.jupyterhub.org/group"
-GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-DRIVER_VERSION = "570.133.20"
 
 
 @dataclass(frozen=True)
@@ -210,12 +219,15 @@ def metric_families(
     utilization: Mapping[tuple[str, str], float],
     default: float,
     unmapped: Collection[tuple[str, str]] = (),
+    dra: DraObjects | None = None,
 ) -> list[Metric]:
     """The two metric families, as dcgm-exporter would report them now (pure);
-    the devices of the ``unmapped`` (namespace, pod) without pod labels."""
+    the devices of the ``unmapped`` (namespace, pod) without pod labels; the DRA
+    driver's devices (``dra``) as ``dra_samples`` says."""
     util = Metric(GPU_UTIL, "GPU utilization (in %).", "gauge")
     engine = Metric(ENGINE_ACTIVE, "Ratio of time the graphics engine is active.", "gauge")
     by_pod = {p.uid: p for p in pods}
+    dra = dra or DraObjects()
 
     def percent(pod: PodOnNode) -> float:
         return min(max(utilization.get((pod.namespace, pod.name), default), 0.0), 100.0)
@@ -224,6 +236,10 @@ def metric_families(
         if (pod.namespace, pod.name) in unmapped:
             return labels
         return {**labels, "container": pod.container, "namespace": pod.namespace, "pod": pod.name}
+
+    for metric, labels, value in dra_samples(pods, dra, percent, with_pod):
+        (util if metric == GPU_UTIL else engine).add_sample(metric, labels, value)
+    dra_nodes = dra.nodes
 
     whole: dict[tuple[str, int], PodOnNode] = {}
     shared: dict[tuple[str, int], list[PodOnNode]] = {}
@@ -243,6 +259,8 @@ def metric_families(
     for node, labels in sorted(nodes.items()):
         count = int(labels.get("nvidia.com/gpu.count", "0") or 0)
         if labels.get("nvidia.com/mig.strategy") or labels.get("gpu") == "on" or not count:
+            continue
+        if node in dra_nodes:  # the DRA driver's devices: reported from its slices above
             continue
         sharing = labels.get("nvidia.com/gpu.sharing-strategy", "none") != "none"
         for gpu in range(count):
@@ -337,10 +355,37 @@ class SimulatedDCGMExporter:
         }
         pods = _pods(json.loads(await pods_raw.read())["items"])
         self.devices.update(pods, nodes)
+        dra = await self._dra_objects(core)
         families = metric_families(
-            pods, nodes, self.devices, self.utilization(), self.default_utilization, self.unmapped()
+            pods,
+            nodes,
+            self.devices,
+            self.utilization(),
+            self.default_utilization,
+            self.unmapped(),
+            dra,
         )
         return generate_latest(_Families(families))
+
+    @staticmethod
+    async def _dra_objects(core) -> DraObjects:
+        """The DRA driver's slices and every claim (none on a cluster without DRA)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client import ApiException
+
+        custom = client.CustomObjectsApi(core.api_client)
+        try:
+            slices = await custom.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices"
+            )
+            claims = await custom.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceclaims"
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return DraObjects()
+            raise
+        return DraObjects(slices["items"], claims["items"])
 
     # ---- the server thread ------------------------------------------------------------
 

@@ -955,6 +955,8 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
         steps.append(lab)
     if (fair := _fair_share_step(plan)) is not None:
         steps.append(fair)
+    if (dra := _dra_step(plan)) is not None:
+        steps.append(dra)
     if not steps:
         return ""
     steps.append(
@@ -979,6 +981,25 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
                 break_on_hyphens=False,
             )
     return "\n".join(lines) + "\n\n"
+
+
+def _dra_step(plan: DemoPlan) -> _Step | None:
+    """A server on DRA devices: the first group offering a profile of a dra flavor."""
+    for group in plan.policy.groups.values():
+        for name in group.profiles:
+            profile = plan.policy.profiles[name]
+            flavor = plan.policy.flavors[profile.gpu.flavor] if profile.gpu else None
+            if flavor is None or flavor.kind != "dra":
+                continue
+            return [
+                f'DRA: as {group.name.lower()}-1, start "{profile.display_name}". No node '
+                f"advertises it: the spawn form counts the free {flavor.device_class} devices "
+                "in the DRA node's ResourceSlices, kube-scheduler allocates one to the "
+                "server's ResourceClaim, and the dashboard names it beside the server. See "
+                "what the DRA driver publishes and what was allocated:",
+                ("kubectl get resourceslices -o yaml; kubectl get resourceclaims -A",),
+            ]
+    return None
 
 
 def _lab_step(plan: DemoPlan) -> _Step | None:

@@ -41,6 +41,7 @@ from ..core.budgets import (
     has_budget,
     longest_period,
 )
+from ..core.dra import DraInventory, allocated_gpus
 from ..core.fairshare import (
     FairShareBook,
     Place,
@@ -426,8 +427,11 @@ class SpawnAdmission:
             times.append(room[0])
         return max(times, default=None)
 
-    def record_start(self, policy: Policy, pod: dict[str, Any]) -> None:
-        """A GPU server's pod started: count it from its start, and write it down."""
+    def record_start(
+        self, policy: Policy, pod: dict[str, Any], dra: DraInventory | None = None
+    ) -> None:
+        """A GPU server's pod started: count it from its start, and write it down; a
+        server on DRA devices as its claims' allocation in ``dra`` says, where known."""
         try:
             record = usage_record_from_pod(pod)
         except ValueError as e:
@@ -435,6 +439,10 @@ class SpawnAdmission:
             return
         if record is None:
             return
+        flavor = policy.flavors.get(record.flavor or "")
+        held = allocated_gpus(dra, record.uid, flavor and flavor.dra_equivalents) if dra else None
+        if held is not None:
+            record.gpus = float(held)
         self._policy = policy
         record.last_seen = max(self.clock(), record.started)
         if self.store is not None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import aiohttp
 from jupyterhub.utils import isoformat
-from kubernetes_asyncio.client import ApiException
+from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 from kubespawner import KubeSpawner
 from traitlets import Any as AnyValue
 from traitlets import Bool, Float, Unicode, default, validate
@@ -43,6 +43,7 @@ from ..accounting.store import UsageStore
 from ..config.policy import GPUPolicy
 from ..config.service_settings import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
 from ..core.admission import OVER_QUOTA, Charge, Decision, Ledger
+from ..core.dra import DraInventory
 from ..core.ends import has_ended, pod_ended_at
 from ..core.exits import NOTEBOOK_CONTAINER
 from ..core.model import Policy, PolicyError
@@ -58,6 +59,7 @@ from ..core.shaping import (
     shape,
 )
 from ..kube.client import exception_message
+from ..kube.clusterview import pod_dra_inventory
 from .admission import SpawnAdmission, register_hub_metrics
 from .checks import (
     REFUSED_KUBERNETES,
@@ -509,9 +511,27 @@ class GPUKubeSpawner(KubeSpawner):
         self._gpu_reservation = None  # the server's charge now, released by its stop
         pod = self.pod_reflector.pods.get(self._server_key)
         if pod is not None:
-            self.admission.record_start(self.gpu_policy, pod)
+            self.admission.record_start(self.gpu_policy, pod, await self._dra_allocation(pod))
             self._note_pod()
         return result
+
+    async def _dra_allocation(self, pod: dict[str, Any]) -> DraInventory | None:
+        """What a DRA server's claims were allocated (a dra flavor, or a gpu flavor a DRA
+        driver serves), which its GPU time counts; None for any other server."""
+        selection = self.gpu_selection
+        flavor = selection.flavor if selection is not None else None
+        if flavor is None or not (flavor.kind == "dra" or flavor.bridged):
+            return None
+        inventory = await pod_dra_inventory(
+            CustomObjectsApi(self.api.api_client), pod, self.k8s_api_request_timeout
+        )
+        if inventory.problem is not None:
+            self.log.warning(
+                "GPU usage of %s counted as asked, not as allocated: %s",
+                self._server_key,
+                inventory.problem,
+            )
+        return inventory
 
     async def poll(self):
         """None while the server's pod exists, as KubeSpawner says; and None when the

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from ..core.capacity import FlavorCapacity, flavor_capacity
@@ -93,20 +94,35 @@ def slim_slice(resource_slice: dict[str, Any]) -> dict[str, Any]:
 
 
 def slim_class(device_class: dict[str, Any]) -> dict[str, Any]:
-    """What DRA capacity needs of a DeviceClass: its name and selectors."""
+    """What DRA capacity needs of a DeviceClass: its name, selectors and the extended
+    resource it serves (the extended-resource bridge)."""
+    spec = device_class.get("spec") or {}
     return {
         "metadata": {"name": (device_class.get("metadata") or {}).get("name")},
-        "spec": {"selectors": (device_class.get("spec") or {}).get("selectors") or []},
+        "spec": {
+            "selectors": spec.get("selectors") or [],
+            "extendedResourceName": spec.get("extendedResourceName"),
+        },
     }
 
 
 def slim_claim(claim: dict[str, Any]) -> dict[str, Any]:
-    """What DRA capacity needs of a ResourceClaim: the devices it was allocated."""
+    """What DRA capacity needs of a ResourceClaim: the devices it was allocated, and
+    the pod that owns it (what a server was allocated)."""
     metadata = claim.get("metadata") or {}
     allocation = (claim.get("status") or {}).get("allocation") or {}
     results = (allocation.get("devices") or {}).get("results") or []
+    owners = [
+        {k: o.get(k) for k in ("kind", "name", "uid", "controller")}
+        for o in metadata.get("ownerReferences") or []
+        if o.get("kind") == "Pod"
+    ]
     return {
-        "metadata": {"name": metadata.get("name"), "namespace": metadata.get("namespace")},
+        "metadata": {
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "ownerReferences": owners,
+        },
         "status": {
             "allocation": {
                 "devices": {
@@ -160,6 +176,37 @@ def dra_watches(
             on_change=on_change,
             watch_timeout=watch_timeout,
         ),
+    )
+
+
+async def pod_dra_inventory(
+    custom: client.CustomObjectsApi, pod: dict[str, Any], request_timeout: float
+) -> DraInventory:
+    """The DRA objects that say what one pod's claims were allocated: the claims of its
+    namespace and the ResourceSlices of its node (two reads, at a DRA server's start);
+    a ``DraInventory`` with ``problem`` when they cannot be read."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    try:
+        claims = await custom.list_namespaced_custom_object(
+            *DRA_API,
+            metadata.get("namespace", ""),
+            "resourceclaims",
+            _request_timeout=request_timeout,
+        )
+        slices = await custom.list_cluster_custom_object(
+            *DRA_API,
+            "resourceslices",
+            field_selector=f"spec.nodeName={spec.get('nodeName', '')}",
+            _request_timeout=request_timeout,
+        )
+    except client.ApiException as e:
+        return DraInventory(problem=f"reading the pod's DRA claims: {e.status} {e.reason}")
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        return DraInventory(problem=f"reading the pod's DRA claims: {e!r}")
+    return DraInventory(
+        [slim_slice(s) for s in slices.get("items") or []],
+        (),
+        [slim_claim(c) for c in claims.get("items") or []],
     )
 
 

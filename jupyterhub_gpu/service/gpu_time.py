@@ -55,8 +55,9 @@ from ..core.showback import (
 )
 from ..core.showback_tally import ShowbackTally
 from ..core.utilisation import Chunks, Coverage, Session
+from .dra_charges import AllocationCharges
 from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
-from .idle import SHARED_KINDS, Prometheus
+from .idle import Prometheus, shares_its_device
 from .state import ServiceState
 from .tasks import RetryAtInterval
 from .time_views import showback_json
@@ -171,6 +172,8 @@ class GPUTime:
         self.state = state
         self.store = store
         self.clock = clock
+        #: what servers on DRA devices are charged (their claims' allocation)
+        self.allocations = AllocationCharges(policy)
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
         #: with fair_share: decayed usage per group and member, fed the book's rows
         self.fair = FairShareBook(policy) if policy.fair_share else None
@@ -225,9 +228,15 @@ class GPUTime:
         wait = None if self._pass_began is None else max((began - self._pass_began) / 2, 1.0)
         self._pass_began = began
         live: dict[str, UsageRecord] = {}
+        inventory = self.state.dra
         for pod in pods.values() if behind is None else ():
-            if pod.usage is not None:
-                live[pod.usage.uid] = pod.usage
+            # a server on DRA devices is charged what its claims were allocated
+            if pod.usage is not None and (
+                usage := self.allocations.charged(pod.usage, inventory, now)
+            ):
+                live[usage.uid] = usage
+        if behind is None:
+            self.allocations.keep_only(p.uid for p in pods.values() if p.uid)
         carried = len(self.backlog)
         if behind is None:
             self.keep(live, now)
@@ -636,7 +645,7 @@ class GPUTime:
     def _shared_flavors(self) -> set[str]:
         """The flavors whose GPUs are shared: a device's utilisation is all its sharers',
         so it tells nothing of one session's."""
-        return {n for n, f in self.policy.flavors.items() if f.kind in SHARED_KINDS}
+        return {n for n, f in self.policy.flavors.items() if shares_its_device(f)}
 
     def _showback(
         self,

@@ -5,7 +5,8 @@ that hold GPUs. Each run of the ``idle servers`` task judges every such server
 that has run for at least ``after``:
 
 - **GPU utilisation (DCGM)**, where it can be told apart per pod: whole GPUs
-  (``gpu`` flavors, and DRA devices) and MIG slices (``mig``). The service asks
+  (``gpu`` flavors, and DRA devices) and MIG slices (``mig``, and MIG partitions
+  allocated through DRA). The service asks
   Prometheus (``GPUService.prometheus_url``) for the highest utilisation the
   NVIDIA DCGM exporter reported for the server's pod over the last ``after``:
   ``DCGM_FI_DEV_GPU_UTIL`` (percent) for a whole GPU,
@@ -16,7 +17,8 @@ that has run for at least ``after``:
   never judged by notebook activity instead (a training run in a terminal or a
   long cell makes none).
 - **Notebook activity**, where a GPU's use cannot be attributed to one pod
-  (``timeslice``, ``mps``, ``fraction`` and ``hami`` flavors share a device:
+  (``timeslice``, ``mps``, ``fraction`` and ``hami`` flavors, and ``dra`` flavors
+  with ``sharing``, share a device:
   each pod sees the device's whole utilisation), or where no Prometheus is
   configured: the hub's ``last_activity`` of the server. No activity for
   ``after``: idle.
@@ -47,7 +49,8 @@ from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from ..core.model import Idle, Policy
+from ..core.dra import DraInventory, attribute
+from ..core.model import Flavor, Idle, Policy
 from ..core.quantities import format_duration
 from .state import ServerPod, ServiceState
 from .views import Notice, Server
@@ -62,6 +65,13 @@ GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 #: ... and the graphics engine's active ratio, 0 to 1 (MIG slices report this one)
 ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def shares_its_device(flavor: Flavor) -> bool:
+    """Whether a flavor's servers share their devices with others (a shared kind, or a
+    DRA claim configured for time-slicing or MPS): a device's utilisation is then all
+    its sharers', and tells nothing of one server's."""
+    return flavor.kind in SHARED_KINDS or flavor.sharing is not None
 
 
 class PrometheusError(Exception):
@@ -140,10 +150,14 @@ class Candidate:
 
 
 def candidates(
-    policy: Policy, servers: Iterable[Server], pods: Mapping[str, ServerPod]
+    policy: Policy,
+    servers: Iterable[Server],
+    pods: Mapping[str, ServerPod],
+    inventory: DraInventory | None = None,
 ) -> list[Candidate]:
     """The servers an idle rule applies to now, with the metric each is judged by.
 
+    ``inventory``: the DRA objects, for what the claims of DRA servers were allocated.
     A server still starting or already stopping is left alone, and so is one
     without a pod or without GPUs (CPU-only servers hold nothing to reclaim), and
     one started before the policy (never stopped because of the switch).
@@ -160,14 +174,31 @@ def candidates(
         flavors = [policy.flavors.get(name) for name, _ in pod.charge.request.devices]
         if not flavors:
             continue
-        if any(f is None or f.kind in SHARED_KINDS for f in flavors):
+        kinds = dra_kinds(inventory, pod)
+        if any(f is None or shares_its_device(f) for f in flavors):
             metric = None  # unknown or shared: fall back to activity
+        elif kinds:  # DRA devices: as the devices allocated are
+            metric = ENGINE_ACTIVE if kinds == {"mig"} else GPU_UTIL
         elif all(f.kind == "mig" for f in flavors if f):
             metric = ENGINE_ACTIVE
         else:
             metric = GPU_UTIL
         result.append(Candidate(server=server, pod=pod, rule=group.idle, metric=metric))
     return result
+
+
+def dra_kinds(inventory: DraInventory | None, pod: ServerPod) -> set[str]:
+    """The kinds (``gpu``, ``mig``) of the DRA devices the pod's claims were allocated:
+    a MIG partition reports its graphics engine's activity, a whole GPU its utilisation
+    (dcgm-exporter maps DRA devices to pods through the kubelet, as device plugins')."""
+    if inventory is None or inventory.problem is not None or not pod.uid:
+        return set()
+    kinds = set()
+    for key in inventory.by_pod.get(pod.uid, ()):
+        device = inventory.device(key)
+        kind = attribute(device, key[0], "type") if device is not None else None
+        kinds.add(kind if isinstance(kind, str) else "gpu")
+    return kinds
 
 
 def coverage_window(after: int) -> int:
@@ -392,7 +423,7 @@ class IdleServers:
             raise RuntimeError("no server list from the hub yet (see the hub-servers task)")
         if state.server_pods is None:
             raise RuntimeError("server pods not listed yet (see the watch server pods task)")
-        chosen = candidates(self.policy, state.servers, state.server_pods)
+        chosen = candidates(self.policy, state.servers, state.server_pods, state.dra)
         readings: dict[tuple[str, int], dict[tuple[str, str], Utilization]] | None = {}
         failure: PrometheusError | None = None
         if self.prometheus is not None and any(c.metric for c in chosen):

@@ -196,6 +196,9 @@ def servers_section(servers: list[dict[str, Any]], admin: bool) -> str:
             + f"<td>{escape(s['name'] or '(default)')}</td>"
             f"<td>{escape(s['group'] or '')}</td><td>{escape(s['profile'] or '')}"
             + (" (started before the GPU policy)" if s.get("before_policy") else "")
+            + "".join(
+                f'<br><span class="muted device">{escape(d)}</span>' for d in s.get("devices", ())
+            )
             + "</td>"
             f"<td>{escape(status)}</td><td>{_duration(s['runtime_seconds'])}</td>"
             f"<td>{_duration(s['stops_in_seconds'])}</td></tr>"

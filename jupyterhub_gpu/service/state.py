@@ -40,6 +40,7 @@ from ..core.adoption import (
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
+from ..core.dra import DraInventory
 from ..core.model import Policy
 from ..core.shaping import (
     GROUP_LABEL,
@@ -259,6 +260,7 @@ class ServiceState:
         self.cluster_pods: dict[str, Any] | None = None
         #: the DRA watches (slices, classes, claims), for a policy with dra flavors
         self._dra: tuple[Reflector, ...] = ()
+        self._dra_inventory: DraInventory | None = None
         self.servers: list[Server] | None = None
         self.notices: deque[Notice] = deque(maxlen=notices)
         self.over_limit: dict[str, str] = {}
@@ -313,8 +315,9 @@ class ServiceState:
             on_pod_event=self.bound_pod_event,
             watch_timeout=watch_timeout,
         )
-        if any(f.kind == "dra" for f in self.policy.flavors.values()):
-            # dra flavors' devices are counted from the DRA objects, not the nodes
+        if any(f.kind == "dra" or f.bridged for f in self.policy.flavors.values()):
+            # dra (and bridged) flavors' devices are counted from the DRA objects, and
+            # what a server was allocated is read from its claims
             self._dra = dra_watches(
                 client.CustomObjectsApi(core.api_client) if core is not None else None,
                 on_change=self._dra_changed,
@@ -603,6 +606,16 @@ class ServiceState:
 
     def _dra_changed(self, _reflector: Reflector) -> None:
         self._capacity = None
+        self._dra_inventory = None
+
+    @property
+    def dra(self) -> DraInventory | None:
+        """The DRA objects as last listed (None: the policy has no DRA flavor)."""
+        if not self._dra:
+            return None
+        if self._dra_inventory is None:
+            self._dra_inventory = dra_inventory(*self._dra)
+        return self._dra_inventory
 
     def bound_pods_listed(self, items: dict[str, Any]) -> None:
         if items is self.cluster_pods:
@@ -664,6 +677,7 @@ class ServiceState:
                 profile=pod.profile or s.profile,
                 started=pod.started or s.started,
                 before_policy=pod.before_policy is not None,
+                pod_uid=pod.uid,
             )
             if (pod := pods.get((s.user, s.name))) and pod.charge
             else s
@@ -697,7 +711,7 @@ class ServiceState:
                 self.policy,
                 self.nodes.values(),
                 allocated=self._allocated or {},
-                dra=dra_inventory(*self._dra) if self._dra else None,
+                dra=self.dra,
             )
         return self._capacity
 
@@ -728,4 +742,5 @@ class ServiceState:
             over_limit=self.over_limit,
             waiting=self.waiting(),
             by_user=self._by_user,
+            dra=self.dra,
         )

@@ -30,6 +30,7 @@ from typing import Any
 from ..core.admission import Ledger, Usage
 from ..core.capacity import FlavorCapacity
 from ..core.datasets import DatasetState
+from ..core.dra import DraInventory, pod_allocation
 from ..core.model import Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_gpus
 from ..core.selection import member_groups
@@ -90,6 +91,8 @@ class Server:
     #: started before the policy (its pod has none of the policy's labels): charged to
     #: ``group`` by the adoption rule, and never stopped by the runtime or idle rules
     before_policy: bool = False
+    #: its pod's uid (what its DRA claims name as their owner); None: no pod known
+    pod_uid: str | None = None
 
     @property
     def label(self) -> str:
@@ -148,6 +151,9 @@ class Snapshot:
     #: per group, its datasets and whether their claims exist, as last read
     #: (``datasets.DatasetClaims``); a group not in it shows no datasets
     datasets: Mapping[str, Sequence[DatasetState]] = field(default_factory=dict)
+    #: the DRA objects, for the devices each server's claims were allocated (None: the
+    #: policy has no DRA flavor)
+    dra: DraInventory | None = None
 
     def lines(self) -> Mapping[str, Sequence[Server]]:
         """Per group, the spawns waiting in its line, oldest first."""
@@ -273,7 +279,11 @@ def waiting_lines(servers: Iterable[Server]) -> dict[str, list[Server]]:
 
 
 def server_view(
-    policy: Policy, server: Server, now: datetime, position: int | None
+    policy: Policy,
+    server: Server,
+    now: datetime,
+    position: int | None,
+    dra: DraInventory | None = None,
 ) -> dict[str, Any]:
     group = policy.find_group(server.group)
     runtime = (now - server.started).total_seconds() if server.started else None
@@ -294,7 +304,17 @@ def server_view(
         else max(int(max_runtime - runtime), 0),
         "queue_position": position,
         "before_policy": server.before_policy,
+        "devices": list(allocated_words(dra, server.pod_uid)),
     }
+
+
+def allocated_words(dra: DraInventory | None, pod_uid: str | None) -> tuple[str, ...]:
+    """The DRA devices a server's claims were allocated, in words (``gpu-1 (NVIDIA H200
+    NVL) on h200-dra-0``); none for a server without DRA devices, or unknown."""
+    if dra is None or dra.problem is not None or not pod_uid:
+        return ()
+    allocation = pod_allocation(dra, pod_uid)
+    return allocation.words if allocation is not None else ()
 
 
 def _group_view(
@@ -357,7 +377,9 @@ def usage_view(
     else:
         visible = [s for s in snapshot.servers if s.user == viewer.name]
     page = visible[servers_offset : servers_offset + max(servers_limit, 0)]
-    servers = [server_view(policy, s, now, positions.get((s.user, s.name))) for s in page]
+    servers = [
+        server_view(policy, s, now, positions.get((s.user, s.name)), snapshot.dra) for s in page
+    ]
     notices = [
         {"at": n.at.isoformat(), "text": n.text, "group": n.group, "user": n.user}
         for n in snapshot.notices

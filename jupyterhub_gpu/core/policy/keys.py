@@ -73,6 +73,13 @@ FLAVOR_KINDS = {
     "gpu": section(
         "flavors.<name> with kind: gpu",
         Key("resource", Text(), "the extended resource requested", "nvidia.com/gpu"),
+        Key(
+            "device_class",
+            Text(),
+            "the DeviceClass whose `extendedResourceName` is `resource`: a DRA driver "
+            "serves it (the extended-resource bridge); unset, a device plugin does",
+            null_unset=True,
+        ),
         help="Whole GPUs: 1 GPU-equivalent each.",
     ),
     "mig": section(
@@ -149,8 +156,9 @@ FLAVOR_KINDS = {
         Key(
             "gpu_equivalents",
             Quantity(parse=parse_number, doc="number > 0"),
-            "GPU-equivalents each claimed device is charged",
-            1,
+            "GPU-equivalents each claimed device is charged; unset, 1 at admission and "
+            "GPU time by the device allocated (a whole GPU 1, a MIG partition its slices/7)",
+            null_unset=True,
             check=checks.above_zero,
         ),
         help="A Dynamic Resource Allocation claim of devices.",

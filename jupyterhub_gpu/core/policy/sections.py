@@ -69,7 +69,9 @@ def parse_flavor(e: Errors, name: str, raw: Any, scheduler: str) -> Flavor | Non
         "runtime_class_name": r["runtime_class_name"],
     }
     if kind == "gpu":
-        return Flavor(resource=r["resource"], **common)
+        # a DeviceClass whose extendedResourceName is this resource: a DRA driver serves
+        # it (Kubernetes' extended-resource bridge); absent, a device plugin
+        return Flavor(resource=r["resource"], device_class=r["device_class"], **common)
     if kind == "mig":
         return _mig(e, path, r, common)
     if kind in ("timeslice", "mps"):

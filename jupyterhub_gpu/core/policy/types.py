@@ -61,10 +61,14 @@ class Flavor:
     gpu_memory: int | None = None  # MiB
     device_memory: int | None = None  # MiB of one whole device, for GPU-equivalents
     gpucores: int | None = None
+    #: dra: the DeviceClass a claim asks for; gpu: the DeviceClass that serves
+    #: ``resource`` through DRA (its ``extendedResourceName``), None: a device plugin
     device_class: str | None = None
     selectors: tuple[str, ...] = ()
     sharing: str | None = None
-    dra_equivalents: Fraction = Fraction(1)
+    #: dra: GPU-equivalents per device as the policy sets them (None: 1 at admission;
+    #: GPU time counts what each device allocated is, see ``core.dra``)
+    dra_equivalents: Fraction | None = None
     scheduler_name: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -102,7 +106,13 @@ class Flavor:
             if self.gpu_memory and self.device_memory:
                 return min(Fraction(self.gpu_memory, self.device_memory), Fraction(1))
             return Fraction(1)
-        return self.dra_equivalents
+        return self.dra_equivalents or Fraction(1)
+
+    @property
+    def bridged(self) -> bool:
+        """A ``gpu`` flavor whose resource a DRA driver serves: pods ask for the
+        extended resource, kube-scheduler allocates devices of ``device_class``."""
+        return self.kind == "gpu" and self.device_class is not None
 
     def claim_template_name(self, count: int) -> str:
         """The ResourceClaimTemplate a DRA pod of ``count`` devices references."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyterhub_gpu.core.model import Amounts, Group
+from jupyterhub_gpu.core.model import Amounts, Group, Policy
 from jupyterhub_gpu.core.objects import (
     UNBOUNDED,
     all_groups,
+    counted_in,
     device_caps,
-    device_resource,
+    device_class_resource,
     metadata,
     namespace_for,
     queue_name,
@@ -106,10 +107,9 @@ class Kueue(Scheduler):
                     "spec": spec,
                 }
             )
-        # DRA devices are counted by ResourceQuota, not by Kueue's resource groups
-        device_resources = sorted(
-            {r for f in policy.flavors.values() if (r := device_resource(f)) and f.kind != "dra"}
-        )
+        # DRA devices as Kueue counts them: by the name its Configuration maps their
+        # DeviceClass to (``device_class_mappings``)
+        device_resources = sorted({r for f in policy.flavors.values() for r in counted_in(f)})
         covered = ["cpu", "memory", "pods", *device_resources]
         for group in all_groups(policy):
             quota = self._amounts(group, group.quota, covered)
@@ -209,6 +209,17 @@ class Kueue(Scheduler):
 
     def unread_line(self, queue: str) -> str:
         return kueue_queue_line(queue, None, None)
+
+
+def device_class_mappings(policy: Policy) -> list[dict[str, Any]]:
+    """What Kueue's own Configuration must say for the policy's DRA devices to be
+    counted (``resources.deviceClassMappings``, Kueue 0.14 on): each DeviceClass a
+    ``dra`` or bridged flavor uses, under the name its ClusterQueues' quota uses.
+    Kueue refuses to admit a pod whose ResourceClaimTemplate names a class it does
+    not map; a bridged flavor's extended resource is counted under the mapped name
+    once its class is mapped, under the extended resource's own name otherwise."""
+    classes = sorted({f.device_class for f in policy.flavors.values() if f.device_class})
+    return [{"name": device_class_resource(c), "deviceClassNames": [c]} for c in classes]
 
 
 def _quantity(resource: str, value: int) -> str:

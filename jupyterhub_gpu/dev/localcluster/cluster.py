@@ -254,6 +254,7 @@ class LocalCluster:
         description = node_pools or yaml.safe_load(DEFAULT_NODE_POOLS.read_text())
         nodes = nodepools.render_nodes(description)  # fail on a bad description before starting
         slices = dra.render_resource_slices(description)
+        classes = dra.device_classes(description)
         if directory is None:
             state_root().mkdir(parents=True, exist_ok=True)
             directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=state_root()))
@@ -280,7 +281,7 @@ class LocalCluster:
             )
             cluster = cls(state)
             try:
-                cluster._start(Path(binaries), nodes, progress, start_timeout, slices)
+                cluster._start(Path(binaries), nodes, progress, start_timeout, slices, classes)
             except ClusterError as e:
                 cluster.down()
                 if attempt == 1 and PORT_TAKEN in str(e):
@@ -355,6 +356,7 @@ class LocalCluster:
         progress: ProgressFn,
         timeout: float,
         slices: list[dict] | None = None,
+        classes: list[dict] | None = None,
     ) -> None:
         started = time.monotonic()
         d = self.state.path
@@ -479,7 +481,7 @@ class LocalCluster:
         asyncio.run(self._register_nodes(nodes, timeout - (time.monotonic() - started)))
         if slices:
             progress(f"publishing {len(slices)} ResourceSlices of the DRA driver")
-            asyncio.run(self._publish_slices(slices))
+            asyncio.run(self._publish_slices(slices, classes or dra.DEVICE_CLASSES))
         if "kueue" in self.state.schedulers:
             self._start_kueue(bins, progress, timeout)
         if "volcano" in self.state.schedulers:
@@ -682,7 +684,7 @@ class LocalCluster:
                     raise ClusterError(f"cluster not ready in time: {missing}{tails}")
                 await asyncio.sleep(0.25)
 
-    async def _publish_slices(self, slices: list[dict]) -> None:
+    async def _publish_slices(self, slices: list[dict], classes: list[dict]) -> None:
         """What NVIDIA's DRA driver publishes: its DeviceClasses (as its chart installs
         them) and each DRA node's ResourceSlice (as its kubelet plugin does)."""
         from kubernetes_asyncio import client
@@ -690,7 +692,7 @@ class LocalCluster:
 
         async with self.api() as api:
             resource = client.ResourceV1Api(api)
-            for device_class in dra.DEVICE_CLASSES:
+            for device_class in classes:
                 try:
                     await resource.create_device_class(device_class)
                 except ApiException as e:

@@ -13,11 +13,20 @@ filled with whole profiles in turn, as ``nvidia-smi mig`` left them; the
 driver's dynamic partitioning (every possible placement with shared counters)
 is not simulated.
 
+A description may also say how the cluster's DeviceClass ``gpu.nvidia.com`` maps
+a classic extended resource onto DRA (Kubernetes 1.34's DRAExtendedResource, beta
+and on by default from 1.36): ``dra: {extended_resource_name: nvidia.com/gpu}``
+at the top level, beside ``node_pools``. kube-scheduler then serves a pod's
+``nvidia.com/gpu`` request from the devices of that class on a node that does not
+advertise it (a DRA node), through a ResourceClaim it creates for the pod itself.
+
 Pure functions: the local cluster creates what they return.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -63,6 +72,40 @@ DEVICE_CLASSES: list[dict[str, Any]] = [
         },
     },
 ]
+
+
+#: what a description may say under its top-level ``dra:``
+_DRA_KEYS = {"extended_resource_name"}
+_EXTENDED_RESOURCE = re.compile(
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def device_classes(description: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The driver's DeviceClasses for this description: ``DEVICE_CLASSES``, with
+    ``gpu.nvidia.com`` mapping ``dra.extended_resource_name`` where one is given."""
+    settings = description.get("dra") or {}
+    if not isinstance(settings, Mapping):
+        raise NodePoolError(
+            f"dra: expected a mapping such as {{extended_resource_name: nvidia.com/gpu}}, "
+            f"got {settings!r}"
+        )
+    unknown = sorted(set(settings) - _DRA_KEYS)
+    if unknown:
+        raise NodePoolError(
+            f"dra.{unknown[0]}: unknown key (known: {', '.join(sorted(_DRA_KEYS))})"
+        )
+    name = settings.get("extended_resource_name")
+    classes = copy.deepcopy(DEVICE_CLASSES)
+    if name is None:
+        return classes
+    if not isinstance(name, str) or not _EXTENDED_RESOURCE.match(name) or "kubernetes.io/" in name:
+        raise NodePoolError(
+            "dra.extended_resource_name: expected an extended resource name such as "
+            f"nvidia.com/gpu, got {name!r}"
+        )
+    classes[0]["spec"]["extendedResourceName"] = name
+    return classes
 
 
 def _product_name(product: str) -> str:
@@ -158,6 +201,7 @@ def node_devices(pool: str, node: str, gpu: Mapping[str, Any]) -> list[dict[str,
 def render_resource_slices(description: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One ResourceSlice per node of every pool with ``dra: true`` (node names as
     ``nodepools.render_nodes`` gives them)."""
+    device_classes(description)  # a mistake under dra: fails before anything starts
     slices = []
     for pool, spec in (description.get("node_pools") or {}).items():
         if not spec.get("dra"):

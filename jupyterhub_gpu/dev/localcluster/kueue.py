@@ -17,6 +17,14 @@ Service name the rotator checks and 127.0.0.1, the address the API server dials.
 Only the ``pod`` integration is on: the hub's servers are bare pods. Kueue gates
 the pods that carry ``kueue.x-k8s.io/queue-name`` in every namespace but
 kube-system and its own, and leaves every other pod alone.
+
+DRA: Kueue 0.19 counts the devices of a pod's ResourceClaimTemplates (its
+KueueDRAIntegration feature, beta and on by default) under the name its
+Configuration's ``resources.deviceClassMappings`` gives their DeviceClass. The
+local cluster maps the simulated driver's two classes, ``gpu.nvidia.com`` and
+``mig.nvidia.com``, as ``jupyterhub-gpu check`` tells a site to
+(``core.schedulers.kueue.device_class_mappings``), so a policy's ClusterQueues
+count DRA servers' devices.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from typing import Any
 
 import yaml
 
+from ...core.objects import device_class_resource
 from . import crds, pki
+from .dra import DEVICE_CLASSES
 
 MODULE = "sigs.k8s.io/kueue"
 #: Kueue's own namespace (events, the visibility server's objects); it manages no pod there
@@ -81,7 +91,8 @@ def configuration(
     server binds 127.0.0.1. Pods without a queue label are not Kueue's business
     (``manageJobsWithoutQueueName: false``): only the hub's queued servers are held.
     ``fair_sharing``: Kueue's fair sharing among the queues of a cohort, by their
-    ``fairSharing.weight`` (Kueue's default preemption strategies, spelt out).
+    ``fairSharing.weight`` (Kueue's default preemption strategies, spelt out). The
+    simulated DRA driver's DeviceClasses are mapped (see the module doc).
     """
     config = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -101,6 +112,14 @@ def configuration(
         "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": ports["visibility"]},
         "leaderElection": {"leaderElect": False},
         "integrations": {"frameworks": ["pod"]},
+        # the simulated DRA driver's DeviceClasses, by the names the policy's
+        # ClusterQueues count their devices in
+        "resources": {
+            "deviceClassMappings": [
+                {"name": device_class_resource(name), "deviceClassNames": [name]}
+                for name in (c["metadata"]["name"] for c in DEVICE_CLASSES)
+            ]
+        },
     }
     if fair_sharing:
         config["fairSharing"] = {

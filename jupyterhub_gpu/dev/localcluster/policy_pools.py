@@ -5,8 +5,11 @@ in the node pool format of ``nodepools`` (which renders GPU Feature Discovery's
 labels and the device plugins' resources): whole GPUs under their product label,
 MIG slices in the mixed or the single strategy, time-sliced or MPS replicas
 (renamed to ``nvidia.com/gpu.shared`` or not), whole GPUs with their device
-memory for KAI fractions, HAMi's split devices with their memory and cores. Each
-pool has enough devices for every group that may use the flavor to reach its
+memory for KAI fractions, HAMi's split devices with their memory and cores. A
+``dra`` flavor, or a ``gpu`` flavor a DRA driver serves (its ``device_class``),
+gets a pool run by NVIDIA's DRA driver: its GPUs, or the MIG partitions its
+selectors name for the ``mig.nvidia.com`` class, published as ResourceSlices.
+Each pool has enough devices for every group that may use the flavor to reach its
 limit at once (up to ``MAX_NODES`` nodes a pool); every GPU node carries the
 usual ``nvidia.com/gpu`` taint. A CPU pool holds the CPU-only servers.
 
@@ -22,6 +25,7 @@ from typing import Any
 
 from ...core.model import Flavor, Group, Policy
 from ...core.selection import units_per_server
+from .dra import DEVICE_CLASSES
 
 #: GPUs on one simulated node, as on the usual 8-GPU servers
 GPUS_PER_NODE = 8
@@ -114,10 +118,42 @@ def _mig_memory(profile: str) -> int:
 MIG_PRODUCTS = {40960: "NVIDIA-A100-SXM4-40GB", 81920: "NVIDIA-H100-80GB-HBM3"}
 
 
+#: what a DRA flavor's selectors may say of the devices it wants (NVIDIA's attributes)
+_PRODUCT_SELECTOR = re.compile(r"\.productName\s*==\s*['\"]([^'\"]+)['\"]")
+_PROFILE_SELECTOR = re.compile(r"\.profile\s*==\s*['\"](\d+g\.\d+gb)['\"]")
+
+
+def _dra_pool(flavor: Flavor, units: int) -> dict[str, Any]:
+    """A pool run by NVIDIA's DRA driver with ``units`` devices a claim of the flavor
+    matches: GPUs of the product its selectors name, or MIG partitions of the profile
+    they name for the ``mig.nvidia.com`` class."""
+    text = " ".join(flavor.selectors)
+    named = _PRODUCT_SELECTOR.search(text)
+    product = named.group(1).replace(" ", "-") if named else _product(flavor)
+    gpu: dict[str, Any] = {"product": product, "count": GPUS_PER_NODE}
+    per_node = GPUS_PER_NODE
+    profile = _PROFILE_SELECTOR.search(text)
+    if flavor.device_class == "mig.nvidia.com":
+        mig = profile.group(1) if profile else "1g.10gb"
+        gpu["memory"] = _mig_memory(mig)
+        gpu["product"] = product if named else MIG_PRODUCTS[_mig_memory(mig)]
+        per_node = GPUS_PER_NODE * (7 // int(mig.split("g.", 1)[0]))
+        gpu["mig"] = {"strategy": "mixed", "devices": {mig: per_node}}
+    else:
+        gpu["memory"] = _device_memory(flavor, product)
+    nodes = min(max(math.ceil(units / per_node), 1), MAX_NODES)
+    pool: dict[str, Any] = {"count": nodes, "cpu": 64, "memory": "512Gi", "dra": True}
+    labels = {k: v for k, v in flavor.node_selector.items() if k not in _GFD_KEYS}
+    if labels:
+        pool["labels"] = labels
+    pool["gpu"] = gpu
+    return pool
+
+
 def pool_for(flavor: Flavor, units: int) -> dict[str, Any] | None:
-    """One pool that offers ``units`` of this flavor, or None (DRA: no node resources)."""
-    if flavor.kind == "dra":
-        return None
+    """One pool that offers ``units`` of this flavor."""
+    if flavor.kind == "dra" or flavor.bridged:
+        return _dra_pool(flavor, units)
     product = _product(flavor)
     gpu: dict[str, Any] = {
         "product": product,
@@ -154,21 +190,36 @@ def pool_for(flavor: Flavor, units: int) -> dict[str, Any] | None:
 
 
 def node_pools_for(policy: Policy) -> dict[str, Any]:
-    """The node pool description (``node_pools: {...}``) that offers every flavor."""
+    """The node pool description (``node_pools: {...}``) that offers every flavor; a
+    bridged flavor's DeviceClass maps its resource (``dra.extended_resource_name``)."""
     needed = units_needed(policy)
     pools: dict[str, Any] = {"cpu": {"count": 2, "cpu": 32, "memory": "128Gi"}}
     for name, flavor in policy.flavors.items():
-        pool = pool_for(flavor, needed.get(name, 0))
-        if pool is not None:
-            pools[f"flavor-{name}"] = pool
-    return {"node_pools": pools}
+        pools[f"flavor-{name}"] = pool_for(flavor, needed.get(name, 0))
+    description: dict[str, Any] = {"node_pools": pools}
+    bridged = _bridged_resource(policy)
+    if bridged:
+        description["dra"] = {"extended_resource_name": bridged}
+    return description
+
+
+def _bridged_resource(policy: Policy) -> str | None:
+    """The extended resource the simulated DeviceClass maps: the first bridged flavor's
+    (a DeviceClass maps one)."""
+    return next((f.resource for f in policy.flavors.values() if f.bridged), None)
 
 
 def without_nodes(policy: Policy) -> list[str]:
     """The flavors the derived pools cannot offer, each with why."""
-    return [
-        f"{name}: DRA devices are claimed through ResourceSlices, which simulated nodes "
-        "do not publish"
-        for name, flavor in policy.flavors.items()
-        if flavor.kind == "dra"
-    ]
+    bridged = _bridged_resource(policy)
+    classes = [c["metadata"]["name"] for c in DEVICE_CLASSES]
+    missing = []
+    for name, flavor in policy.flavors.items():
+        if (flavor.kind == "dra" or flavor.bridged) and flavor.device_class not in classes:
+            missing.append(
+                f"{name}: the simulated DRA driver installs the DeviceClasses "
+                f"{' and '.join(classes)}, not {flavor.device_class}"
+            )
+        elif flavor.bridged and flavor.resource != bridged:
+            missing.append(f"{name}: the simulated DeviceClass gpu.nvidia.com maps {bridged} only")
+    return missing

@@ -1,0 +1,58 @@
+"""How the cluster gives each flavor its GPUs, as the values say: ``jupyterhub-gpu
+check``'s lines, one per flavor, and what Kueue's own Configuration must say for a
+policy with DRA devices.
+
+- a device plugin advertises the flavor's extended resource in node allocatable
+  (``gpu``, ``mig``, ``timeslice``, ``mps``, ``hami``);
+- a DRA driver serves a ``gpu`` flavor's extended resource through a DeviceClass's
+  ``extendedResourceName`` when the flavor names that ``device_class`` (Kubernetes'
+  extended-resource bridge: pods still ask for ``nvidia.com/gpu``, kube-scheduler
+  allocates a device from the ResourceSlices on a node without that resource);
+- a ``dra`` flavor's servers claim devices of its DeviceClass from a
+  ResourceClaimTemplate;
+- KAI places ``fraction`` flavors by annotation, with no device request.
+
+The values are the only source here (``check`` is offline); on a running cluster
+the capacity each flavor shows counts what kube-scheduler can really use.
+"""
+
+from __future__ import annotations
+
+from ..core.model import Flavor, Policy
+from ..core.schedulers.kueue import device_class_mappings
+
+
+def device_form(flavor: Flavor) -> str:
+    """How a flavor's servers get their GPUs, in words."""
+    if flavor.kind == "dra":
+        return (
+            f"DRA claims of DeviceClass {flavor.device_class} (a ResourceClaimTemplate "
+            "per count; kube-scheduler allocates from ResourceSlices; Kubernetes 1.34 on)"
+        )
+    if flavor.bridged:
+        return (
+            f"{flavor.resource} served by DRA (the extended-resource bridge: DeviceClass "
+            f"{flavor.device_class} must set extendedResourceName: {flavor.resource}; "
+            "kube-scheduler allocates from ResourceSlices on nodes that do not advertise "
+            "it; Kubernetes 1.36 on, or 1.34-1.35 with the DRAExtendedResource feature gate)"
+        )
+    if flavor.kind == "fraction":
+        return "KAI's GPU sharing by annotation (no device request)"
+    return f"a device plugin's {flavor.resource} (node allocatable)"
+
+
+def device_lines(policy: Policy) -> list[str]:
+    """``check``'s lines: each flavor's form, and Kueue's DRA mappings where needed."""
+    lines = [f"flavor {name}: {device_form(f)}" for name, f in policy.flavors.items()]
+    if policy.scheduler.name == "kueue":
+        mappings = device_class_mappings(policy)
+        if mappings:
+            entries = ", ".join(
+                f"{{name: {m['name']}, deviceClassNames: [{m['deviceClassNames'][0]}]}}"
+                for m in mappings
+            )
+            lines.append(
+                "Kueue counts DRA devices only where its own Configuration maps their "
+                f"DeviceClass: resources.deviceClassMappings: [{entries}]"
+            )
+    return lines
