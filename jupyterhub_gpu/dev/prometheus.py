@@ -17,7 +17,7 @@ More targets can be scraped while it runs, each job with its path and a bearer
 token (the hub's ``/hub/metrics``, the GPU service's ``/services/gpu/metrics``)::
 
     prometheus.scrape({"jupyterhub": "http://127.0.0.1:8000/hub/metrics"}, token)
-    prometheus.unscrape("jupyterhub")   # its series go stale
+    prometheus.unscrape("jupyterhub")   # until its series are stale
 
 Install it with ``apt-get install prometheus`` (``scripts/test`` does).
 """
@@ -186,9 +186,25 @@ class LocalPrometheus:
             self.wait_for_targets(timeout, job=job)
 
     def unscrape(self, *jobs: str, timeout: float = 60) -> None:
-        """Scrape ``jobs`` no more: Prometheus marks their series stale."""
-        if [self.jobs.pop(job) for job in jobs if job in self.jobs]:
-            self.reload(timeout)
+        """Scrape ``jobs`` no more, until their series are stale (gone from queries).
+
+        Their targets are taken away first: Prometheus marks the series of a target that
+        goes stale, but not those of a job taken out of its configuration (they would
+        answer queries for five more minutes)."""
+        jobs = tuple(job for job in jobs if job in self.jobs)
+        if not jobs:
+            return
+        for job in jobs:
+            self.jobs[job]["static_configs"] = [{"targets": []}]
+        self.reload(timeout)
+        deadline = time.monotonic() + timeout
+        while any(self.query(f'up{{job="{job}"}}') for job in jobs):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the series of {jobs} are not stale after {timeout}s")
+            time.sleep(0.5)
+        for job in jobs:
+            del self.jobs[job]
+        self.reload(timeout)
 
     def reload(self, timeout: float = 60) -> None:
         """Write the configuration and have Prometheus read it again (SIGHUP), until it

@@ -3,8 +3,10 @@
 A row is a topic an operator looks up; a panel is one question about it, answered by
 one or more queries. The layout (panel ids, grid positions) is computed from the
 order here, so a panel is added by adding one ``Panel`` to its row, and a topic by
-adding a ``Row``. Per-group amounts belong in *Budgets and GPU time*, each a series
-per ``group`` filtered by ``{group=~"$group"}`` like the GPU-hours there.
+adding a ``Row``. Amounts the service keeps per group over a window (GPU-hours, and
+what it bills or measures per group beside them: units, cost, energy) belong in
+*Budgets and GPU time*, each a series per ``group`` read with ``per_group`` (so
+filtered by the ``$group`` variable) like the GPU-hours there.
 
 The GPU service's series are taken with ``max by (...)``: in its own Deployment every
 replica serves the same per-group numbers (each watches the pods and reads the usage
