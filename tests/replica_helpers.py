@@ -47,6 +47,23 @@ SETTINGS = {
     "metrics_require_auth": False,
     "max_backoff": 2.0,
 }
+#: the service as its own Deployment's replica beside a real hub (``deployment_replica``):
+#: the same Lease timings, passes every second
+HUB_SETTINGS = {
+    **{
+        key: SETTINGS[key]
+        for key in (
+            "form",
+            "lease_duration",
+            "lease_renew_deadline",
+            "lease_retry_period",
+            "max_backoff",
+        )
+    },
+    "usage_interval": 1.0,
+    "rules_interval": 1.0,
+    "hub_poll_interval": 1.0,
+}
 #: the service account of the GPU service's own Deployment, and its Lease's name
 ACCOUNT = "jupyterhub-gpu-service"
 _ACTS = re.compile(r": (\S+) acts as the leader from (\S+)")

@@ -122,6 +122,25 @@ def test_amtool_accepts_the_configuration_and_its_kube_prometheus_stack_form(tmp
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_slack_messages_render(tmp_path):
+    """Alertmanager reads a message's template only when it sends it: amtool renders each
+    with its own example alerts."""
+    (tmp_path / "none.tmpl").write_text("")
+    config = yaml.safe_load(ALERTMANAGER_FILE.read_text())
+    slack = [c for r in config["receivers"] for c in r.get("slack_configs", [])]
+    assert len(slack) == 2
+    for message in slack:
+        for field in ("title", "text"):
+            result = amtool(
+                "template",
+                "render",
+                f"--template.glob={tmp_path / 'none.tmpl'}",
+                f"--template.text={message[field]}",
+            )
+            assert result.returncode == 0, f"{field}: {result.stdout}{result.stderr}"
+        assert "|What to do>" in result.stdout
+
+
 def test_a_route_to_a_receiver_that_is_not_defined_is_refused(tmp_path):
     config = yaml.safe_load(ALERTMANAGER_FILE.read_text())
     config["route"]["routes"][1]["receiver"] = "gpu-platfrom"

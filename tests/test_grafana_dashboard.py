@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from replica_helpers import deployment_replica
+from replica_helpers import HUB_SETTINGS, deployment_replica
 
 from hub_helpers import api, no_server, running_hub
 from jupyterhub_gpu.core.model import parse_policy
@@ -77,17 +77,6 @@ POLICY = {
     },
 }
 GROUPS = sorted(group.name for group in parse_policy(**POLICY).all_groups)
-#: the service in its own Deployment's form, with short Lease timings and passes
-SETTINGS = {
-    "form": "deployment",
-    "lease_duration": 3.0,
-    "lease_renew_deadline": 2.0,
-    "lease_retry_period": 0.4,
-    "usage_interval": 1.0,
-    "rules_interval": 1.0,
-    "hub_poll_interval": 1.0,
-    "max_backoff": 2.0,
-}
 LAB, COURSE, SHORT = "lab--small", "course--small", "short--small"
 #: the step of the range queries (Grafana's $__interval over a short time range)
 STEP = 2.0
@@ -219,7 +208,7 @@ async def scraped(local_cluster, core, priority_class_objects, gpu_metrics, tmp_
         policy=POLICY,
         gpu_service=True,
         external_gpu_service=True,
-        service_settings={**SETTINGS, "prometheus_url": prometheus.url},
+        service_settings={**HUB_SETTINGS, "prometheus_url": prometheus.url},
         extra_config=(
             "c.GPUKubeSpawner.wait_poll_interval = 0.5\n"
             # bob waits in lab's line for the module's length

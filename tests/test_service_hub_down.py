@@ -18,7 +18,7 @@ import sqlite3
 import time
 
 import pytest
-from replica_helpers import deployment_replica, stop_rows, usage_rows
+from replica_helpers import HUB_SETTINGS, deployment_replica, stop_rows, usage_rows
 
 from kube_helpers import eventually
 from test_service_hub import start_server
@@ -40,17 +40,7 @@ POLICY = {
         },
     },
 }
-SETTINGS = {
-    "form": "deployment",
-    "lease_duration": 3.0,
-    "lease_renew_deadline": 2.0,
-    "lease_retry_period": 0.4,
-    "usage_interval": 1.0,
-    "rules_interval": 1.0,
-    "hub_poll_interval": 1.0,
-    "metrics_require_auth": False,
-    "max_backoff": 2.0,
-}
+SETTINGS = {**HUB_SETTINGS, "metrics_require_auth": False}
 #: an end the service witnessed is off by at most a pass and a second of slack
 END_ERROR = SETTINGS["usage_interval"] + 1.0
 
