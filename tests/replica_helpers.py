@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from rbac_helpers import apply_rendered_rbac, token_kubeconfig
+
+from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.dev.localcluster.ports import free_port
 from kube_helpers import eventually, gpu_server_pod
 from test_service_hub import fetch
@@ -43,6 +47,25 @@ SETTINGS = {
     "metrics_require_auth": False,
     "max_backoff": 2.0,
 }
+#: the service as its own Deployment's replica beside a real hub (``deployment_replica``):
+#: the same Lease timings, passes every second
+HUB_SETTINGS = {
+    **{
+        key: SETTINGS[key]
+        for key in (
+            "form",
+            "lease_duration",
+            "lease_renew_deadline",
+            "lease_retry_period",
+            "max_backoff",
+        )
+    },
+    "usage_interval": 1.0,
+    "rules_interval": 1.0,
+    "hub_poll_interval": 1.0,
+}
+#: the service account of the GPU service's own Deployment, and its Lease's name
+ACCOUNT = "jupyterhub-gpu-service"
 _ACTS = re.compile(r": (\S+) acts as the leader from (\S+)")
 _STOPPED = re.compile(r": (\S+) stopped acting as the leader at (\S+):")
 
@@ -145,6 +168,41 @@ class Replica:
         status, _, body = await asyncio.to_thread(fetch, self.url + "metrics")
         assert status == 200, body
         return body
+
+
+async def deployment_replica(
+    hub: LocalHub, core, local_cluster, policy: dict, directory: Path
+) -> Replica:
+    """The GPU service of ``hub`` (started with ``external_gpu_service``) as its own
+    Deployment's one replica: its own account with the RBAC ``manifests`` renders for
+    that form (its Lease included), reading the hub's config; started and acting."""
+    await apply_rendered_rbac(
+        core.api_client,
+        parse_policy(**policy),
+        hub.namespace,
+        accounts=("hub",),
+        gpu_service_account=ACCOUNT,
+        create_hub_namespace=False,
+        lease=ACCOUNT,
+    )
+    kubeconfig = await token_kubeconfig(
+        core.api_client,
+        local_cluster.state.kubeconfig,
+        hub.namespace,
+        ACCOUNT,
+        directory / "service.kubeconfig",
+    )
+    replica = Replica(
+        "gpu-service",
+        hub.directory / "jupyterhub_config.py",
+        kubeconfig,
+        f"http://127.0.0.1:{hub.hub_port}/hub/api",
+        token=hub.gpu_service_token,
+        port=hub.service_port,
+    )
+    replica.start()
+    await wait_acting(replica)
+    return replica
 
 
 def _epoch(text: str) -> float:

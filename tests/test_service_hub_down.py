@@ -18,10 +18,8 @@ import sqlite3
 import time
 
 import pytest
-from rbac_helpers import apply_rendered_rbac, token_kubeconfig
-from replica_helpers import Replica, stop_rows, usage_rows, wait_acting
+from replica_helpers import HUB_SETTINGS, deployment_replica, stop_rows, usage_rows
 
-from jupyterhub_gpu.core.model import parse_policy
 from kube_helpers import eventually
 from test_service_hub import start_server
 
@@ -42,51 +40,9 @@ POLICY = {
         },
     },
 }
-SETTINGS = {
-    "form": "deployment",
-    "lease_duration": 3.0,
-    "lease_renew_deadline": 2.0,
-    "lease_retry_period": 0.4,
-    "usage_interval": 1.0,
-    "rules_interval": 1.0,
-    "hub_poll_interval": 1.0,
-    "metrics_require_auth": False,
-    "max_backoff": 2.0,
-}
-ACCOUNT = "jupyterhub-gpu-service"
+SETTINGS = {**HUB_SETTINGS, "metrics_require_auth": False}
 #: an end the service witnessed is off by at most a pass and a second of slack
 END_ERROR = SETTINGS["usage_interval"] + 1.0
-
-
-async def run_service(hub, core, local_cluster, tmp_path) -> Replica:
-    """The GPU service as its Deployment's replica: its own account and RBAC."""
-    await apply_rendered_rbac(
-        core.api_client,
-        parse_policy(**POLICY),
-        hub.namespace,
-        accounts=("hub",),
-        gpu_service_account=ACCOUNT,
-        create_hub_namespace=False,
-        lease=ACCOUNT,
-    )
-    kubeconfig = await token_kubeconfig(
-        core.api_client,
-        local_cluster.state.kubeconfig,
-        hub.namespace,
-        ACCOUNT,
-        tmp_path / "service.kubeconfig",
-    )
-    replica = Replica(
-        "gpu-service",
-        hub.directory / "jupyterhub_config.py",
-        kubeconfig,
-        f"http://127.0.0.1:{hub.hub_port}/hub/api",
-        token=hub.gpu_service_token,
-        port=hub.service_port,
-    )
-    replica.start()
-    await wait_acting(replica)
-    return replica
 
 
 def metric(text: str, name: str) -> float | None:
@@ -125,7 +81,7 @@ async def test_through_a_hub_upgrade_usage_goes_on_and_stops_are_made_as_the_doc
         service_settings={**SETTINGS, "stop_without_hub": mode},
         extra_config="c.Spawner.poll_interval = 5\n",
     )
-    service = await run_service(hub, core, local_cluster, tmp_path)
+    service = await deployment_replica(hub, core, local_cluster, POLICY, tmp_path)
     database = hub.directory / "jupyterhub-gpu-usage.sqlite"
     try:
         await start_server(hub, "ann", "alpha--small")

@@ -19,6 +19,14 @@ own address (``docs_url``), from the command line::
 
     python3 -m jupyterhub_gpu.alerts --docs-url https://docs.example.edu/jupyterhub-gpu/ \\
         prometheusrule > prometheusrule.yaml
+
+``ALERTMANAGER_FILE`` is an example Alertmanager configuration for these alerts (their
+receivers by group, e-mail and Slack, what is held back while the service is down);
+``alertmanager_values_yaml`` renders it as kube-prometheus-stack values
+(``alertmanager.config``), kept in ``helm-values/alerts/`` too::
+
+    python3 -m jupyterhub_gpu.alerts kube-prometheus-stack-alertmanager \\
+        > helm-values/alerts/kube-prometheus-stack-alertmanager.yaml
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ from typing import Any
 import yaml
 
 RULES_FILE = Path(__file__).with_name("jupyterhub-gpu.rules.yaml")
+ALERTMANAGER_FILE = Path(__file__).with_name("alertmanager.yaml")
+#: the Secret kube-prometheus-stack mounts for the Alertmanager's e-mail password and
+#: Slack webhook (``ALERTMANAGER_FILE`` reads them from where it is mounted)
+ALERTMANAGER_SECRET = "jupyterhub-gpu-alerting"
 
 #: kube-prometheus-stack's Prometheus loads the rules whose ``release`` label names
 #: its Helm release (its default ``ruleSelector``)
@@ -57,11 +69,14 @@ def rule_groups(docs_url: str = DOCS_URL) -> list[dict[str, Any]]:
     return yaml.safe_load(rules_text(docs_url))["groups"]
 
 
+def _indented(text: str, indent: int) -> str:
+    pad = " " * indent
+    return "".join(pad + line if line.strip() else line for line in text.splitlines(True))
+
+
 def _carried(indent: int, docs_url: str) -> str:
     text = rules_text(docs_url)
-    start = text.index(_CARRIED_FROM)
-    pad = " " * indent
-    return "".join(pad + line if line.strip() else line for line in text[start:].splitlines(True))
+    return _indented(text[text.index(_CARRIED_FROM) :], indent)
 
 
 def prometheus_rule_yaml(release: str = DEFAULT_RELEASE, docs_url: str = DOCS_URL) -> str:
@@ -101,4 +116,29 @@ def kube_prometheus_stack_values_yaml(docs_url: str = DOCS_URL) -> str:
         "#       -n monitoring --reuse-values -f helm-values/alerts/kube-prometheus-stack.yaml\n"
         "additionalPrometheusRulesMap:\n"
         "  jupyterhub-gpu:\n" + _carried(4, docs_url)
+    )
+
+
+def alertmanager_values_yaml() -> str:
+    """The example Alertmanager configuration as kube-prometheus-stack values."""
+    text = ALERTMANAGER_FILE.read_text()
+    return (
+        "# kube-prometheus-stack values that route the jupyterhub-gpu alerts: the same\n"
+        "# Alertmanager configuration as the package's jupyterhub_gpu/alerts/alertmanager.yaml\n"
+        "# (rendered from it by jupyterhub_gpu.alerts.alertmanager_values_yaml), whose notes\n"
+        "# say who is told of what. Put in your site's addresses, channels and groups, create\n"
+        "# the Secret it reads the e-mail password and the Slack webhook from, and add this\n"
+        "# file to the chart's values (its lists replace the chart's own routes, receivers\n"
+        "# and inhibit_rules):\n"
+        "#\n"
+        f"#   kubectl -n monitoring create secret generic {ALERTMANAGER_SECRET} \\\n"
+        "#       --from-file=smtp-password --from-file=slack-webhook-url\n"
+        "#   helm upgrade kube-prometheus-stack prometheus-community/kube-prometheus-stack \\\n"
+        "#       -n monitoring --reuse-values \\\n"
+        "#       -f helm-values/alerts/kube-prometheus-stack-alertmanager.yaml\n"
+        "alertmanager:\n"
+        "  alertmanagerSpec:\n"
+        f"    # mounted at /etc/alertmanager/secrets/{ALERTMANAGER_SECRET}/\n"
+        f"    secrets: [{ALERTMANAGER_SECRET}]\n"
+        "  config:\n" + _indented(text[text.index("\nglobal:") + 1 :], 4)
     )

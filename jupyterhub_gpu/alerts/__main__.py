@@ -1,7 +1,9 @@
-"""Print the alerting rules in one of their forms, with a site's own docs address.
+"""Print the alerting rules in one of their forms, with a site's own docs address, or
+the example Alertmanager configuration for them.
 
     python3 -m jupyterhub_gpu.alerts [--docs-url URL] [--release NAME] \\
         {rules,prometheusrule,kube-prometheus-stack}
+    python3 -m jupyterhub_gpu.alerts {alertmanager,kube-prometheus-stack-alertmanager}
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ import argparse
 import sys
 
 from . import (
+    ALERTMANAGER_FILE,
     DEFAULT_RELEASE,
     DOCS_URL,
+    alertmanager_values_yaml,
     kube_prometheus_stack_values_yaml,
     prometheus_rule_yaml,
     rules_text,
@@ -22,13 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m jupyterhub_gpu.alerts",
         description="Print the jupyterhub-gpu alerting rules, each alert's runbook_url "
-        "pointing at your copy of the docs.",
+        "pointing at your copy of the docs, or an example Alertmanager configuration "
+        "that routes them.",
     )
     parser.add_argument(
         "form",
-        choices=["rules", "prometheusrule", "kube-prometheus-stack"],
+        choices=[
+            "rules",
+            "prometheusrule",
+            "kube-prometheus-stack",
+            "alertmanager",
+            "kube-prometheus-stack-alertmanager",
+        ],
         help="a plain Prometheus rules file, a PrometheusRule object, or "
-        "kube-prometheus-stack values",
+        "kube-prometheus-stack values; or the example Alertmanager configuration, "
+        "plain or as kube-prometheus-stack values",
     )
     parser.add_argument(
         "--docs-url",
@@ -49,8 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         text = rules_text(args.docs_url)
     elif args.form == "prometheusrule":
         text = prometheus_rule_yaml(args.release, args.docs_url)
-    else:
+    elif args.form == "kube-prometheus-stack":
         text = kube_prometheus_stack_values_yaml(args.docs_url)
+    elif args.form == "alertmanager":
+        text = ALERTMANAGER_FILE.read_text()
+    else:
+        text = alertmanager_values_yaml()
     sys.stdout.write(text)
     return 0
 

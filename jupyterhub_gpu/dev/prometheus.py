@@ -13,6 +13,12 @@ it is ready::
     prometheus.query("up")              # the instant vector, for checks
     prometheus.stop()                   # stops it and removes its folder
 
+More targets can be scraped while it runs, each job with its path and a bearer
+token (the hub's ``/hub/metrics``, the GPU service's ``/services/gpu/metrics``)::
+
+    prometheus.scrape({"jupyterhub": "http://127.0.0.1:8000/hub/metrics"}, token)
+    prometheus.unscrape("jupyterhub")   # until its series are stale
+
 Install it with ``apt-get install prometheus`` (``scripts/test`` does).
 """
 
@@ -75,6 +81,8 @@ class LocalPrometheus:
         self.job = job
         self.directory: Path | None = None
         self.process: subprocess.Popen | None = None
+        #: scrape configs added while it runs (``scrape``), by job name
+        self.jobs: dict[str, dict[str, Any]] = {}
 
     @property
     def url(self) -> str:
@@ -97,8 +105,12 @@ class LocalPrometheus:
         lines = path.read_text(errors="replace").splitlines()
         return [json.loads(line)["params"]["query"] for line in lines if line.strip()]
 
+    @property
+    def interval(self) -> str:
+        return f"{max(int(self.scrape_interval * 1000), 100)}ms"
+
     def config(self) -> dict[str, Any]:
-        interval = f"{max(int(self.scrape_interval * 1000), 100)}ms"
+        interval = self.interval
         return {
             "global": {
                 "scrape_interval": interval,
@@ -113,15 +125,16 @@ class LocalPrometheus:
                     "scrape_interval": interval,
                     "scrape_timeout": interval,
                     "static_configs": [{"targets": self.targets}],
-                }
+                },
+                *self.jobs.values(),
             ],
         }
 
     def start(self, timeout: float = 60) -> LocalPrometheus:
         binary = self.binary or prometheus_binary()
         self.directory = Path(tempfile.mkdtemp(prefix="jupyterhub-gpu-prometheus-"))
+        self.write_config()
         config = self.directory / "prometheus.yml"
-        config.write_text(yaml.safe_dump(self.config()))
         assert self.log_path is not None
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -148,6 +161,69 @@ class LocalPrometheus:
             time.sleep(0.2)
         return self
 
+    def write_config(self) -> None:
+        assert self.directory is not None, "not started"
+        (self.directory / "prometheus.yml").write_text(yaml.safe_dump(self.config()))
+
+    def scrape(self, urls: dict[str, str], token: str | None = None, timeout: float = 60) -> None:
+        """Scrape more targets from now on, each a job of its own (``{job: URL}``, e.g.
+        ``{"jupyterhub": "http://127.0.0.1:8000/hub/metrics"}``), with ``token`` as a
+        bearer token, until every one has been scraped successfully. One reload for
+        them all: Prometheus applies new targets at most every 5 seconds."""
+        for job, url in urls.items():
+            parts = urllib.parse.urlsplit(url)
+            self.jobs[job] = {
+                "job_name": job,
+                "scheme": parts.scheme,
+                "metrics_path": parts.path,
+                "scrape_interval": self.interval,
+                "scrape_timeout": self.interval,
+                "static_configs": [{"targets": [parts.netloc]}],
+                **({"authorization": {"type": "Bearer", "credentials": token}} if token else {}),
+            }
+        self.reload(timeout)
+        for job in urls:
+            self.wait_for_targets(timeout, job=job)
+
+    def unscrape(self, *jobs: str, timeout: float = 60) -> None:
+        """Scrape ``jobs`` no more, until their series are stale (gone from queries).
+
+        Their targets are taken away first: Prometheus marks the series of a target that
+        goes stale, but not those of a job taken out of its configuration (they would
+        answer queries for five more minutes)."""
+        jobs = tuple(job for job in jobs if job in self.jobs)
+        if not jobs:
+            return
+        for job in jobs:
+            self.jobs[job]["static_configs"] = [{"targets": []}]
+        self.reload(timeout)
+        deadline = time.monotonic() + timeout
+        while any(self.query(f'up{{job="{job}"}}') for job in jobs):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the series of {jobs} are not stale after {timeout}s")
+            time.sleep(0.5)
+        for job in jobs:
+            del self.jobs[job]
+        self.reload(timeout)
+
+    def reload(self, timeout: float = 60) -> None:
+        """Write the configuration and have Prometheus read it again (SIGHUP), until it
+        runs with it."""
+        assert self.process is not None, "not started"
+        self.write_config()
+        wanted = sorted(c["job_name"] for c in self.config()["scrape_configs"])
+        self.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while True:
+            with urllib.request.urlopen(f"{self.url}/api/v1/status/config", timeout=10) as r:
+                running = yaml.safe_load(json.loads(r.read())["data"]["yaml"])
+            if sorted(c["job_name"] for c in running.get("scrape_configs", [])) == wanted:
+                return
+            if time.monotonic() > deadline:
+                tail = (self.log_path.read_text(errors="replace") if self.log_path else "")[-3000:]
+                raise RuntimeError(f"prometheus did not load jobs {wanted}; its log ends:\n{tail}")
+            time.sleep(0.2)
+
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
@@ -155,16 +231,22 @@ class LocalPrometheus:
         except OSError:
             return False
 
-    def wait_for_targets(self, timeout: float = 60) -> None:
-        """Until every target has been scraped successfully (Prometheus reads its targets
-        a few seconds after it starts)."""
+    def wait_for_targets(self, timeout: float = 60, job: str | None = None) -> None:
+        """Until every target (of ``job``: one added by ``scrape``) has been scraped
+        successfully (Prometheus reads its targets a few seconds after it starts)."""
+        job = job or self.job
+        targets = (
+            self.jobs[job]["static_configs"][0]["targets"] if job in self.jobs else self.targets
+        )
         deadline = time.monotonic() + timeout
         while True:
-            up = {s["metric"].get("instance"): s["value"][1] for s in self.query("up")}
-            if all(up.get(t) == "1" for t in self.targets):
+            up = {
+                s["metric"].get("instance"): s["value"][1] for s in self.query(f'up{{job="{job}"}}')
+            }
+            if all(up.get(t) == "1" for t in targets):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus has not scraped {self.targets} (up: {up})")
+                raise RuntimeError(f"prometheus has not scraped {targets} as {job} (up: {up})")
             time.sleep(0.5)
 
     def query(self, promql: str) -> list[dict[str, Any]]:

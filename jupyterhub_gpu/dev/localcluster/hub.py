@@ -346,10 +346,15 @@ class LocalHub:
                 groups.setdefault(g, {"users": []})["users"].append(user)
         return groups
 
-    def start(self, timeout: float = 60) -> LocalHub:
-        chp = ensure_chp()
+    def write_config(self) -> Path:
+        """The hub's ``jupyterhub_config.py`` (written again at every start); before the
+        hub starts, for an external GPU service to read as its replicas do."""
         config = self.directory / "jupyterhub_config.py"
-        config.write_text(self.config(chp))
+        config.write_text(self.config(ensure_chp()))
+        return config
+
+    def start(self, timeout: float = 60) -> LocalHub:
+        config = self.write_config()
         env = {
             **os.environ,
             **self._pod_environment(),
