@@ -146,6 +146,9 @@ class GPUService(Application, service_settings.GPUService):
         self._stops = asyncio.Semaphore(10)
         #: (pod uid, reason) of the stops not sent because the server changed, told once
         self._skips_told: set[tuple[str, str]] = set()
+        #: the stops counted (the server's pod, and the reason): a rule asks again at each
+        #: run while the hub is still stopping the server, and that is one stop
+        self._stops_counted: set[tuple[str, str]] = set()
         self.service_prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu/")
         # the hub's pages are beside the service's: <base_url>hub/ and <base_url>services/gpu/
         self.hub_prefix = self.service_prefix.rpartition("services/")[0] + "hub/"
@@ -441,9 +444,20 @@ class GPUService(Application, service_settings.GPUService):
                     return None
                 return str(e)
         self.stops_without_hub.done(user, name)
-        self.stopped_counter.labels(reason).inc()
+        self._count_stop(user, name, reason, pod or running)
         self.server_events.stopped(user, name)
         return None
+
+    def _count_stop(self, user: str, name: str, reason: str, pod: ServerPod | None) -> None:
+        """``servers_stopped_total`` counts each server's stop once, however often the
+        rule asked the hub for it while the server was stopping."""
+        counted = (pod.uid or pod.key if pod is not None else f"{user}/{name}", reason)
+        if counted in self._stops_counted:
+            return
+        if len(self._stops_counted) > 10_000:
+            self._stops_counted.clear()
+        self._stops_counted.add(counted)
+        self.stopped_counter.labels(reason).inc()
 
     async def _not_judged(self, user: str, name: str, pod: ServerPod) -> str | None:
         """Why the user's server now is not the one whose pod was judged, or None."""

@@ -27,7 +27,8 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   spawn of the group is refused), 0 when it exists. Absent for datasets without a
   claim (NFS, CSI) and for claims not read yet or whose last read failed (the
   ``dataset claims`` task's failures say so)
-- ``servers_stopped_total`` {reason}: stops made by the runtime rules
+- ``servers_stopped_total`` {reason}: servers the rules stopped (each server's stop
+  once, however often the rule asked the hub while it was stopping)
 - ``accounting_up``, ``accounting_unwritten_servers``,
   ``accounting_oldest_unwritten_age_seconds``, ``accounting_last_write_timestamp_seconds``,
   ``accounting_dropped_events``: whether the usage database is written and read, and
