@@ -9,7 +9,7 @@ import argparse
 import statistics
 import time
 
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 
 
 def main(rounds: int) -> None:

@@ -18,9 +18,9 @@ import time
 
 from jupyterhub_gpu.core.manifests import desired_objects
 from jupyterhub_gpu.core.model import Policy, parse_policy
-from jupyterhub_gpu.dev.localcluster import crds
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.kube.reconciler import KINDS, Reconciler
+from jupyterhub_gpu_dev.localcluster import crds
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 
 HUB = "jhub"
 

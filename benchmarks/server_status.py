@@ -112,11 +112,11 @@ async def main(requests: int, days: int) -> None:
     from tornado.httpclient import AsyncHTTPClient
     from tornado.httpserver import HTTPServer
 
-    from jupyterhub_gpu.dev.localcluster.cluster import free_port
-    from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
     from jupyterhub_gpu.service.app import GPUService
     from jupyterhub_gpu.service.hubapi import servers_from_users
     from jupyterhub_gpu.service.views import Notice
+    from jupyterhub_gpu_dev.localcluster.cluster import free_port
+    from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes
 
     directory = Path(tempfile.mkdtemp(prefix="server-status-bench-"))
     config = directory / "jupyterhub_config.py"

@@ -190,11 +190,11 @@ async def main(requests: int) -> None:
     from tornado.httpserver import HTTPServer
 
     from jupyterhub_gpu.core.admission import Ledger
-    from jupyterhub_gpu.dev.localcluster.cluster import free_port
-    from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
     from jupyterhub_gpu.service import handlers
     from jupyterhub_gpu.service.app import GPUService
     from jupyterhub_gpu.service.hubapi import servers_from_users
+    from jupyterhub_gpu_dev.localcluster.cluster import free_port
+    from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes
 
     directory = Path(tempfile.mkdtemp(prefix="service-bench-"))
     config = directory / "jupyterhub_config.py"

@@ -17,9 +17,9 @@ import time
 import uuid
 
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.demo import reconcile_once
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.demo import reconcile_once
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 
 POLICY = {
     "flavors": {"h200": {"kind": "gpu"}},

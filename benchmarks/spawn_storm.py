@@ -64,10 +64,10 @@ from pathlib import Path
 from kubernetes_asyncio import client, config
 
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.demo import reconcile_once
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from jupyterhub_gpu.dev.postgres import PostgresMissing, throwaway_postgres
+from jupyterhub_gpu_dev.demo import reconcile_once
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.postgres import PostgresMissing, throwaway_postgres
 
 USERS = [f"u{i:03d}" for i in range(200)]
 POLICY = {

@@ -89,7 +89,7 @@ def _policy_traits() -> str:
 
 def _node_pools(example: str) -> str:
     """What ``jupyterhub-gpu demo`` simulates for an example's values (--print-node-pools)."""
-    from jupyterhub_gpu.dev.demo import plan_demo, print_node_pools
+    from jupyterhub_gpu_dev.demo import plan_demo, print_node_pools
 
     values = [HERE.parent / "helm-values/base.yaml", HERE.parent / f"helm-values/{example}.yaml"]
     return print_node_pools(plan_demo([str(v) for v in values]))

@@ -25,7 +25,7 @@ class UserError(Exception):
 def _node_pools(path: str | None) -> dict | None:
     if path is None:
         return None
-    from .dev.localcluster.nodepools import NodePoolError, read_node_pools
+    from jupyterhub_gpu_dev.localcluster.nodepools import NodePoolError, read_node_pools
 
     try:
         return read_node_pools(path)
@@ -33,36 +33,51 @@ def _node_pools(path: str | None) -> dict | None:
         raise UserError(f"--node-pools {e}") from None
 
 
+#: what to install for ``cluster`` and ``demo``: the local cluster and the demo are a
+#: distribution of their own, which a hub image does not install
+DEV_INSTALL = (
+    "the local cluster and the demo come with the jupyterhub-gpu-dev distribution, "
+    "beside this package in its source checkout: pip install -e ./jupyterhub-gpu-dev"
+)
+
+
 def _dev_tools():
-    """The local cluster's modules; they come with the ``[demo]`` extra, which a hub
-    image does not need (``check``, ``profiles``, ``pod`` and ``manifests`` work without)."""
+    """The local cluster's modules (``check``, ``profiles``, ``pod`` and ``manifests``
+    work without them)."""
     try:
-        from .dev.localcluster import build, cluster
+        from jupyterhub_gpu_dev.localcluster import build, cluster
     except ModuleNotFoundError as e:
+        if e.name == "jupyterhub_gpu_dev":
+            raise UserError(DEV_INSTALL) from None
         if (e.name or "").startswith("jupyterhub_gpu"):
             raise
         raise UserError(
-            f"the local cluster and the demo need the [demo] extra ({e.name} is missing): "
-            "pip install 'jupyterhub-gpu[demo]'"
+            f"the local cluster and the demo need {e.name}, which jupyterhub-gpu-dev "
+            f"depends on: {DEV_INSTALL}"
         ) from None
     return build, cluster
 
 
-def _runnable_schedulers() -> list[str]:
-    """The schedulers the local cluster can run besides kube-scheduler (``demo --scheduler``).
+def _runnable_schedulers() -> list[str] | None:
+    """The schedulers the local cluster can run besides kube-scheduler (``demo --scheduler``);
+    None where the local cluster is not installed (the command then says what to install).
     The build module needs nothing beyond the standard library: ``--help`` works without
-    the [demo] extra."""
-    from .dev.localcluster.build import SCHEDULER_COMPONENTS
-
+    the local cluster's own dependencies."""
+    try:
+        from jupyterhub_gpu_dev.localcluster.build import SCHEDULER_COMPONENTS
+    except ModuleNotFoundError as e:
+        if e.name != "jupyterhub_gpu_dev":
+            raise
+        return None
     return list(SCHEDULER_COMPONENTS)
 
 
 @contextlib.contextmanager
 def _dev_errors():
     """The local cluster's and the demo's errors, as one line each."""
-    from .dev.demo import DemoError
-    from .dev.localcluster.build import BuildError
-    from .dev.localcluster.cluster import ClusterError
+    from jupyterhub_gpu_dev.demo import DemoError
+    from jupyterhub_gpu_dev.localcluster.build import BuildError
+    from jupyterhub_gpu_dev.localcluster.cluster import ClusterError
 
     try:
         yield
@@ -382,12 +397,12 @@ def _demo_servers_can_run() -> None:
     if missing:
         raise UserError(
             f"the demo's servers run {' and '.join(missing)} on this machine, which "
-            "is not installed: pip install 'jupyterhub-gpu[demo]'"
+            f"is not installed: {DEV_INSTALL}"
         )
     # VS Code: code-server (npm, built once and cached) behind jupyter-vscode-proxy. Without
     # it the rest of the demo runs, and a server opened with VS Code answers 404 at /vscode/
-    from .dev import codeserver
-    from .dev.localcluster.build import BuildError
+    from jupyterhub_gpu_dev import codeserver
+    from jupyterhub_gpu_dev.localcluster.build import BuildError
 
     def say(text: str) -> None:
         print(f"jupyterhub-gpu demo: {text}", file=sys.stderr, flush=True)
@@ -395,7 +410,7 @@ def _demo_servers_can_run() -> None:
     if importlib.util.find_spec("jupyter_vscode_proxy") is None:
         say(
             "VS Code will not open in the demo's servers: jupyter-vscode-proxy is not "
-            "installed (pip install 'jupyterhub-gpu[demo]')"
+            f"installed ({DEV_INSTALL})"
         )
     try:
         if codeserver.installed_bin_dir() is None:
@@ -409,7 +424,7 @@ def _demo_lab_extension() -> None:
     """The demo's JupyterLab shows GPU time: from a source checkout, the extension
     (jupyterlab-gpu/) is built (npm, cached by hash) and installed here if it is not
     yet, or changed; elsewhere it is what ``pip install jupyterhub-gpu-jupyterlab`` put."""
-    from .dev import labextension
+    from jupyterhub_gpu_dev import labextension
 
     if (labextension.SOURCE / "package.json").exists():
         labextension.ensure_installed(lambda text: print(f"jupyterhub-gpu demo: {text}"))
@@ -423,7 +438,7 @@ def _demo_lab_extension() -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _dev_tools()
-    from .dev.demo import plan_demo, print_node_pools, run_demo
+    from jupyterhub_gpu_dev.demo import plan_demo, print_node_pools, run_demo
 
     with _dev_errors():
         # every mistake in the values or the node pools stops it before anything starts

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 from kube_helpers import module_cluster
 
 
@@ -101,8 +101,8 @@ def gpu_metrics(local_cluster):
     (Debian's package) scraping it every second: ``.exporter``, ``.prometheus``."""
     from types import SimpleNamespace
 
-    from jupyterhub_gpu.dev.dcgm_exporter import SimulatedDCGMExporter
-    from jupyterhub_gpu.dev.prometheus import LocalPrometheus
+    from jupyterhub_gpu_dev.dcgm_exporter import SimulatedDCGMExporter
+    from jupyterhub_gpu_dev.prometheus import LocalPrometheus
 
     exporter = SimulatedDCGMExporter(local_cluster.state.kubeconfig).start()
     try:
@@ -117,8 +117,8 @@ def gpu_metrics(local_cluster):
 def ldap_directory():
     """A real OpenLDAP directory (Debian's slapd) on 127.0.0.1, laid out as
     helm-values/university.yaml says: ``.add_person``, ``.add_group``, ``.set_members``,
-    ``.stop()`` / ``.start()`` for an outage (see jupyterhub_gpu.dev.ldap)."""
-    from jupyterhub_gpu.dev.ldap import LocalDirectory
+    ``.stop()`` / ``.start()`` for an outage (see jupyterhub_gpu_dev.ldap)."""
+    from jupyterhub_gpu_dev.ldap import LocalDirectory
 
     with LocalDirectory() as directory:
         yield directory
@@ -128,8 +128,8 @@ def ldap_directory():
 def keycloak():
     """A real Keycloak (an OIDC provider) on 127.0.0.1, started once per session (the
     distribution is downloaded into the cache the first time): ``.create_realm``,
-    ``.add_to_group``, ``.remove_from_group`` (see jupyterhub_gpu.dev.keycloak)."""
-    from jupyterhub_gpu.dev.keycloak import LocalKeycloak
+    ``.add_to_group``, ``.remove_from_group`` (see jupyterhub_gpu_dev.keycloak)."""
+    from jupyterhub_gpu_dev.keycloak import LocalKeycloak
 
     with LocalKeycloak() as provider:
         yield provider
@@ -142,8 +142,8 @@ pytest_plugins = ["browser"]
 @pytest.fixture(scope="module")
 def built():
     """Build (or find) what the demo needs first, so its start-up timeout is about starting."""
-    from jupyterhub_gpu.dev.localcluster.build import ensure_binaries
-    from jupyterhub_gpu.dev.localcluster.hub import ensure_chp
+    from jupyterhub_gpu_dev.localcluster.build import ensure_binaries
+    from jupyterhub_gpu_dev.localcluster.hub import ensure_chp
 
     ensure_binaries()
     ensure_chp()

@@ -17,9 +17,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from jupyterhub_gpu.dev.demo import MARKER, stop_leftover_hub, stop_leftover_prometheus
-from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.cluster import ClusterState, LocalCluster
+from jupyterhub_gpu_dev.demo import MARKER, stop_leftover_hub, stop_leftover_prometheus
+from jupyterhub_gpu_dev.localcluster import sockets
+from jupyterhub_gpu_dev.localcluster.cluster import ClusterState, LocalCluster
 
 
 class Demo:

@@ -24,8 +24,8 @@ from rbac_helpers import remove as remove_rbac
 
 from jupyterhub_gpu.core.manifests import namespace_objects, priority_classes
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 #: KAI installs these itself; here they stand in for its chart

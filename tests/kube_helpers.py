@@ -13,7 +13,7 @@ from typing import TypeVar
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 
 T = TypeVar("T")
 
@@ -126,7 +126,7 @@ async def dedicated_gpu_node(core, pool: str, gpus: int) -> str:
     cluster's own nodes. The test deletes it."""
     from ipaddress import IPv4Network
 
-    from jupyterhub_gpu.dev.localcluster.nodepools import NodeAddressing, render_nodes
+    from jupyterhub_gpu_dev.localcluster.nodepools import NodeAddressing, render_nodes
 
     (node,) = render_nodes(
         {

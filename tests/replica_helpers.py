@@ -23,8 +23,8 @@ from pathlib import Path
 from rbac_helpers import apply_rendered_rbac, token_kubeconfig
 
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
-from jupyterhub_gpu.dev.localcluster.ports import free_port
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster.ports import free_port
 from kube_helpers import eventually, gpu_server_pod
 from test_service_hub import fetch
 

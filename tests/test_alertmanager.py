@@ -32,7 +32,7 @@ from jupyterhub_gpu.alerts import (
     rule_groups,
 )
 from jupyterhub_gpu.alerts.__main__ import main as render_main
-from jupyterhub_gpu.dev.localcluster.ports import free_port
+from jupyterhub_gpu_dev.localcluster.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 KPS_VALUES = ROOT / "helm-values" / "alerts" / "kube-prometheus-stack-alertmanager.yaml"

@@ -380,7 +380,7 @@ def any_database(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'usage.sqlite'}"
         return
-    from jupyterhub_gpu.dev.postgres import throwaway_postgres
+    from jupyterhub_gpu_dev.postgres import throwaway_postgres
 
     with throwaway_postgres("told") as url:
         yield url

@@ -8,7 +8,7 @@ import yaml
 
 from jupyterhub_gpu.core.capacity import flavor_capacity, pod_requests
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
+from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes
 
 NODES = render_nodes(
     yaml.safe_load(

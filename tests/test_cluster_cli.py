@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyterhub_gpu.dev.localcluster.cluster import DEFAULT_NODE_POOLS, _alive
-from jupyterhub_gpu.dev.localcluster.nodepools import read_node_pools, render_nodes
+from jupyterhub_gpu_dev.localcluster.cluster import DEFAULT_NODE_POOLS, _alive
+from jupyterhub_gpu_dev.localcluster.nodepools import read_node_pools, render_nodes
 
 CLI = [sys.executable, "-m", "jupyterhub_gpu.cli"]
 #: the nodes of the default pools (nodepools.yaml)

@@ -19,9 +19,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from hub_helpers import api, page_as, ready, running_hub
-from jupyterhub_gpu.dev.localcluster import hub as local_hub
-from jupyterhub_gpu.dev.localcluster.cluster import KEEP_FINALIZERS, LocalCluster
-from jupyterhub_gpu.dev.localcluster.nodepools import KWOK_ANNOTATION
+from jupyterhub_gpu_dev.localcluster import hub as local_hub
+from jupyterhub_gpu_dev.localcluster.cluster import KEEP_FINALIZERS, LocalCluster
+from jupyterhub_gpu_dev.localcluster.nodepools import KWOK_ANNOTATION
 from kube_helpers import eventually
 from test_service_hub import aget, usage, user_token, wait_for_service
 

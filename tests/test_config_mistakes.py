@@ -19,9 +19,9 @@ from traitlets.config import Config
 
 from jupyterhub_gpu.config.hubconfig import check_policy
 from jupyterhub_gpu.config.policy import GPUPolicy
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.hub.offline import offline_spawner
 from jupyterhub_gpu.hub.spawner import GPUKubeSpawner, SpawnRefused
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {

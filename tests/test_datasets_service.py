@@ -29,7 +29,7 @@ from test_service_failures import RESTRICTED, service_account_kubeconfig
 
 from hub_helpers import api, logged_in_opener, no_server, pod_json, ready, running_hub
 from jupyterhub_gpu.core.shaping import GROUP_LABEL
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import create_bound_claim, create_claim, eventually, remove_claims
 from test_service_hub import aget, usage, user_token, wait_for_service
 

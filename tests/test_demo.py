@@ -29,11 +29,11 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 from browser import log_in
 from demo_helpers import Demo, api, cmdline, processes_under, still_running
 from hub_helpers import logged_in_opener
-from jupyterhub_gpu.dev.demo import DEMO_VALUES, plan_demo
-from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.cluster import DEFAULT_NODE_POOLS, free_port
-from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
-from jupyterhub_gpu.dev.localcluster.nodepools import read_node_pools, render_nodes
+from jupyterhub_gpu_dev.demo import DEMO_VALUES, plan_demo
+from jupyterhub_gpu_dev.localcluster import sockets
+from jupyterhub_gpu_dev.localcluster.cluster import DEFAULT_NODE_POOLS, free_port
+from jupyterhub_gpu_dev.localcluster.kubeconfig import load_configuration
+from jupyterhub_gpu_dev.localcluster.nodepools import read_node_pools, render_nodes
 from kube_helpers import eventually
 
 PASSWORD = "jupyterhub-gpu"

@@ -10,9 +10,9 @@ import pytest
 from traitlets.config import Config
 
 from jupyterhub_gpu.auth.ldap import LDAPGroupsAuthenticator
-from jupyterhub_gpu.dev.demo import DemoError, fill_directory, plan_demo
-from jupyterhub_gpu.dev.ldap import LocalDirectory
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.demo import DemoError, fill_directory, plan_demo
+from jupyterhub_gpu_dev.ldap import LocalDirectory
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPARTMENT = [str(ROOT / "helm-values/base.yaml"), str(ROOT / "helm-values/department.yaml")]

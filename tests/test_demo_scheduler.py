@@ -18,10 +18,10 @@ import pytest
 
 from cli_helpers import ROOT, cli
 from demo_helpers import Demo, api, cmdline, processes_under, still_running
-from jupyterhub_gpu.dev.demo import SCHEDULER_OBJECTS, SCHEDULER_ROLES, DemoError, plan_demo
-from jupyterhub_gpu.dev.localcluster.build import SCHEDULER_COMPONENTS, ensure_binaries
-from jupyterhub_gpu.dev.localcluster.cluster import free_port
-from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
+from jupyterhub_gpu_dev.demo import SCHEDULER_OBJECTS, SCHEDULER_ROLES, DemoError, plan_demo
+from jupyterhub_gpu_dev.localcluster.build import SCHEDULER_COMPONENTS, ensure_binaries
+from jupyterhub_gpu_dev.localcluster.cluster import free_port
+from jupyterhub_gpu_dev.localcluster.kubeconfig import load_configuration
 from kube_helpers import eventually
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")

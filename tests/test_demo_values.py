@@ -25,11 +25,11 @@ from jupyterhub_gpu.config.values import policy_from_values
 from jupyterhub_gpu.core.capacity import flavor_capacity
 from jupyterhub_gpu.core.dra import DraInventory
 from jupyterhub_gpu.core.quantities import parse_quantity
-from jupyterhub_gpu.dev.demo import plan_demo, stand_in_claims
-from jupyterhub_gpu.dev.localcluster.cluster import free_port
-from jupyterhub_gpu.dev.localcluster.dra import device_classes, render_resource_slices
-from jupyterhub_gpu.dev.localcluster.kubeconfig import load_configuration
-from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
+from jupyterhub_gpu_dev.demo import plan_demo, stand_in_claims
+from jupyterhub_gpu_dev.localcluster.cluster import free_port
+from jupyterhub_gpu_dev.localcluster.dra import device_classes, render_resource_slices
+from jupyterhub_gpu_dev.localcluster.kubeconfig import load_configuration
+from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes
 from kube_helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,8 +247,9 @@ def test_values_without_a_policy_say_what_to_start_from(tmp_path):
 
 
 def test_the_demo_says_what_to_install_when_its_servers_cannot_run(tmp_path):
-    """Installed without the [demo] extra, the demo would start and every spawn would end
-    in the hub's own error; it stops before starting anything, naming the install."""
+    """Installed without what its servers run (JupyterLab), the demo would start and every
+    spawn would end in the hub's own error; it stops before starting anything, naming
+    the install."""
     import os
     import subprocess
     import sys
@@ -261,9 +262,12 @@ def test_the_demo_says_what_to_install_when_its_servers_cannot_run(tmp_path):
     # this checkout's code; and no binaries, so that were the check ever to pass, the
     # demo fails at once instead of starting a cluster this test would leave behind
     (tmp_path / "no-binaries").mkdir()
+    checkout = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": os.pathsep.join(
+            str(checkout / folder) for folder in ("", "jupyterhub-gpu-dev")
+        ),
         "JUPYTERHUB_GPU_BIN_DIR": str(tmp_path / "no-binaries"),
     }
     result = subprocess.run(
@@ -277,7 +281,7 @@ def test_the_demo_says_what_to_install_when_its_servers_cannot_run(tmp_path):
     assert result.returncode == 1, result.stdout
     assert (
         "the demo's servers run JupyterLab on this machine, which is not installed: "
-        "pip install 'jupyterhub-gpu[demo]'"
+        "the local cluster and the demo come with the jupyterhub-gpu-dev distribution"
     ) in result.stderr
     # nothing was started: no cluster state was written
     assert "starting" not in result.stderr

@@ -19,9 +19,9 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from browser import log_in
 from demo_helpers import Demo, api, cmdline, processes_under, still_running
-from jupyterhub_gpu.dev import codeserver
-from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.cluster import free_port
+from jupyterhub_gpu_dev import codeserver
+from jupyterhub_gpu_dev.localcluster import sockets
+from jupyterhub_gpu_dev.localcluster.cluster import free_port
 from kube_helpers import eventually
 
 PASSWORD = "jupyterhub-gpu"

@@ -413,8 +413,8 @@ def own_cluster(tmp_path_factory, built):
     deployment's have (``jupyterhub-gpu-spawner``, the queues ``research``, ...), which
     other modules' hubs use in the session's cluster. Its nodes are those the demo
     derives from the university recipe's flavors, and kube-scheduler stands in for KAI."""
-    from jupyterhub_gpu.dev.demo import plan_demo
-    from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+    from jupyterhub_gpu_dev.demo import plan_demo
+    from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 
     plan = plan_demo([str(ROOT / "helm-values" / "university.yaml")])
     cluster = LocalCluster.create(
@@ -439,7 +439,7 @@ async def test_a_newcomer_following_the_deploy_guide_in_order_gets_a_working_hub
     as that service account; a member's first login is offered what ``profiles``
     printed and gets the pod ``pod`` printed; and the removal leaves the namespace to
     delete by hand."""
-    from jupyterhub_gpu.dev.localcluster import crds
+    from jupyterhub_gpu_dev.localcluster import crds
 
     kubeconfig = Path(own_cluster.state.kubeconfig)
     async with own_cluster.api() as api:
@@ -486,8 +486,8 @@ async def first_login(cluster, root: Path) -> None:
     from rbac_helpers import apply_rendered_rbac, token_kubeconfig
 
     from hub_helpers import api, logged_in_opener, page_as
-    from jupyterhub_gpu.dev.demo import plan_demo, stand_in_objects
-    from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+    from jupyterhub_gpu_dev.demo import plan_demo, stand_in_objects
+    from jupyterhub_gpu_dev.localcluster.hub import LocalHub
     from kube_helpers import eventually
 
     plan = plan_demo(helm_values(root))

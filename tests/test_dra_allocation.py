@@ -22,14 +22,14 @@ from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.schedulers.kueue import device_class_mappings
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.usage import UsageRecord
-from jupyterhub_gpu.dev.dcgm_dra import DraObjects, dra_samples
-from jupyterhub_gpu.dev.dcgm_exporter import PodOnNode
-from jupyterhub_gpu.dev.localcluster.dra import device_classes, render_resource_slices
-from jupyterhub_gpu.dev.localcluster.nodepools import NodePoolError, render_nodes
 from jupyterhub_gpu.service.dra_charges import ALLOCATION_WAIT, AllocationCharges
 from jupyterhub_gpu.service.idle import ENGINE_ACTIVE, GPU_UTIL, candidates, shares_its_device
 from jupyterhub_gpu.service.state import ServerPod
 from jupyterhub_gpu.service.views import Server
+from jupyterhub_gpu_dev.dcgm_dra import DraObjects, dra_samples
+from jupyterhub_gpu_dev.dcgm_exporter import PodOnNode
+from jupyterhub_gpu_dev.localcluster.dra import device_classes, render_resource_slices
+from jupyterhub_gpu_dev.localcluster.nodepools import NodePoolError, render_nodes
 
 H200 = "NVIDIA-H200-NVL"
 #: a DRA node of four H200s (GPU 0 as two 3g.71gb partitions) whose class maps

@@ -10,8 +10,8 @@ import pytest
 from jupyterhub_gpu.core.capacity import flavor_capacity
 from jupyterhub_gpu.core.dra import DraInventory, UnsupportedCel, compile_selector
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster.dra import DEVICE_CLASSES, render_resource_slices
-from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
+from jupyterhub_gpu_dev.localcluster.dra import DEVICE_CLASSES, render_resource_slices
+from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes
 
 POOLS = {
     "node_pools": {

@@ -18,9 +18,9 @@ from jupyterhub_gpu.core.manifests import claim_template, resource_quota
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.rbac import cluster_read_rules
 from jupyterhub_gpu.core.shaping import PodShape, apply_to_pod
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.dev.localcluster.dra import DEVICE_CLASSES
 from jupyterhub_gpu.kube.clusterview import ClusterView
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.dra import DEVICE_CLASSES
 from kube_helpers import eventually, failed_scheduling, pod_manifest
 
 pytestmark = pytest.mark.k8s

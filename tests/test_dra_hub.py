@@ -21,7 +21,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from hub_helpers import create_priority_classes, page_as, running_hub, stop_server
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 from kube_helpers import eventually
 from test_service_hub import aget, start_server, user_token, wait_for_service
 

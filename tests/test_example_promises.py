@@ -37,9 +37,9 @@ from hub_helpers import api, hub_account
 from jupyterhub_gpu.core.model import Amounts, Group, Policy
 from jupyterhub_gpu.core.quantities import parse_quantity
 from jupyterhub_gpu.core.selection import Refused, Request, Selection, offers, select
-from jupyterhub_gpu.dev.demo import HUB_NAMESPACE, DemoPlan, plan_demo, reconcile_once
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.demo import HUB_NAMESPACE, DemoPlan, plan_demo, reconcile_once
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

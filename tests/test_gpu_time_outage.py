@@ -188,7 +188,7 @@ async def outage_loses_no_gpu_time(
 async def test_a_postgresql_outage_loses_no_gpu_time_and_refuses_budgeted_gpu_spawns(
     hub_factory, core
 ):
-    from jupyterhub_gpu.dev.postgres import postgres_server
+    from jupyterhub_gpu_dev.postgres import postgres_server
 
     with postgres_server("usage") as postgres:
         store = UsageStore(postgres.url)

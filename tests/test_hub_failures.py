@@ -13,7 +13,7 @@ import json
 import pytest
 
 from hub_helpers import HubFactory, Relay, api, progress_messages
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually, pod_manifest
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

@@ -19,9 +19,9 @@ import re
 import pytest
 
 from hub_helpers import running_hub
-from jupyterhub_gpu.dev.localcluster.cluster import free_port
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
 from jupyterhub_gpu.service.idle import Prometheus, PrometheusError
+from jupyterhub_gpu_dev.localcluster.cluster import free_port
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 

@@ -1,8 +1,8 @@
 """The package's layout holds: the pure core imports no I/O library (a ruff rule), each
 room imports only the rooms below it (core <- config, kube, accounting <- hub, service,
 auth <- dev <- cli; import-linter's contract in pyproject.toml), and the hub and the
-service never import the local cluster or the demo, so a hub image without the
-``[demo]`` extra works."""
+service never import the local cluster or the demo (a distribution of their own,
+jupyterhub-gpu-dev), so a hub image without it works."""
 
 from __future__ import annotations
 
@@ -17,16 +17,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 VALUES = ROOT / "helm-values"
+#: the local cluster's and the demo's distribution, beside the package
+DEV_FOLDER = "jupyterhub-gpu-dev"
 
-# Python run in a fresh interpreter that cannot import the [demo] extra's packages,
-# as in a hub image built without it.
-WITHOUT_DEMO_EXTRA = textwrap.dedent(
+# Python run in a fresh interpreter that cannot import the local cluster and the demo
+# (the jupyterhub-gpu-dev distribution) nor what they bring, as in a hub image.
+WITHOUT_DEV = textwrap.dedent(
     """
     import importlib.abc, sys
 
     class NotInstalled(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("cryptography", "jupyterlab"):
+            if name.split(".")[0] in ("jupyterhub_gpu_dev", "cryptography", "jupyterlab"):
                 raise ModuleNotFoundError(f"No module named {name!r}", name=name)
             return None
 
@@ -37,7 +39,7 @@ WITHOUT_DEMO_EXTRA = textwrap.dedent(
 
 def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", WITHOUT_DEMO_EXTRA + textwrap.dedent(code)],
+        [sys.executable, "-c", WITHOUT_DEV + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -45,20 +47,20 @@ def _python(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_hub_and_the_service_import_nothing_of_the_demo_extra():
+def test_the_hub_and_the_service_import_nothing_of_the_local_cluster_or_the_demo():
     result = _python(
         """
         import jupyterhub_gpu.hub.spawner, jupyterhub_gpu.service.app
         import jupyterhub_gpu.config.hubconfig, jupyterhub_gpu.cli
         print(sorted(m for m in sys.modules
-                     if m.startswith(("jupyterhub_gpu.dev", "cryptography", "jupyterlab"))))
+                     if m.startswith(("jupyterhub_gpu_dev", "cryptography", "jupyterlab"))))
         """
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
-def test_the_offline_commands_work_without_the_demo_extra_and_the_cluster_says_what_to_install():
+def test_the_offline_commands_work_without_the_dev_distribution_and_cluster_says_what_to_install():
     values = [str(VALUES / "base.yaml"), str(VALUES / "university.yaml")]
     result = _python(
         f"""
@@ -71,8 +73,10 @@ def test_the_offline_commands_work_without_the_demo_extra_and_the_cluster_says_w
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("policy OK")
     assert "kind: ClusterRole" in result.stdout  # the manifests were rendered
-    assert "need the [demo] extra (cryptography is missing)" in result.stderr
-    assert "pip install 'jupyterhub-gpu[demo]'" in result.stderr
+    assert "the local cluster and the demo come with the jupyterhub-gpu-dev distribution" in (
+        result.stderr
+    )
+    assert "pip install -e ./jupyterhub-gpu-dev" in result.stderr
 
 
 def _ruff(*args: str, source: str | None = None) -> subprocess.CompletedProcess:
@@ -128,7 +132,7 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / DEV_FOLDER}"},
         timeout=120,
     )
 
@@ -138,7 +142,7 @@ def test_the_package_keeps_its_rooms():
     down the floors of pyproject.toml's contract (the same check as the lint step)."""
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
+    assert "2 kept, 0 broken" in result.stdout
 
 
 #: (the module an import is added to, the import, what it breaks): a room importing a
@@ -151,8 +155,13 @@ AGAINST_THE_FLOORS = [
     ("hub/probe.py", "from ..service import app", "hub -> service"),
     ("service/probe.py", "from ..hub import spawner", "service -> hub"),
     ("auth/probe.py", "from ..hub import pages", "auth -> hub"),
-    ("hub/probe.py", "def f():\n    from ..dev import demo\n\n    return demo", "hub -> dev"),
-    ("dev/probe.py", "from .. import cli", "dev -> cli"),
+    # the local cluster and the demo, a distribution of their own, even lazily
+    (
+        "hub/probe.py",
+        "def f():\n    from jupyterhub_gpu_dev import demo\n\n    return demo",
+        "hub -> jupyterhub_gpu_dev.demo",
+    ),
+    ("service/probe.py", "import jupyterhub_gpu_dev.prometheus", "service -> jupyterhub_gpu_dev"),
 ]
 
 
@@ -161,11 +170,12 @@ def package_copy(tmp_path_factory) -> Path:
     """The package and its contract, copied, for imports the real one must not have."""
     root = tmp_path_factory.mktemp("layout")
     shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
-    shutil.copytree(
-        ROOT / "jupyterhub_gpu",
-        root / "jupyterhub_gpu",
-        ignore=shutil.ignore_patterns("__pycache__", "gomod", "*.html", "*.yaml"),
-    )
+    for package in ("jupyterhub_gpu", f"{DEV_FOLDER}/jupyterhub_gpu_dev"):
+        shutil.copytree(
+            ROOT / package,
+            root / package,
+            ignore=shutil.ignore_patterns("__pycache__", "gomod", "node_modules", "*.html"),
+        )
     return root
 
 
@@ -180,6 +190,6 @@ def test_an_import_against_the_floors_is_a_lint_error(package_copy, module, line
     assert result.returncode == 1, result.stdout
     assert "BROKEN" in result.stdout
     importer, imported = broken.split(" -> ")
-    assert f"jupyterhub_gpu.{importer}.probe -> jupyterhub_gpu.{imported}" in result.stdout, (
-        result.stdout
-    )
+    if not imported.startswith("jupyterhub_gpu_dev"):
+        imported = f"jupyterhub_gpu.{imported}"
+    assert f"jupyterhub_gpu.{importer}.probe -> {imported}" in result.stdout, result.stdout

@@ -22,7 +22,7 @@ from traitlets.config import Config
 from hub_helpers import running_hub
 from jupyterhub_gpu.auth.ldap import DIRECTORY_DOWN, LDAPGroupsAuthenticator
 from jupyterhub_gpu.config.values import load_values
-from jupyterhub_gpu.dev.ldap import ADMIN_DN, GROUPS, LocalDirectory
+from jupyterhub_gpu_dev.ldap import ADMIN_DN, GROUPS, LocalDirectory
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIVERSITY = load_values([ROOT / "helm-values/base.yaml", ROOT / "helm-values/university.yaml"])

@@ -37,8 +37,8 @@ from jupyterhub_gpu.auth.ldap import (
     LDAPGroupsAuthenticator,
 )
 from jupyterhub_gpu.config.values import load_values
-from jupyterhub_gpu.dev.ldap import ADMIN_DN, GROUPS, SUFFIX, LocalDirectory, server_certificate
-from jupyterhub_gpu.dev.localcluster.pki import CertificateAuthority
+from jupyterhub_gpu_dev.ldap import ADMIN_DN, GROUPS, SUFFIX, LocalDirectory, server_certificate
+from jupyterhub_gpu_dev.localcluster.pki import CertificateAuthority
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIVERSITY = load_values([ROOT / "helm-values/base.yaml", ROOT / "helm-values/university.yaml"])

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster import sockets
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
@@ -92,7 +92,7 @@ async def test_every_process_listens_on_loopback_only(hub, local_cluster):
 
 
 async def test_stopping_the_hub_leaves_no_process(local_cluster, namespace):
-    from jupyterhub_gpu.dev.localcluster.cluster import _alive
+    from jupyterhub_gpu_dev.localcluster.cluster import _alive
 
     hub = LocalHub(local_cluster, namespace=namespace, users={"alice": []})
     await asyncio.to_thread(hub.start)

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jupyterhub_gpu.dev.localcluster.nodepools import NodePoolError, render_nodes
+from jupyterhub_gpu_dev.localcluster.nodepools import NodePoolError, render_nodes
 
 DEFAULT = yaml.safe_load(
-    (Path(__file__).parents[1] / "jupyterhub_gpu/dev/localcluster/nodepools.yaml").read_text()
+    (
+        Path(__file__).parents[1]
+        / "jupyterhub-gpu-dev/jupyterhub_gpu_dev/localcluster/nodepools.yaml"
+    ).read_text()
 )
 
 

@@ -34,8 +34,8 @@ from jupyterhub_gpu.auth.oidc import (
 from jupyterhub_gpu.config.values import load_values
 from jupyterhub_gpu.core.directory import hub_groups as map_groups
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.keycloak import LocalKeycloak
-from jupyterhub_gpu.dev.localcluster.cluster import free_port
+from jupyterhub_gpu_dev.keycloak import LocalKeycloak
+from jupyterhub_gpu_dev.localcluster.cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPARTMENT = load_values([ROOT / "helm-values/base.yaml", ROOT / "helm-values/department.yaml"])

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from jupyterhub_gpu.dev.localcluster.cluster import (
+from jupyterhub_gpu_dev.localcluster.cluster import (
     POD_PREFIX,
     POD_RANGE,
     ClusterError,
@@ -71,7 +71,7 @@ def test_a_port_another_process_took_meanwhile_is_chosen_again(tmp_path, monkeyp
     with new ports instead of failing (or waiting a minute for nodes that never come)."""
     import socket
 
-    from jupyterhub_gpu.dev.localcluster import cluster as cluster_module
+    from jupyterhub_gpu_dev.localcluster import cluster as cluster_module
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from jupyterhub_gpu.dev import codeserver
-from jupyterhub_gpu.dev.localcluster import sockets
-from jupyterhub_gpu.dev.localcluster.podrunner import (
+from jupyterhub_gpu_dev import codeserver
+from jupyterhub_gpu_dev.localcluster import sockets
+from jupyterhub_gpu_dev.localcluster.podrunner import (
     DEFAULT_ALLOWED,
     NotRunnable,
     bind_to_pod_ip,

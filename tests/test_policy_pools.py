@@ -13,9 +13,9 @@ from jupyterhub_gpu.core.capacity import flavor_capacity
 from jupyterhub_gpu.core.dra import DraInventory
 from jupyterhub_gpu.core.model import Flavor, Policy, parse_policy
 from jupyterhub_gpu.core.quantities import parse_quantity
-from jupyterhub_gpu.dev.localcluster.dra import device_classes, render_resource_slices
-from jupyterhub_gpu.dev.localcluster.nodepools import render_nodes
-from jupyterhub_gpu.dev.localcluster.policy_pools import (
+from jupyterhub_gpu_dev.localcluster.dra import device_classes, render_resource_slices
+from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes
+from jupyterhub_gpu_dev.localcluster.policy_pools import (
     MAX_NODES,
     node_pools_for,
     units_needed,
@@ -36,9 +36,14 @@ def matrix_policy(scheduler: str) -> Policy:
     return policy_from_config(config)
 
 
+#: the demo's built-in example
+DEMO_VALUES = ROOT / "jupyterhub-gpu-dev/jupyterhub_gpu_dev/demo_values.yaml"
+
 POLICIES = {
     **{name: lambda name=name: example(name) for name in EXAMPLES},
-    "demo": lambda: policy_from_values([ROOT / "jupyterhub_gpu/dev/demo_values.yaml"]),
+    "demo": lambda: policy_from_values(
+        [ROOT / "jupyterhub-gpu-dev/jupyterhub_gpu_dev/demo_values.yaml"]
+    ),
     **{f"every-kind-{s}": lambda s=s: matrix_policy(s) for s in matrix.SCHEDULERS},
 }
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from jupyterhub_gpu.dev.localcluster import ports
+from jupyterhub_gpu_dev.localcluster import ports
 
 
 def test_ports_are_outside_the_kernels_ephemeral_range_and_bindable():
@@ -34,7 +34,7 @@ def test_two_processes_choosing_the_same_ports_at_once_never_share_one():
             textwrap.dedent(
                 """
                 import random, sys
-                from jupyterhub_gpu.dev.localcluster import ports
+                from jupyterhub_gpu_dev.localcluster import ports
                 taken = [ports.free_port(random.Random(7)) for _ in range(5)]
                 print(" ".join(map(str, taken)), flush=True)
                 sys.stdin.read()  # hold them until told to exit

@@ -13,8 +13,8 @@ from kubernetes_asyncio import client
 
 from jupyterhub_gpu.core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
 from jupyterhub_gpu.core.model import parse_policy
-from jupyterhub_gpu.dev.localcluster import crds
 from jupyterhub_gpu.kube.reconciler import KINDS, Reconciler
+from jupyterhub_gpu_dev.localcluster import crds
 from kube_helpers import created_once_quota_admits, eventually, pod_manifest
 
 pytestmark = pytest.mark.k8s

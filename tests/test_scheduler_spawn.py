@@ -35,10 +35,10 @@ from browser import log_in
 from hub_helpers import api, no_server, progress_messages, ready, running_hub, server
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.pending import VOLCANO_GROUP_ANNOTATION, kueue_waiting
-from jupyterhub_gpu.dev.localcluster import sockets, volcano
-from jupyterhub_gpu.dev.localcluster.cluster import LocalCluster
 from jupyterhub_gpu.hub.offline import render_pod
 from jupyterhub_gpu.kube.reconciler import Reconciler
+from jupyterhub_gpu_dev.localcluster import sockets, volcano
+from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 from kube_helpers import eventually, module_cluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hub_helpers import running_hub
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]

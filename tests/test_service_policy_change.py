@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from jupyterhub_gpu.dev.localcluster.hub import LocalHub
+from jupyterhub_gpu_dev.localcluster.hub import LocalHub
 from kube_helpers import eventually
 from test_service_hub import aget, start_server, usage, user_token, wait_for_service
 

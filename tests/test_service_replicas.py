@@ -29,7 +29,7 @@ from replica_helpers import (
     write_config,
 )
 
-from jupyterhub_gpu.dev.localcluster.ports import free_port
+from jupyterhub_gpu_dev.localcluster.ports import free_port
 from kube_helpers import eventually
 
 pytestmark = pytest.mark.k8s

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyterhub_gpu.dev.localcluster.hub import Z2JH_HELPER
 from jupyterhub_gpu.service.app import GPUService
+from jupyterhub_gpu_dev.localcluster.hub import Z2JH_HELPER
 from kube_helpers import eventually
 from test_service_hub import aget, user_token, wait_for_service
 

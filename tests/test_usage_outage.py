@@ -43,7 +43,7 @@ POLICY = parse_policy(
 
 @pytest.fixture(scope="module")
 def postgres():
-    from jupyterhub_gpu.dev.postgres import postgres_server
+    from jupyterhub_gpu_dev.postgres import postgres_server
 
     with postgres_server("usage") as server:
         yield server

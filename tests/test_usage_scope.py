@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 import pytest
 
 from hub_helpers import running_hub
-from jupyterhub_gpu.dev.localcluster.hub import ADMIN_SERVICE
 from jupyterhub_gpu.service.views import USAGE_READ_SCOPE
+from jupyterhub_gpu_dev.localcluster.hub import ADMIN_SERVICE
 from kube_helpers import eventually
 from test_service_hub import aget, start_server, user_token, wait_for_service
 

@@ -21,7 +21,7 @@ def database_url(request, tmp_path_factory):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('usage') / 'usage.sqlite'}"
         return
-    from jupyterhub_gpu.dev.postgres import throwaway_postgres
+    from jupyterhub_gpu_dev.postgres import throwaway_postgres
 
     with throwaway_postgres("usage") as url:
         yield url

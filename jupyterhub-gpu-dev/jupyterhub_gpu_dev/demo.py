@@ -43,17 +43,18 @@ from typing import Any
 
 import yaml
 
-from ..config.values import checked_values
-from ..core.budgets import BudgetState, format_cap, format_period
-from ..core.fairshare import format_duration_days
-from ..core.manifests import desired_objects
-from ..core.model import Budget, Dataset, Flavor, Group, Interface, Policy, Profile
-from ..core.objects import all_groups
-from ..core.profiles import budget_line
-from ..core.quantities import format_duration
-from ..core.selection import base_request, offers
-from ..core.shaping import namespace_for
-from ..kube.reconciler import Reconciler
+from jupyterhub_gpu.config.values import checked_values
+from jupyterhub_gpu.core.budgets import BudgetState, format_cap, format_period
+from jupyterhub_gpu.core.fairshare import format_duration_days
+from jupyterhub_gpu.core.manifests import desired_objects
+from jupyterhub_gpu.core.model import Budget, Dataset, Flavor, Group, Interface, Policy, Profile
+from jupyterhub_gpu.core.objects import all_groups
+from jupyterhub_gpu.core.profiles import budget_line
+from jupyterhub_gpu.core.quantities import format_duration
+from jupyterhub_gpu.core.selection import base_request, offers
+from jupyterhub_gpu.core.shaping import namespace_for
+from jupyterhub_gpu.kube.reconciler import Reconciler
+
 from . import codeserver
 from .dcgm_exporter import SimulatedDCGMExporter
 from .ldap import ADMIN_DN, GROUPS, PEOPLE, LocalDirectory, SlapdMissing
@@ -861,8 +862,8 @@ def seed_fair_share_history(plan: DemoPlan, url: str, now: float) -> list[str]:
     """Earlier GPU time of ``<group>-1`` (more) and ``<group>-2`` (less) in the usage
     database at ``url``, as rows a day of real use would leave; what was written, in
     words (nothing without ``_history_group``)."""
-    from ..accounting.store import UsageStore
-    from ..core.budgets import UsageRecord
+    from jupyterhub_gpu.accounting.store import UsageStore
+    from jupyterhub_gpu.core.budgets import UsageRecord
 
     group = _history_group(plan)
     if group is None:

@@ -472,7 +472,7 @@ class LocalCluster:
             [
                 sys.executable,
                 "-m",
-                "jupyterhub_gpu.dev.localcluster.podrunner",
+                "jupyterhub_gpu_dev.localcluster.podrunner",
                 f"--kubeconfig={kubeconfigs['pod-runner']}",
                 f"--workdir={d / 'pods'}",
             ],

@@ -23,8 +23,9 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from ...core.model import Flavor, Group, Policy
-from ...core.selection import units_per_server
+from jupyterhub_gpu.core.model import Flavor, Group, Policy
+from jupyterhub_gpu.core.selection import units_per_server
+
 from .dra import DEVICE_CLASSES
 
 #: GPUs on one simulated node, as on the usual 8-GPU servers

@@ -23,7 +23,7 @@ guards ``/vscode/``; no telemetry, update check or workspace trust prompt) and
 VS Code settings that keep it from reaching out, with ``EXTENSIONS_GALLERY``
 naming no marketplace.
 
-``python -m jupyterhub_gpu.dev.codeserver`` installs it (if needed) and prints
+``python -m jupyterhub_gpu_dev.codeserver`` installs it (if needed) and prints
 the folder holding ``code-server``.
 """
 

@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from ...core.objects import device_class_resource
+from jupyterhub_gpu.core.objects import device_class_resource
+
 from . import crds, pki
 from .dra import DEVICE_CLASSES
 

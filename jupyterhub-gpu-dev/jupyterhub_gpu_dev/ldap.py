@@ -113,7 +113,7 @@ class LocalDirectory:
             else ""
         )
         return f"""\
-# written by jupyterhub_gpu.dev.ldap
+# written by jupyterhub_gpu_dev.ldap
 {schemas}
 {tls}pidfile {self.directory}/slapd.pid
 argsfile {self.directory}/slapd.args
@@ -301,7 +301,7 @@ access to * by * read
 
 def server_certificate(ca: Any, folder: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and localhost signed by ``ca`` (a
-    ``jupyterhub_gpu.dev.localcluster.pki.CertificateAuthority``), written to
+    ``jupyterhub_gpu_dev.localcluster.pki.CertificateAuthority``), written to
     ``folder`` with its key and the CA's certificate (``ca.crt``, for clients):
     (certificate, key)."""
     cert, key = ca.issue("127.0.0.1", server_names=["localhost"], server_ips=["127.0.0.1"])

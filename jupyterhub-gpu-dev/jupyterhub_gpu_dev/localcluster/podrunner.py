@@ -19,7 +19,7 @@ given no command and a hub token (``start-notebook.py``); the runner does the
 same, so stock KubeSpawner pods run unchanged.
 
 Every server runs from this machine's Python environment, as if every image
-were the same one. When code-server is installed (``jupyterhub_gpu.dev.codeserver``,
+were the same one. When code-server is installed (``jupyterhub_gpu_dev.codeserver``,
 looked up at each start) its folder is on the server's PATH and the server's home
 gets the offline config an image with VS Code would carry, so
 ``jupyter-vscode-proxy`` serves VS Code at ``/vscode/``.
@@ -36,7 +36,7 @@ read-only even where the mount says so (a symlink cannot be), and an existing
 file or folder of the user's at that place is left alone (the mount is skipped,
 with a warning in the runner's log). Every other volume stays simulated.
 
-Run by the local cluster as ``python -m jupyterhub_gpu.dev.localcluster.podrunner``.
+Run by the local cluster as ``python -m jupyterhub_gpu_dev.localcluster.podrunner``.
 """
 
 from __future__ import annotations

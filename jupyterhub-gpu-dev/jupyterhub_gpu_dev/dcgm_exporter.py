@@ -48,7 +48,7 @@ From Python (the HTTP server runs in a thread of its own, on 127.0.0.1)::
     ...
     prometheus.stop(); exporter.stop()
 
-Or ``python -m jupyterhub_gpu.dev.dcgm_exporter --kubeconfig PATH --port 9400``.
+Or ``python -m jupyterhub_gpu_dev.dcgm_exporter --kubeconfig PATH --port 9400``.
 """
 
 from __future__ import annotations
@@ -486,7 +486,7 @@ class _UtilizationHandler(web.RequestHandler):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m jupyterhub_gpu.dev.dcgm_exporter", description=__doc__.splitlines()[0]
+        prog="python -m jupyterhub_gpu_dev.dcgm_exporter", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--kubeconfig", required=True, help="the local cluster's kubeconfig")
     parser.add_argument("--port", type=int, default=9400, help="port on 127.0.0.1 (0: any)")

@@ -14,7 +14,7 @@ created through the admin REST API.
         keycloak.create_realm({"realm": "example", ...})
         keycloak.add_to_group("example", "alice", "/research/nlp")
 
-``python -m jupyterhub_gpu.dev.keycloak`` downloads the distribution (with
+``python -m jupyterhub_gpu_dev.keycloak`` downloads the distribution (with
 progress) and prints its folder, for a test machine's set-up.
 """
 

@@ -23,9 +23,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...config.hubconfig import CONFIG_D_FILE
-from ...service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
-from ...service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
+from jupyterhub_gpu.config.hubconfig import CONFIG_D_FILE
+from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
+from jupyterhub_gpu.service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
+
 from . import build
 from .cluster import LocalCluster, free_port
 
@@ -159,7 +160,7 @@ class LocalHub:
         return (
             textwrap.dedent(
                 f"""
-            # written by jupyterhub_gpu.dev.localcluster.hub
+            # written by jupyterhub_gpu_dev.localcluster.hub
             import os
             c = get_config()  # noqa
             c.JupyterHub.ip = "127.0.0.1"
