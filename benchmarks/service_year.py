@@ -74,7 +74,7 @@ async def previous_first_read(gpu_time: GPUTime, now: float) -> float:
 
 
 def fresh(url: str) -> GPUTime:
-    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None)
+    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None, dra=None)
     clock = [NOW]
     gpu_time = GPUTime(year_policy(), state, UsageStore(url), clock=lambda: clock[0])
     gpu_time._clock_cell = clock  # type: ignore[attr-defined]

@@ -107,14 +107,14 @@ def live_pods(count: int, now: float) -> dict[str, SimpleNamespace]:
             f"live{i}", f"ns/jupyter-live{i}", f"live{i}", "lab", "gpu", "a100", 1.0,
             now - H, now - H,
         )  # fmt: skip
-        pods[usage.key] = SimpleNamespace(usage=usage)
+        pods[usage.key] = SimpleNamespace(usage=usage, uid=usage.uid)
     return pods
 
 
 async def test_a_flood_of_history_requests_never_delays_the_passs_database_work(usage):
     store, readers_store = usage
     clock = [NOW]
-    state = SimpleNamespace(server_pods=live_pods(50, NOW), server_pods_behind_since=None)
+    state = SimpleNamespace(server_pods=live_pods(50, NOW), server_pods_behind_since=None, dra=None)
     gpu_time = GPUTime(POLICY, state, store, clock=lambda: clock[0])
     enforcement = TimedExecutor(4)
     readers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readers")
@@ -174,7 +174,7 @@ async def test_a_flood_of_history_requests_never_delays_the_passs_database_work(
 async def test_requests_a_second_apart_share_one_answer_until_the_next_pass(usage):
     store, readers_store = usage
     clock = [NOW]
-    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None)
+    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None, dra=None)
     gpu_time = GPUTime(POLICY, state, store, clock=lambda: clock[0])
     readers = ThreadPoolExecutor(max_workers=2)
     reads = HistoryReads(gpu_time, readers, readers_store, per_user=1, total=1, timeout=60)

@@ -21,7 +21,7 @@ EXAMPLES = {
     "university": [BASE, ROOT / "helm-values" / "university.yaml"],
     "department": [BASE, ROOT / "helm-values" / "department.yaml"],
     "enterprise": [BASE, ROOT / "helm-values" / "enterprise.yaml"],
-    "demo": [ROOT / "jupyterhub_gpu" / "dev" / "demo_values.yaml"],
+    "demo": [ROOT / "jupyterhub-gpu-dev" / "jupyterhub_gpu_dev" / "demo_values.yaml"],
 }
 
 

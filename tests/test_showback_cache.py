@@ -43,7 +43,7 @@ async def test_an_unchanged_month_is_kept_and_a_changed_row_changes_it(store):
     store.end("a", DEC + 2 * H, inferred=True)
     gpu_time = GPUTime(
         POLICY,
-        SimpleNamespace(server_pods={}, server_pods_behind_since=None),
+        SimpleNamespace(server_pods={}, server_pods_behind_since=None, dra=None),
         store,
         clock=lambda: NOW,
     )
@@ -69,7 +69,7 @@ async def test_an_unchanged_month_is_kept_and_a_changed_row_changes_it(store):
 
 async def test_a_reopened_row_and_a_running_server_count_in_this_month(store):
     clock, pods = [NOW], {}
-    state = SimpleNamespace(server_pods=pods, server_pods_behind_since=None)
+    state = SimpleNamespace(server_pods=pods, server_pods_behind_since=None, dra=None)
     gpu_time = GPUTime(POLICY, state, store, clock=lambda: clock[0])
     # a server from 2 hours ago, its end inferred an hour ago (its pod found gone)
     started = NOW - 2 * H

@@ -277,7 +277,7 @@ async def test_enterprise_pod_lands_in_team_namespace_with_required_labels():
         (
             "enterprise",
             ["ml-research"],
-            ["ml-research--full", "ml-research--mig", "ml-research--light"],
+            ["ml-research--full", "ml-research--dra", "ml-research--mig", "ml-research--light"],
         ),
         ("enterprise", ["analytics"], ["analytics--mig", "analytics--light"]),
         ("enterprise", ["interns"], ["interns--light"]),

@@ -58,7 +58,7 @@ async def test_the_hubs_first_read_of_a_years_usage_leaves_the_loop_free(year_db
 async def test_the_services_first_read_of_a_years_usage_leaves_the_loop_free(year_db):
     policy = year_policy()
     store = UsageStore(year_db)
-    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None)
+    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None, dra=None)
     gpu_time = GPUTime(policy, state, store, clock=lambda: NOW)
     with Heartbeat() as beat:
         await gpu_time.read()
@@ -78,7 +78,7 @@ async def test_a_pass_at_a_years_usage_sums_only_what_moved(year_db):
     sums are kept, so a pass costs the records that changed, not all of them."""
     policy = year_policy()
     store = UsageStore(year_db)
-    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None)
+    state = SimpleNamespace(server_pods={}, server_pods_behind_since=None, dra=None)
     clock = [NOW]
     gpu_time = GPUTime(policy, state, store, clock=lambda: clock[0])
     await gpu_time.read()

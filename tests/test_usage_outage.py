@@ -263,9 +263,11 @@ class Pods:
         self.server_pods: dict[str, SimpleNamespace] = {}
         #: since when the watch has failed (None: the pods are current)
         self.server_pods_behind_since: float | None = None
+        #: the DRA objects (none: these servers' flavors are not on DRA)
+        self.dra = None
 
     def show(self, *records: UsageRecord) -> None:
-        self.server_pods = {r.key: SimpleNamespace(usage=r) for r in records}
+        self.server_pods = {r.key: SimpleNamespace(usage=r, uid=r.uid) for r in records}
 
 
 async def test_a_service_pass_keeps_what_it_sees_during_an_outage_and_writes_it_with_true_times(
