@@ -38,6 +38,7 @@ the service a server is warned again, which only ever delays a stop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -62,6 +63,10 @@ GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 #: ... and the graphics engine's active ratio, 0 to 1 (MIG slices report this one)
 ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+#: an answer this long (bytes) or longer is decoded off the event loop
+LARGE_ANSWER = 64 * 1024
 
 
 class PrometheusError(Exception):
@@ -100,8 +105,15 @@ class Prometheus:
             raise self._failed(f"no answer within {self.timeout:g}s ({e})") from None
         if response.code == 599:
             raise self._failed(f"no answer ({response.error})")
+        raw = response.body or b""
         try:
-            body = json.loads(response.body or b"")
+            # a day of a large cluster's pods is some megabytes (showback's utilisation):
+            # decoded on a thread, the event loop answering meanwhile
+            body = (
+                json.loads(raw)
+                if len(raw) < LARGE_ANSWER
+                else await asyncio.to_thread(json.loads, raw)
+            )
         except ValueError:
             body = None
         if not isinstance(body, dict) or "status" not in body:
