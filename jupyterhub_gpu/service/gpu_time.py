@@ -374,7 +374,13 @@ class GPUTime:
         self._revision = revision
         self._read_at = now
         self._failing_since = None
-        self.snapshot = self.compute(now)
+        # every group's, parent's and member's sums (some thousand owners) on the pass's
+        # thread; nothing changes the book until the next pass reads again
+        running = frozenset(self.running)
+        sums = await asyncio.get_running_loop().run_in_executor(
+            None, self._sums, self.book, self.fair, now, running
+        )
+        self.snapshot = self._snapshot(*sums)
         # and into the month tally, on a thread (the months before the book's reach
         # forgotten there too): the pass does not wait for it
         self.months.take(records, now, now - self.book.horizon)
