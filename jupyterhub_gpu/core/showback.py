@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, tzinfo
 
 from .usage import HOUR, UsageRecord, open_end
@@ -222,3 +222,14 @@ def showback_of(
     return Showback(
         since, until, dict(groups), dict(users), dict(flavors), detail, measured, utilised
     )
+
+
+def of_groups(result: Showback, groups: Container[str]) -> Showback:
+    """``result``'s rows of ``groups`` alone, with their totals: the showback of those
+    groups' records (each row's hours are its records', whatever other groups there
+    are; the rows are taken in their order, so the totals are added in the same order)."""
+    detail = {k: v for k, v in result.detail.items() if k[0] in groups}
+    measured = {k: v for k, v in result.measured.items() if k[0] in groups}
+    utilised = {k: v for k, v in result.utilised.items() if k[0] in groups}
+    part = showback_of(result.since, result.until, detail, measured, utilised)
+    return replace(part, coverage=result.coverage)

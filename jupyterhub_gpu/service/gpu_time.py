@@ -28,10 +28,9 @@ and the budget rule acts on none of them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,24 +42,15 @@ from ..accounting.store import AccountingUnavailable, UsageStore, collector_paus
 from ..core.budgets import HOUR, UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
-from ..core.showback import (
-    Series,
-    Showback,
-    check_history,
-    history,
-    month_bounds,
-    month_of,
-    sessions_of,
-    showback,
-)
+from ..core.showback import Series, Showback, check_history, history, month_of
 from ..core.showback_tally import ShowbackTally
-from ..core.utilisation import Chunks, Coverage, Session
+from ..core.utilisation import Chunks
 from .dra_charges import AllocationCharges
 from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
-from .idle import Prometheus, shares_its_device
+from .idle import Prometheus
+from .showback_months import ShowbackMonths, put_rows, shared_flavors
 from .state import ServiceState
 from .tasks import RetryAtInterval
-from .time_views import showback_json
 from .utilisation import UtilisationReader
 from .views import Viewer
 
@@ -177,9 +167,19 @@ class GPUTime:
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
         #: with fair_share: decayed usage per group and member, fed the book's rows
         self.fair = FairShareBook(policy) if policy.fair_share else None
-        #: the book's records summed by billing month as they are read: a showback of
-        #: the book's months sums only the servers running, not every record
-        self.tally = ShowbackTally(self.zone, self._shared_flavors())
+        #: each month's showback: the book's months from their tally (its records summed
+        #: by billing month as they are read, on threads), older ones from the database
+        self.months = ShowbackMonths(
+            policy,
+            billing_timezone,
+            clock,
+            lambda: self.running,
+            self._records,
+            self._known,
+            self.family,
+            self.book.horizon,
+            self.utilisation_reader,
+        )
         self.snapshot = GPUTimeSnapshot(fail_open=fail_open)
         self._read_at: float | None = None
         #: what the pods showed that is not written yet (all of it, between passes,
@@ -193,15 +193,26 @@ class GPUTime:
         self._pass_began: float | None = None
         #: the usage database's revision the book is read up to
         self._revision: int | None = None
-        #: showbacks computed since the book last changed, by (month, groups)
-        self._showbacks: dict[tuple[str, tuple[str, ...] | None], Showback] = {}
         self._histories: dict[tuple[str, float, float, float], Series] = {}
-        #: what was rendered from them for every admin alike (views, JSON, CSV), by key
-        self.rendered: dict[tuple[str, ...], Any] = {}
-        #: where reads users ask for (records outside the book, their sums) run: the
-        #: readers' threads and connections, never the pass's (None: the default executor)
-        self.readers: Executor | None = None
+        #: the database connections of the reads users ask for (records outside the
+        #: book), never the pass's
         self.reader_store = store
+
+    @property
+    def readers(self) -> Executor | None:
+        """Where reads users ask for (records outside the book, their sums) run: the
+        readers' threads, never the pass's (None: the default executor)."""
+        return self.months.readers
+
+    @readers.setter
+    def readers(self, executor: Executor | None) -> None:
+        self.months.readers = executor
+
+    @property
+    def rendered(self) -> dict[tuple[str, ...], Any]:
+        """What was rendered from the showbacks kept for every admin alike (views, JSON,
+        CSV), by key, until a row of their month changes."""
+        return self.months.rendered
 
     @property
     def running(self) -> Mapping[str, Any]:
@@ -367,12 +378,21 @@ class GPUTime:
             return
         # every row written since, in the order written (whatever its times)
         records, revision = await asyncio.to_thread(self.store.changed_since, self._revision)
-        self._take(self.book, self.tally, self.fair, records, now)
+        # a pass's rows (mostly its sightings: the running servers) into the book
+        self._take(self.book, self.fair, records, now)
         self._revision = revision
         self._read_at = now
         self._failing_since = None
-        self.snapshot = self.compute(now)
-        self._forget_showbacks(records)
+        # every group's, parent's and member's sums (some thousand owners) on the pass's
+        # thread; nothing changes the book until the next pass reads again
+        running = frozenset(self.running)
+        sums = await asyncio.get_running_loop().run_in_executor(
+            None, self._sums, self.book, self.fair, now, running
+        )
+        self.snapshot = self._snapshot(*sums)
+        # and into the month tally, on a thread (the months before the book's reach
+        # forgotten there too): the pass does not wait for it
+        self.months.take(records, now, now - self.book.horizon)
         self._histories.clear()
 
     async def _first_read(self, now: float) -> None:
@@ -392,33 +412,31 @@ class GPUTime:
         def build_books() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
             records, revision = self.store.snapshot(since, now)
             book = UsageBook(horizon=self.book.horizon)
-            tally = ShowbackTally(self.zone, self._shared_flavors())
+            tally = ShowbackTally(self.zone, shared_flavors(self.policy))
             fair = FairShareBook(self.policy) if self.policy.fair_share else None
-            self._take(book, tally, fair, records, now)
+            self._take(book, fair, records, now)
+            put_rows(tally, records, now, now - book.horizon)
             return book, tally, fair, revision, self._sums(book, fair, now, running)
 
-        self.book, self.tally, self.fair, revision, sums = await asyncio.to_thread(build)
+        self.book, tally, self.fair, revision, sums = await asyncio.to_thread(build)
         self._revision = revision
         self._read_at = now
         self._failing_since = None
         self.snapshot = self._snapshot(*sums)
-        self._showbacks.clear()
-        self.rendered = {}
+        self.months.replace(tally)
         self._histories.clear()
 
     def _take(
         self,
         book: UsageBook,
-        tally: ShowbackTally,
         fair: FairShareBook | None,
         records: list[UsageRecord],
         now: float,
     ) -> None:
-        """Put rows read into the book, the month tally and the fair-share standings."""
+        """Put rows read into the book and the fair-share standings."""
         for record in records:
             earlier = book.open_by_key.get(record.key)
             book.put(self.policy, record)
-            tally.put(record, now)
             if fair is not None:
                 if earlier is not None and earlier is not record and earlier.ended is not None:
                     fair.ended(earlier)  # ended in place by the book
@@ -426,27 +444,6 @@ class GPUTime:
         if fair is not None:
             fair.settle(now)
         book.prune(self.policy, now)
-        tally.prune(now - book.horizon)
-
-    def _forget_showbacks(self, changed: list[UsageRecord]) -> None:
-        """Drop the showbacks the rows just read change, and what was rendered from them.
-        A finished month that none of them overlaps, with all its utilisation read, is
-        kept: its answer is the same until one of its rows changes (the usage database's
-        revision moves with every pass's sightings, so it alone cannot tell)."""
-        months = set()
-        for (month, _), result in self._showbacks.items():
-            end = month_bounds(month, self.zone)[1]
-            coverage = result.coverage
-            if (
-                result.until < end
-                or (coverage is not None and coverage.unread > 0)
-                or any(
-                    r.started < end and (r.ended is None or r.ended > result.since) for r in changed
-                )
-            ):
-                months.add(month)
-        self._showbacks = {k: v for k, v in self._showbacks.items() if k[0] not in months}
-        self.rendered = {k: v for k, v in self.rendered.items() if not months.intersection(k)}
 
     def compute(self, now: float) -> GPUTimeSnapshot:
         return self._snapshot(*self._sums(self.book, self.fair, now, self.running))
@@ -562,123 +559,19 @@ class GPUTime:
     async def showback(self, month: str, groups: set[str] | None) -> Showback:
         """GPU-hours of a month (``YYYY-MM``, in the billing time zone) for ``groups``
         and the groups below them (a parent's total includes its children's; None:
-        every group)."""
-        since, until = month_bounds(month, self.zone)
-        if groups is not None:
-            groups = set().union(*(self.family(g) for g in groups))
-        key = (month, None if groups is None else tuple(sorted(groups)))
-        cached = self._showbacks.get(key)
-        if cached is not None:
-            # the same until the next pass reads the book again (usage_interval)
-            return cached
-        now = self.clock()
-        until = min(until, now)
-        if self._read_at is not None and since >= max(now - self.book.horizon, self.tally.pruned):
-            result = await self._tallied(month, since, until, groups)
-        else:
-            result = await self._summed(since, until, now, groups)
-        if len(self._showbacks) >= 256:
-            self._showbacks.pop(next(iter(self._showbacks)))
-        self._showbacks[key] = result
-        return result
+        every group): worked out on threads (``ShowbackMonths``)."""
+        return await self.months.showback(month, groups)
 
-    async def _tallied(
-        self, month: str, since: float, until: float, groups: set[str] | None
-    ) -> Showback:
-        """A month of the book's from its tally: the closed records' sums kept, the
-        running servers' added (a few thousand at most: no thread needed); with
-        Prometheus, the sessions not final yet measured, and those final now kept."""
+    def _known(self, groups: Collection[str] | None) -> bool:
+        """Whether the book holds any record of ``groups`` (or their children; None: any
+        record at all)."""
         book = self.book
-        known = book.records if groups is None else any(book.by_group.get(g) for g in groups)
-        utilisation, coverage = None, None
-        if until > since and known and self.utilisation_reader is not None:
-            # the sessions whose mean is not final yet (the others' hours are summed):
-            # listed here, made and measured on a thread (a month's first are many)
-            now = self.clock()
-            records = self.tally.unmeasured(month, now, groups)
-            sessions = await asyncio.get_running_loop().run_in_executor(
-                self.readers, sessions_of, records, since, min(until, now), now, self.running
-            )
-            utilisation, coverage = await self.utilisation(since, until, sessions)
-            if coverage is not None and coverage.final and utilisation is not None:
-                final = coverage.final
-                self.tally.finalise(
-                    month, ((uid, utilisation.get(uid), sessions[uid][2]) for uid in final)
-                )
-                utilisation = {k: v for k, v in utilisation.items() if k not in final}
-        # read after the utilisation: a pass meanwhile summed records up to its clock
-        result = self.tally.showback(month, self.clock(), self.running, utilisation, groups)
-        return result if coverage is None else dataclasses.replace(result, coverage=coverage)
-
-    async def _summed(
-        self, since: float, until: float, now: float, groups: set[str] | None
-    ) -> Showback:
-        """A month older than the book's: summed from the usage database's records."""
-        records = await self._records(since, until, groups) if until > since else []
-        utilisation, coverage = None, None
-        if records and self.utilisation_reader is not None:
-            shared = self._shared_flavors()
-            sessions = await asyncio.get_running_loop().run_in_executor(
-                self.readers, sessions_of, records, since, until, now, self.running, shared
-            )
-            utilisation, coverage = await self.utilisation(since, until, sessions)
-        # a month's records are a few hundred thousand at a large site: summed off the
-        # event loop, which keeps answering meanwhile
-        result = await asyncio.get_running_loop().run_in_executor(
-            self.readers, self._showback, records, since, until, now, self.running, utilisation
-        )
-        if coverage is not None:
-            result = dataclasses.replace(result, coverage=coverage)
-        return result
-
-    async def utilisation(
-        self, since: float, until: float, sessions: Mapping[str, Session]
-    ) -> tuple[dict[str, float] | None, Coverage | None]:
-        """Each session's mean GPU utilisation (percent) from ``since`` to ``until`` over
-        its own pod's life, by its id (the record's uid), from the DCGM metrics in
-        Prometheus, and which part of the range it covers; (None, None) without
-        Prometheus."""
-        if self.utilisation_reader is None:
-            return None, None
-        return await self.utilisation_reader.read(since, until, sessions, self.readers)
-
-    def _shared_flavors(self) -> set[str]:
-        """The flavors whose GPUs are shared: a device's utilisation is all its sharers',
-        so it tells nothing of one session's."""
-        return {n for n, f in self.policy.flavors.items() if shares_its_device(f)}
-
-    def _showback(
-        self,
-        records: list[UsageRecord],
-        since: float,
-        until: float,
-        now: float,
-        running: Container[str],
-        utilisation: dict[str, float] | None,
-    ) -> Showback:
-        # no session of a shared flavor was measured (``sessions_of``)
-        return showback(records, since, until, now, running, utilisation)
+        return bool(book.records) if groups is None else any(book.by_group.get(g) for g in groups)
 
     async def showback_view(
         self, month: str, viewer: Viewer, admin: bool, groups: set[str] | None
     ) -> dict[str, Any]:
         """``api/showback``'s JSON view for this viewer (an admin's is every admin's,
         rendered once until the next pass)."""
-        result = await self.showback(month, groups)
-        key = ("view", month)
-        if admin and key in self.rendered:
-            return self.rendered[key]
         budgets = {n: h.to_json() for n, h in self.snapshot.groups.items() if h.budget is not None}
-        view = showback_json(
-            month,
-            result,
-            viewer,
-            admin,
-            groups,
-            budgets,
-            self.policy.charged_groups,
-            self.billing_timezone,
-        )
-        if admin:
-            self.rendered[key] = view
-        return view
+        return await self.months.view(month, viewer, admin, groups, budgets)

@@ -40,6 +40,7 @@ the service a server is warned again, which only ever delays a stop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -72,6 +73,10 @@ def shares_its_device(flavor: Flavor) -> bool:
     DRA claim configured for time-slicing or MPS): a device's utilisation is then all
     its sharers', and tells nothing of one server's."""
     return flavor.kind in SHARED_KINDS or flavor.sharing is not None
+
+
+#: an answer this long (bytes) or longer is decoded off the event loop
+LARGE_ANSWER = 64 * 1024
 
 
 class PrometheusError(Exception):
@@ -110,8 +115,15 @@ class Prometheus:
             raise self._failed(f"no answer within {self.timeout:g}s ({e})") from None
         if response.code == 599:
             raise self._failed(f"no answer ({response.error})")
+        raw = response.body or b""
         try:
-            body = json.loads(response.body or b"")
+            # a day of a large cluster's pods is some megabytes (showback's utilisation):
+            # decoded on a thread, the event loop answering meanwhile
+            body = (
+                json.loads(raw)
+                if len(raw) < LARGE_ANSWER
+                else await asyncio.to_thread(json.loads, raw)
+            )
         except ValueError:
             body = None
         if not isinstance(body, dict) or "status" not in body:

@@ -99,9 +99,10 @@ class UtilisationReader:
     ) -> tuple[dict[str, float], Coverage]:
         """Each pod's mean utilisation (percent) over [since, until) and what part of it
         the chunks read cover (``sessions``: each session's, by its id, over its own
-        life: see ``Chunks.mean``, worked out on ``executor``, a month's sessions being
-        many). Reads what ``Chunks.wanted`` asks for; when Prometheus fails, what was
-        read is kept and the rest is reported as not read."""
+        life: see ``Chunks.mean``). Reads what ``Chunks.wanted`` asks for; when
+        Prometheus fails, what was read is kept and the rest is reported as not read.
+        The answers read and the means are worked out on ``executor`` (a day's answer
+        names every pod that ran that day, a month's sessions are many)."""
         error = None
         async with self._lock:
             now = self.clock()
@@ -113,7 +114,10 @@ class UtilisationReader:
                     log.warning("showback: GPU utilisation not read for now: %s", e)
                     error = str(e)
                     break
-                self.chunks.put(parse_reading(series, start, end, now))
+                reading = await asyncio.get_running_loop().run_in_executor(
+                    executor, parse_reading, series, start, end, now
+                )
+                self.chunks.put(reading)
             metrics = [m for m, _ in METRICS]
             if sessions:
                 # under the lock: no reading is put meanwhile
