@@ -26,8 +26,17 @@ Utilisation is each session's (a pod's life, by its record's uid): the rows abov
 measure half the running servers; the rows "with every session's utilisation"
 add what the service does for a month whose every session has DCGM samples: the
 month's sessions listed (``sessions_of`` over the records, or the tally's
-``sessions``), each one's mean from a reading per day (``Chunks.mean``), and the
-sums with all of them measured.
+sessions not final yet), each one's mean from a reading per day (``Chunks.mean``),
+and the sums with all of them measured (the service's steps, one after the other).
+
+Last, those requests on an event loop: after, through the service's own
+``ShowbackMonths`` (its steps on the pass's threads, the executors set as the
+service sets them), every callback the loop runs timed and a heartbeat beating
+every 10 ms (``loop_timing.py``); before, the time of the steps the service ran on
+its loop until then (the list of sessions to measure, the sessions made final and
+the sums), on another tally built from the same records. The first request after a
+tally is built makes every ended session of the month final; a later one follows
+a pass (``ShowbackMonths.take``).
 
 Run: python benchmarks/showback_compute.py [--repeat 30] [--days 365]
 """
@@ -35,6 +44,8 @@ Run: python benchmarks/showback_compute.py [--repeat 30] [--days 365]
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import gc
 import json
 import random
@@ -46,6 +57,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from answers import agree  # noqa: E402
+
 SERVERS, GROUPS = 5000, 500
 
 
@@ -79,20 +93,10 @@ def summary(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-def agree(a, b) -> bool:
-    """The same JSON, numbers to the 4 decimals shown (one unit apart at most)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(agree(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(map(agree, a, b))
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1.5e-4
-    return a == b
-
-
 def scenario(days: int, repeat: int) -> None:
     from jupyterhub_gpu.core.showback import month_bounds, sessions_of, showback
     from jupyterhub_gpu.core.showback_tally import ShowbackTally
+    from jupyterhub_gpu.service.showback_months import tallied_answer, unmeasured_sessions
     from jupyterhub_gpu.service.time_views import showback_csv, showback_json
     from jupyterhub_gpu.service.views import Viewer
 
@@ -156,28 +160,18 @@ def scenario(days: int, repeat: int) -> None:
         measuring.put(r, now)
 
     def after_utilised():
-        # the service's pass: the sessions not final listed (on the event loop), made
-        # and measured (on a thread), those final now summed for good (all of the
-        # month's ended ones at the first pass), then the month's showback
-        loop = time.perf_counter()
-        records = measuring.unmeasured(month, now)
-        loop -= time.perf_counter()
-        sessions = sessions_of(records, since, until, now, running)
+        # the service's steps, one after the other (each on a thread in the service):
+        # the sessions not final made, measured, those final now summed for good (all
+        # of the month's ended ones at the first request), then the month's showback
+        sessions = unmeasured_sessions(measuring, month, since, until, now, running)
         means, coverage = chunks.mean(since, until, [UTIL], sessions)
-        loop += time.perf_counter()
-        final = coverage.final
-        measuring.finalise(month, ((uid, means.get(uid), sessions[uid][2]) for uid in final))
-        result = measuring.showback(
-            month, now, running, {k: v for k, v in means.items() if k not in final}
-        )
-        loop = time.perf_counter() - loop
-        return result, len(means), loop
+        result = tallied_answer(measuring, month, now, running, sessions, means, coverage)
+        # the coverage aside (``showback`` summed afresh has none), the same answer
+        return dataclasses.replace(result, coverage=None), len(means), 0.0
 
     times: dict[tuple[str, str], list[float]] = {}
     views = {}
     first_utilised: tuple[float, int, float] | None = None
-    #: of the requests with every session's utilisation, the part on the event loop
-    loops: list[float] = []
     for _ in range(repeat):
         for label, compute in (("before", before), ("after", after)):
             c0, t0 = time.thread_time(), time.perf_counter()
@@ -216,8 +210,6 @@ def scenario(days: int, repeat: int) -> None:
                 times.setdefault((label, "request with every session's utilisation"), []).append(
                     took
                 )
-                if label == "after":
-                    loops.append(loop * 1000)
             views[(label, "utilised")] = body
     same = all(
         agree(json.loads(views[("before", *k)]), json.loads(views[("after", *k)]))
@@ -228,10 +220,7 @@ def scenario(days: int, repeat: int) -> None:
         f"each, alternating; answers agree: {same}; tally built in {built:.1f} s, "
         f"a pass's puts {passed * 1000:.1f} ms; with every session's utilisation, "
         f"the first request measured {first_utilised[1]:,} sessions in "
-        f"{first_utilised[0]:.0f} ms ({first_utilised[2]:.0f} ms of it on the event loop), "
-        f"the later ones {measured:,}, of their time on the event loop (not the "
-        f"sessions made and measured, nor the JSON) p50 {statistics.median(loops):.1f} ms, "
-        f"p99 {summary(loops)[1]:.1f} ms\n"
+        f"{first_utilised[0]:.0f} ms, the later ones {measured:,}\n"
     )
     print("| step | before p50 ms | p99 ms | after p50 ms | p99 ms | ratio p50 |")
     print("|---|---|---|---|---|---|")
@@ -247,6 +236,119 @@ def scenario(days: int, repeat: int) -> None:
         b50, b99 = summary(times[("before", what)])
         a50, a99 = summary(times[("after", what)])
         print(f"| {what} | {b50:.1f} | {b99:.1f} | {a50:.1f} | {a99:.1f} | {b50 / a50:.1f}x |")
+    if not same:
+        raise SystemExit("the two answers differ")
+    asyncio.run(on_the_loop(usage, month, now, running, chunks, repeat))
+
+
+def previous_division(tally, month: str, now: float, running, chunks) -> tuple[object, float]:
+    """A request with every session's utilisation as the service divided it before:
+    the list of sessions to measure, the sessions made final and the sums on the event
+    loop (timed: the answer and that time), making the sessions and their means on a
+    thread (not timed)."""
+    from jupyterhub_gpu.core.showback import month_bounds, sessions_of
+
+    since, until = month_bounds(month)
+    until = min(until, now)
+    loop = time.perf_counter()
+    records = tally.unmeasured(month, now)
+    loop -= time.perf_counter()
+    sessions = sessions_of(records, since, until, now, running)
+    means, coverage = chunks.mean(since, until, [UTIL], sessions)
+    loop += time.perf_counter()
+    final = coverage.final
+    tally.finalise(month, ((uid, means.get(uid), sessions[uid][2]) for uid in final))
+    result = tally.showback(month, now, running, {k: v for k, v in means.items() if k not in final})
+    return dataclasses.replace(result, coverage=coverage), time.perf_counter() - loop
+
+
+async def on_the_loop(usage, month: str, now: float, running, chunks, repeat: int) -> None:
+    """The same requests through the service's ``ShowbackMonths`` (its steps on the
+    pass's threads, the executors set as the service sets them), timed on the event
+    loop with a heartbeat, against the previous division's time on the loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loop_timing import LoopTimer
+
+    from jupyterhub_gpu.core.model import parse_policy
+    from jupyterhub_gpu.core.showback_tally import ShowbackTally
+    from jupyterhub_gpu.service.readers import enforcement_first
+    from jupyterhub_gpu.service.showback_months import ShowbackMonths
+    from jupyterhub_gpu.service.time_views import showback_json
+    from jupyterhub_gpu.service.utilisation import UtilisationReader
+    from jupyterhub_gpu.service.views import Viewer
+
+    enforcement_first(asyncio.get_running_loop(), ThreadPoolExecutor(max_workers=4))
+    timer = LoopTimer()
+    tallies = []
+    for _ in range(2):
+        tally = ShowbackTally()
+        for r in usage:
+            tally.put(r, now)
+        tallies.append(tally)
+    before_tally, after_tally = tallies
+    kept = now - 400 * 86400.0
+
+    async def no_records(*_):
+        raise AssertionError("a month of the tally's was read from the database")
+
+    months = ShowbackMonths(
+        parse_policy(flavors={"h200": {"kind": "gpu"}, "shared": {"kind": "gpu"}}),
+        "UTC",
+        lambda: now,
+        lambda: running,
+        no_records,
+        lambda groups: True,
+        lambda group: {group},
+        now - kept,
+        # every day of the month read already (``day_readings``): Prometheus is not asked
+        UtilisationReader(None, chunks, lambda: now),  # type: ignore[arg-type]
+    )
+    months.replace(after_tally)
+    answers = {}
+
+    async def request():
+        answers["after"] = await months.showback(month, None)
+
+    first_before = previous_division(before_tally, month, now, running, chunks)
+    answers["before"] = first_before[0]
+    first_after = await timer.window(request())
+    later_before, later_after = [], []
+    for _ in range(repeat):
+        answers["before"], took = previous_division(before_tally, month, now, running, chunks)
+        later_before.append(took)
+        months.take([], now, kept)  # a pass: the month's answer worked out anew
+        later_after.append(await timer.window(request()))
+    admin = Viewer(name="root", admin=True)
+    same = agree(
+        *(
+            json.loads(json.dumps(showback_json(month, answers[k], admin, True, None, {})))
+            for k in ("before", "after")
+        )
+    )
+    print(
+        f"\nWith every session's utilisation, on the event loop: before, the steps the "
+        f"service ran on it; after, the service's ShowbackMonths (answers agree: {same})\n"
+    )
+    print(
+        "| request | before: on the loop ms | after: loop ms | loop CPU ms | "
+        "longest callback ms | heartbeat gap ms | loop time, before / after |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    w = first_after
+    print(
+        f"| the first after the tally is built | {first_before[1] * 1000:.0f} | "
+        f"{w['loop'] * 1000:.1f} | {w['cpu'] * 1000:.1f} | {w['callback'] * 1000:.1f} | "
+        f"{w['gap'] * 1000:.1f} | {first_before[1] / w['loop']:.0f}x |"
+    )
+    b50, b99 = summary([t * 1000 for t in later_before])
+    cells = []
+    for what in ("loop", "cpu", "callback", "gap"):
+        p50, p99 = summary([w[what] * 1000 for w in later_after])
+        cells.append(f"{p50:.1f} / {p99:.1f}")
+    ratio = b50 / summary([w["loop"] * 1000 for w in later_after])[0]
+    cells.append(f"{ratio:.0f}x (p50)")
+    print(f"| later ones, p50 / p99 | {b50:.1f} / {b99:.1f} | " + " | ".join(cells) + " |")
     if not same:
         raise SystemExit("the two answers differ")
 
