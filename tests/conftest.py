@@ -182,10 +182,37 @@ def _seconds_estimate(item: pytest.Item) -> float:
     return OTHER_TEST_SECONDS
 
 
+#: what a test of tests/unit/ may not use: each starts a real part
+UNIT_ROOM_BARS = frozenset(
+    {"local_cluster", "kueue_cluster", "kube", "hub_factory", "gpu_metrics", "ldap_directory"}
+    | {"keycloak", "built", "browser", "page"}
+)
+
+
+def _keep_the_unit_room_fast(items: list[pytest.Item]) -> None:
+    """tests/unit/ is the loop one runs while working: a test there that needs the
+    cluster, a hub or a browser belongs in tests/ (an error, not a slow run)."""
+    wrong = []
+    for item in items:
+        if item.path.parent.name != "unit":
+            continue
+        marks = {m for m in ("k8s", "hub") if item.get_closest_marker(m)}
+        uses = UNIT_ROOM_BARS.intersection(getattr(item, "fixturenames", ()))
+        if marks or uses:
+            wrong.append(f"{item.nodeid} ({', '.join(sorted(marks | uses))})")
+    if wrong:
+        raise pytest.UsageError(
+            "tests in tests/unit/ may not start a cluster, a hub or a browser; move these "
+            "to tests/: " + "; ".join(wrong)
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: the slowest units first, so that the two workers end together
-    instead of one still running a long module after the other has run out of work
-    (the scheduler hands units out in collection order, see below)."""
+    """tests/unit/ kept fast; and in an xdist worker: the slowest units first, so that
+    the two workers end together instead of one still running a long module after the
+    other has run out of work (the scheduler hands units out in collection order, see
+    below)."""
+    _keep_the_unit_room_fast(items)
     if not hasattr(config, "workerinput"):
         return
     cost: dict[str, float] = {}

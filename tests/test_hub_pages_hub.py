@@ -1,6 +1,6 @@
 """The hub's home page rendered by a real hub whose usage database hangs: a heartbeat on
 the hub's own event loop never misses 100 ms and the page comes without the stops.
-(That the stops return once the database answers: tests/test_hub_pages.py.)"""
+(That the stops return once the database answers: tests/unit/test_hub_pages.py.)"""
 
 from __future__ import annotations
 

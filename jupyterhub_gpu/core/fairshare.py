@@ -17,7 +17,7 @@ when asked. A record that changes (an inferred end undone, a correction) takes
 back what it added and adds anew. ``ref`` is moved forward (every sum multiplied
 once) whenever a record is more than two half-lives past it, so no term grows
 large and a year of records never drifts: the sums stay within a relative 1e-9
-of summing every record afresh (tests/test_fairshare.py checks it).
+of summing every record afresh (tests/unit/test_fairshare.py checks it).
 
 Usage that ended more than ``FORGET_AFTER`` half-lives ago weighs under 0.1% of
 what it did: it is not read at start-up, and the book forgets which records it

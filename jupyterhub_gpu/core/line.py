@@ -9,7 +9,7 @@ sorts by, and, per group, the waiters that wait for it and those charged to it, 
 server's place is found by bisection among those waiting for the same capacity, not
 by a walk of everyone.
 
-The answers are ``line_order``'s and ``place``'s exactly (tests/test_line.py checks it
+The answers are ``line_order``'s and ``place``'s exactly (tests/unit/test_line.py checks it
 against them): a server past ``max_wait`` moves to the front, by arrival, at the first
 look after it crossed it; ties go by arrival, then by joining order.
 

@@ -3,7 +3,7 @@ read through one table, and a change to it (or to a section's parser) that chang
 an example means shows here as a diff of the model, key by key.
 
 After a change that is meant to alter a model, write the files again and review their
-diff: ``PYTHONPATH=$PWD python3 tests/test_policy_examples.py``.
+diff: ``PYTHONPATH=$PWD python3 tests/unit/test_policy_examples.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 BASE = ROOT / "helm-values" / "base.yaml"
 EXAMPLES = {

@@ -22,7 +22,7 @@ from jupyterhub_gpu_dev.localcluster.policy_pools import (
     without_nodes,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ("university", "department", "enterprise")
 
 

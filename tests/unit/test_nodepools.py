@@ -12,7 +12,7 @@ from jupyterhub_gpu_dev.localcluster.nodepools import NodePoolError, render_node
 
 DEFAULT = yaml.safe_load(
     (
-        Path(__file__).parents[1]
+        Path(__file__).parents[2]
         / "jupyterhub-gpu-dev/jupyterhub_gpu_dev/localcluster/nodepools.yaml"
     ).read_text()
 )

@@ -187,8 +187,9 @@ def usage_url(tmp_path):
 
 async def test_a_locked_database_never_stalls_the_hubs_loop(usage_url, caplog):
     """The usage database held by another writer (a reader waits up to 10 s for it):
-    pages render meanwhile without the stops, the loop's heartbeat never misses 100 ms,
-    and once the database answers the pages show the stops again."""
+    pages render meanwhile without the stops, the loop never waits for the database (its
+    heartbeat's worst gap, rendering included, stays well under the 0.5 s a read may
+    wait, on a loaded machine too), and once the database answers the pages show the stops again."""
     url, path = usage_url
     stops = LastStops(lambda: url, clock=lambda: NOW, timeout=0.5)
     # the hub compiles its templates once, at their first page
@@ -208,7 +209,7 @@ async def test_a_locked_database_never_stalls_the_hubs_loop(usage_url, caplog):
                     *(render("spawn.html", stops, user(f"u{i}")) for i in range(20)),
                 )
                 took = time.monotonic() - began
-        assert heartbeat.worst < 0.1, f"the hub's loop stalled {heartbeat.worst:.3f} s"
+        assert heartbeat.worst < 0.3, f"the hub's loop stalled {heartbeat.worst:.3f} s"
         assert took < 2.0  # each page waited its timeout, not the database
         assert all(shown_servers(page) == [] for page in pages)
         assert "no new last stops of ann: the usage database has not answered within 0.5 s" in (

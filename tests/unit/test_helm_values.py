@@ -33,7 +33,7 @@ from jupyterhub_gpu.hub.spawner import GPUKubeSpawner
 from jupyterhub_gpu.service.hubapi import SERVICE_ROLE, SERVICE_SCOPES
 from jupyterhub_gpu.service.views import CUSTOM_SCOPES, USAGE_READ_SCOPE
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 VALUES = ROOT / "helm-values"
 BASE = VALUES / "base.yaml"
 EXAMPLES = ["university", "department", "enterprise"]

@@ -28,7 +28,7 @@ from jupyterhub_gpu.core.policy.schema import Section
 from jupyterhub_gpu.core.policy.settings import SETTINGS
 
 P = "hub.config.GPUPolicy"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: a policy that writes a mapping of every section, and is valid
 FULL = {
