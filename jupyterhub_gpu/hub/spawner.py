@@ -17,11 +17,11 @@ A refusal is an HTTP 403 with a one-line reason: a handled rejection, so a storm
 of refused spawns never trips ``consecutive_failure_limit``. Any failure after
 admission releases the reservation; ``stop`` releases the charge.
 
-The class is the spawn path's order; its parts are their own modules: the checks and
-refusals (``spawn_checks``), the profile list (``spawn_profiles``), the ledger
-(``spawn_admission``) and the server pods it is rebuilt from (``server_pods``), the
-wait in a scheduler's queue (``queue_watch``) and the spawn page's events
-(``spawn_progress``). What differs between schedulers is ``core.schedulers``'.
+The class is the spawn path's order; its parts are the hub room's other modules: the
+checks and refusals (``checks``), the profile list (``profiles``), the ledger
+(``admission``) and the server pods it is rebuilt from (``pods``), the wait in a
+scheduler's queue (``queue_watch``) and the spawn page's events (``progress``). What
+differs between schedulers is ``core.schedulers``'.
 """
 
 from __future__ import annotations
