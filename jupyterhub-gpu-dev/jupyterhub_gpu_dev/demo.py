@@ -59,18 +59,12 @@ from . import codeserver
 from .dcgm_exporter import SimulatedDCGMExporter
 from .ldap import ADMIN_DN, GROUPS, PEOPLE, LocalDirectory, SlapdMissing
 from .localcluster import build, crds
-from .localcluster.cluster import (
-    DEFAULT_NODE_POOLS,
-    ClusterState,
-    LocalCluster,
-    _alive,
-    _stop_group,
-    state_root,
-)
+from .localcluster.cluster import DEFAULT_NODE_POOLS, ClusterState, LocalCluster, state_root
 from .localcluster.hub import LocalHub
 from .localcluster.nodepools import NodePoolError, read_node_pools, render_nodes
 from .localcluster.podrunner import is_loopback_server
 from .localcluster.policy_pools import node_pools_for, without_nodes
+from .localcluster.processes import alive, stop_group
 from .prometheus import LocalPrometheus, PrometheusNotFound, prometheus_binary
 
 #: The demo's policy: a z2jh values file (``jupyterhub-gpu check`` works on it).
@@ -1180,8 +1174,8 @@ def stop_leftover_prometheus(prometheus: dict[str, Any]) -> None:
         pid = int(prometheus["pid"])
     except (KeyError, TypeError, ValueError):
         return
-    if _alive(pid):
-        _stop_group(pid, grace=10)
+    if alive(pid):
+        stop_group(pid, grace=10)
     if prometheus.get("directory"):
         shutil.rmtree(prometheus["directory"], ignore_errors=True)
 
@@ -1193,8 +1187,8 @@ def stop_leftover_hub(directory: Path) -> None:
             pid = int((directory / pid_file).read_text().strip())
         except (OSError, ValueError):
             continue  # never written: that process never started
-        if _alive(pid):
-            _stop_group(pid, grace=10)
+        if alive(pid):
+            stop_group(pid, grace=10)
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -1207,7 +1201,7 @@ def clean_leftovers(say) -> None:
             pid = int(marker["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a demo's cluster, or one still starting
-        if _alive(pid):
+        if alive(pid):
             continue  # a demo that is still running (on another port)
         say(f"stopping what an earlier demo (pid {pid}) left running")
         if marker.get("hub_directory"):
