@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyterhub_gpu_dev.localcluster.cluster import DEFAULT_NODE_POOLS, _alive
+from jupyterhub_gpu_dev.localcluster.cluster import DEFAULT_NODE_POOLS
 from jupyterhub_gpu_dev.localcluster.nodepools import read_node_pools, render_nodes
+from jupyterhub_gpu_dev.localcluster.processes import alive
 
 CLI = [sys.executable, "-m", "jupyterhub_gpu.cli"]
 #: the nodes of the default pools (nodepools.yaml)
@@ -68,7 +69,7 @@ def test_up_status_env_down_leaves_nothing_behind(local_cluster):
         down = run("cluster", "down", "--name", name)
     assert down.returncode == 0, down.stderr
     assert not os.path.exists(state["directory"])
-    assert [r for r, pid in saved["pids"].items() if _alive(pid)] == []
+    assert [r for r, pid in saved["pids"].items() if alive(pid)] == []
     assert [p for p in saved["ports"].values() if port_open(p)] == []
 
     after = run("cluster", "status", "--name", name)

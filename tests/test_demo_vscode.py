@@ -163,14 +163,14 @@ def test_without_code_server_the_demo_says_why_vs_code_will_not_open_and_goes_on
     tmp_path, monkeypatch, capsys
 ):
     """A machine that cannot install code-server (here: no ripgrep) still runs the demo."""
-    from jupyterhub_gpu import cli
+    from jupyterhub_gpu.cli import dev_commands
 
     real_which = codeserver.shutil.which
     monkeypatch.setenv("JUPYTERHUB_GPU_CACHE", str(tmp_path))  # nothing installed there
     monkeypatch.setattr(
         codeserver.shutil, "which", lambda name: None if name == "rg" else real_which(name)
     )
-    cli._demo_servers_can_run()  # no error: the demo would start
+    dev_commands._demo_servers_can_run()  # no error: the demo would start
     said = capsys.readouterr().err
     assert (
         "jupyterhub-gpu demo: VS Code will not open in the demo's servers (the rest of the "

@@ -92,13 +92,13 @@ async def test_every_process_listens_on_loopback_only(hub, local_cluster):
 
 
 async def test_stopping_the_hub_leaves_no_process(local_cluster, namespace):
-    from jupyterhub_gpu_dev.localcluster.cluster import _alive
+    from jupyterhub_gpu_dev.localcluster.processes import alive
 
     hub = LocalHub(local_cluster, namespace=namespace, users={"alice": []})
     await asyncio.to_thread(hub.start)
     proxy_pid = int((hub.directory / "jupyterhub-proxy.pid").read_text())
     pids = [hub.process.pid, proxy_pid]
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     await asyncio.to_thread(hub.stop)
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if alive(p)] == []
     assert not hub.directory.exists()

@@ -69,7 +69,6 @@ from traitlets import Bool, Float, Int, Unicode, default, validate
 
 from ..core.directory import DirectoryGroup, dn_within, hub_groups
 from .ldap_directory import (
-    DirectoryBusy,
     DirectoryCalls,
     DirectoryUnavailable,
     TLSSettingsError,
@@ -77,42 +76,31 @@ from .ldap_directory import (
     run_to_end,
     search_all,
 )
+from .ldap_refusals import (
+    DIRECTORY_DOWN,
+    DIRECTORY_DOWN_AT_SPAWN,
+    DIRECTORY_SLOW,
+    DIRECTORY_UNTRUSTED,
+    STALE_GROUPS_AT_SPAWN,
+    age_words,
+    directory_failure,
+)
 from .policy_groups import PolicyGroups, is_spawn
+
+# what callers import from here: the authenticator, and the words of its refusals
+__all__ = [
+    "DIRECTORY_DOWN",
+    "DIRECTORY_DOWN_AT_SPAWN",
+    "DIRECTORY_SLOW",
+    "DIRECTORY_UNTRUSTED",
+    "STALE_GROUPS_AT_SPAWN",
+    "LDAPGroupsAuthenticator",
+]
 
 #: the connection the user's own password bound, during one login (the parent's
 #: ``authenticate`` binds it and does not hand it on); a context variable, so that
 #: concurrent logins never see each other's (each directory call runs in a fresh context)
 _user_connection: contextvars.ContextVar[Any] = contextvars.ContextVar("ldap_user_connection")
-#: what the login page says when the directory cannot be read; the hub log has the why
-DIRECTORY_DOWN = (
-    "Cannot log in right now: the directory (LDAP) could not be reached or read, so "
-    "no one's login or groups can be checked. Nothing was changed. Try again in a few "
-    "minutes; if it keeps happening, tell the hub's administrators."
-)
-#: ... when it did not answer in time (or too many logins were waiting for it)
-DIRECTORY_SLOW = (
-    "Cannot log in right now: the directory (LDAP) did not answer in time, so your "
-    "login and groups could not be checked. Nothing was changed. Try again in a few "
-    "minutes; if it keeps happening, tell the hub's administrators."
-)
-#: ... when its TLS certificate is not one the hub trusts: the password was not sent
-DIRECTORY_UNTRUSTED = (
-    "Cannot log in right now: the directory (LDAP) could not prove who it is (its TLS "
-    "certificate is not trusted by the hub), so your password was not sent to it. "
-    "Tell the hub's administrators."
-)
-#: what a spawn says when the groups are too old and the hub cannot read them itself
-STALE_GROUPS_AT_SPAWN = (
-    "Cannot start a server yet: your groups were last read from the directory {when}, "
-    "and the hub can read them again only when you log in. Log out, log in again, "
-    "then start the server."
-)
-#: what a spawn says when the directory cannot confirm the user's groups
-DIRECTORY_DOWN_AT_SPAWN = (
-    "Cannot start a server right now: the directory (LDAP) could not be read to check "
-    "your groups. Nothing was started. Try again in a few minutes; if it keeps "
-    "happening, tell the hub's administrators."
-)
 
 
 class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
@@ -459,46 +447,16 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
 
     def _refuse(self, what: str, error: Exception) -> web.HTTPError:
         """The refusal a login (or a spawn's re-read) gets, with the why in the log."""
-        text = f"{type(error).__name__}: {error}"
-        if isinstance(error, TLSSettingsError):
-            cause, message = "was not asked: the hub's own TLS settings are wrong", DIRECTORY_DOWN
-            fix = "fix the setting named before"
-        elif isinstance(error, DirectoryBusy) or "timed out" in text or "timeout" in text.lower():
-            cause, message = (
-                f"did not answer in time (connect_timeout {self.connect_timeout:g} s, "
-                f"receive_timeout {self.receive_timeout:g} s)",
-                DIRECTORY_SLOW,
-            )
-            fix = "check that the directory is up and answering, or raise the timeouts"
-        elif "CERTIFICATE" in text.upper():
-            # ldap3's words for a chain that does not verify (CERTIFICATE_VERIFY_FAILED)
-            # and for a certificate that does not name the server ("certificate ...
-            # doesn't match any name")
-            cause, message = (
-                "presented a TLS certificate the hub does not trust",
-                (DIRECTORY_UNTRUSTED),
-            )
-            fix = (
-                "set LDAPGroupsAuthenticator.tls_ca_file to the CA (PEM) that signed the "
-                "directory's certificate (empty: the system's CAs), and check that "
-                "server_address is a name the certificate lists"
-            )
-        else:
-            cause, message = "could not be reached or read", DIRECTORY_DOWN
-            fix = (
-                "check that the server is up and reachable from the hub and the "
-                "LDAPGroupsAuthenticator settings (server_address, server_port, "
-                "tls_strategy, group_search_base)"
-            )
+        failure = directory_failure(error, self.connect_timeout, self.receive_timeout)
         self.log.error(
             "%s: the LDAP server %s %s (%s). No one's groups changed; %s",
             what,
             self.server_url,
-            cause,
-            text,
-            fix,
+            failure.cause,
+            failure.text,
+            failure.fix,
         )
-        return web.HTTPError(503, message)
+        return web.HTTPError(503, failure.message)
 
     # ---- before a spawn: the groups again -------------------------------------------
 
@@ -526,12 +484,12 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
                 "%d s) and there is no lookup account (lookup_dn_search_user/password) to "
                 "read them again; they must log in again",
                 user.name,
-                _age_words(age),
+                age_words(age),
                 self.group_refresh_age,
             )
             if page:
                 return False
-            raise web.HTTPError(403, STALE_GROUPS_AT_SPAWN.format(when=_age_words(age)))
+            raise web.HTTPError(403, STALE_GROUPS_AT_SPAWN.format(when=age_words(age)))
         try:
             memberships = await self._directory.run(lambda: self._reread(user.name))
         except (LDAPException, DirectoryUnavailable) as e:
@@ -624,10 +582,3 @@ class LDAPGroupsAuthenticator(PolicyGroups, LDAPAuthenticator):
             inside = bool(self.group_search_base) and dn_within(dn, self.group_search_base)
             found.setdefault(dn.lower(), directory_group(dn, {}, self, named=inside))
         return list(found.values())
-
-
-def _age_words(age: float | None) -> str:
-    if age is None:
-        return "before the hub last started"
-    minutes = int(age // 60)
-    return f"{minutes} minutes ago" if minutes >= 2 else f"{int(age)} seconds ago"

@@ -41,13 +41,9 @@ server itself is unreachable and is retried the same way.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 from urllib.parse import quote
 
@@ -56,180 +52,34 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..core.manifests import HUB_LABEL, OWNER, OWNER_LABEL, desired_objects, identity
 from ..core.model import Policy
-from ..core.quantities import QuantityError, parse_quantity
-from ..core.schedulers import object_kinds
 from .client import exception_message
+from .managed_kinds import (
+    KIND_BY_TYPE,
+    KINDS,
+    Kind,
+    delete_command,
+    kind_text,
+    namespace_of,
+    object_name,
+)
+from .object_compare import APPLIED_HASH, applied_hash, contains
+from .reconcile_report import ObjectError, ReconcileReport
+
+# what callers import from here, some of it defined in the modules above
+__all__ = [
+    "APPLIED_HASH",
+    "FIELD_MANAGER",
+    "KINDS",
+    "Kind",
+    "ObjectError",
+    "ReconcilePasses",
+    "ReconcileReport",
+    "Reconciler",
+    "applied_hash",
+    "contains",
+]
 
 FIELD_MANAGER = "jupyterhub-gpu"
-APPLIED_HASH = "gpu.jupyterhub.org/applied-hash"
-
-
-@dataclass(frozen=True)
-class Kind:
-    api_version: str
-    kind: str
-    plural: str
-    namespaced: bool
-    #: what to do when the API server does not know the kind
-    fix: str = ""
-
-    @property
-    def base(self) -> str:
-        return (
-            f"/api/{self.api_version}"
-            if "/" not in self.api_version
-            else (f"/apis/{self.api_version}")
-        )
-
-    def path(self, namespace: str | None = None, name: str | None = None) -> str:
-        path = self.base
-        if self.namespaced and namespace:
-            path += f"/namespaces/{quote(namespace)}"
-        path += f"/{self.plural}"
-        if name:
-            path += f"/{quote(name)}"
-        return path
-
-
-def _kinds(namespaced: bool) -> list[Kind]:
-    """The schedulers' kinds (``core.schedulers``), cluster-wide or namespaced."""
-    return [
-        Kind(k.api_version, k.kind, k.plural, k.namespaced, k.fix)
-        for k in object_kinds()
-        if k.namespaced == namespaced
-    ]
-
-
-#: every kind the reconciler may own, in creation order (pruned in reverse): the
-#: schedulers' cluster-wide ones (queues) after PriorityClasses, their namespaced ones
-#: (Kueue's LocalQueues) after what a group namespace holds
-KINDS = (
-    Kind("v1", "Namespace", "namespaces", False),
-    Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
-    *_kinds(namespaced=False),
-    Kind("v1", "ResourceQuota", "resourcequotas", True),
-    Kind("v1", "LimitRange", "limitranges", True),
-    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
-    *_kinds(namespaced=True),
-    Kind(
-        "resource.k8s.io/v1",
-        "ResourceClaimTemplate",
-        "resourceclaimtemplates",
-        True,
-        "the cluster needs Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes >= 1.34)",
-    ),
-)
-_BY_TYPE = {(k.api_version, k.kind): k for k in KINDS}
-
-
-@dataclass
-class ObjectError:
-    kind: str  # e.g. "scheduling.run.ai/v2 Queue"
-    name: str  # namespace/name or name
-    message: str  # what went wrong and the fix
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name}: {self.message}"
-
-
-@dataclass
-class ReconcileReport:
-    created: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    pruned: list[str] = field(default_factory=list)
-    unchanged: int = 0
-    errors: list[ObjectError] = field(default_factory=list)
-    #: objects not desired that were left in place, each with why
-    kept: list[str] = field(default_factory=list)
-    #: API writes this pass made (applies and deletes, failed ones included)
-    writes: int = 0
-    #: nothing was written: created, updated and pruned say what would have been
-    dry_run: bool = False
-    #: existing namespaces without our labels taken over, as adopt_namespaces allows
-    adopted: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
-    def unchanged_only(self) -> bool:
-        """Everything was already as desired: nothing to write, keep or report."""
-        return not (self.created or self.updated or self.pruned or self.kept or self.errors)
-
-    def summary(self) -> str:
-        would = "would be " if self.dry_run else ""
-        text = (
-            f"{len(self.created)} {would}created, {len(self.updated)} {would}updated, "
-            f"{len(self.pruned)} {would}pruned, {self.unchanged} unchanged, "
-            f"{len(self.kept)} kept, {len(self.errors)} errors"
-        )
-        if self.dry_run:
-            text = f"dry run, nothing written: {text}"
-        lines = [f"  would create {n}" for n in self.created] if self.dry_run else []
-        lines += [f"  would update {n}" for n in self.updated] if self.dry_run else []
-        lines += [f"  would prune {n}" for n in self.pruned] if self.dry_run else []
-        lines += [f"  kept {k}" for k in self.kept]
-        lines += [f"  adopted {a}" for a in self.adopted]
-        return "\n".join([text, *lines, *(f"  {e}" for e in self.errors)])
-
-
-def applied_hash(obj: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-_QUANTITY_LIKE = re.compile(r"^[+-]?[0-9.]+([eE][+-]?[0-9]+)?[A-Za-z]{0,2}$")
-
-
-def _same_scalar(want: Any, have: Any) -> bool:
-    if want == have:
-        return True
-    if isinstance(want, str) and isinstance(have, str) and _QUANTITY_LIKE.match(want):
-        try:  # the API server writes quantities in canonical form (2048Mi -> 2Gi)
-            return parse_quantity(want) == parse_quantity(have)
-        except QuantityError:
-            return False
-    if isinstance(want, int | float) and isinstance(have, int | float):
-        return Fraction(want) == Fraction(have)
-    return False
-
-
-def contains(live: Any, want: Any) -> bool:
-    """True when every field of ``want`` has its value in ``live`` (defaults may be added)."""
-    if isinstance(want, Mapping):
-        # the API server omits empty and false fields (Go's omitempty)
-        return isinstance(live, Mapping) and all(
-            contains(live[k], v) if k in live else v in (False, 0, "", None, {}, [])
-            for k, v in want.items()
-        )
-    if isinstance(want, list):
-        return (
-            isinstance(live, list)
-            and len(live) == len(want)
-            and all(contains(a, b) for a, b in zip(live, want, strict=True))
-        )
-    return _same_scalar(want, live)
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    meta = obj["metadata"]
-    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
-
-
-def _delete_command(kind: Kind, obj: Mapping[str, Any]) -> str:
-    meta = obj["metadata"]
-    where = f" -n {meta['namespace']}" if meta.get("namespace") else ""
-    return f"kubectl delete {kind.plural} {meta['name']}{where}"
-
-
-def _namespace_of(obj: Mapping[str, Any]) -> str | None:
-    """The namespace an object is, or is in (None: cluster-wide)."""
-    meta = obj["metadata"]
-    return meta["name"] if obj["kind"] == "Namespace" else meta.get("namespace")
-
-
-def _kind_text(kind: Kind) -> str:
-    return f"{kind.api_version} {kind.kind}"
 
 
 class Reconciler:
@@ -369,7 +219,7 @@ class Reconciler:
         """Our namespaces, or the API server's refusal to list them (reported by the
         pass; any other error, the API server not being there, is raised)."""
         try:
-            return await self._list(_BY_TYPE[("v1", "Namespace")])
+            return await self._list(KIND_BY_TYPE[("v1", "Namespace")])
         except ApiException as e:
             return e
 
@@ -391,15 +241,15 @@ class Reconciler:
         wanted = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
         if not wanted:
             return objects, [], []
-        ns_kind = _BY_TYPE[("v1", "Namespace")]
+        ns_kind = KIND_BY_TYPE[("v1", "Namespace")]
         if isinstance(listed, ApiException):
             why = (
                 "this hub's namespaces could not be listed to tell which are its own, so "
                 f"nothing is written into it: {self._error_message(ns_kind, listed)}"
             )
             refused_all = set(wanted)
-            kept = [o for o in objects if _namespace_of(o) not in refused_all]
-            return kept, [ObjectError(_kind_text(ns_kind), n, why) for n in wanted], []
+            kept = [o for o in objects if namespace_of(o) not in refused_all]
+            return kept, [ObjectError(kind_text(ns_kind), n, why) for n in wanted], []
         ours = {o["metadata"]["name"] for o in listed}
         refused: dict[str, str] = {}
         adopted: list[str] = []
@@ -441,8 +291,8 @@ class Reconciler:
             )
         if not refused:
             return objects, [], adopted
-        kept = [o for o in objects if _namespace_of(o) not in refused]
-        errors = [ObjectError(_kind_text(ns_kind), n, why) for n, why in refused.items()]
+        kept = [o for o in objects if namespace_of(o) not in refused]
+        errors = [ObjectError(kind_text(ns_kind), n, why) for n, why in refused.items()]
         return kept, errors, adopted
 
     async def remove_all(self) -> ReconcileReport:
@@ -463,12 +313,12 @@ class Reconciler:
         writes_before = self.writes
         desired: dict[Kind, list[dict[str, Any]]] = {k: [] for k in KINDS}
         for obj in objects:  # fresh from desired_objects: ours to annotate
-            kind = _BY_TYPE[(obj["apiVersion"], obj["kind"])]
+            kind = KIND_BY_TYPE[(obj["apiVersion"], obj["kind"])]
             annotations = obj["metadata"].setdefault("annotations", {})
             annotations[APPLIED_HASH] = applied_hash(obj)
             desired[kind].append(obj)
 
-        namespace_kind = _BY_TYPE[("v1", "Namespace")]
+        namespace_kind = KIND_BY_TYPE[("v1", "Namespace")]
         if listed_namespaces is None:
             listed_namespaces = await self._list_namespaces()
         other_cluster_kinds = [k for k in KINDS if not k.namespaced and k is not namespace_kind]
@@ -505,7 +355,9 @@ class Reconciler:
                 if desired[kind] or result.status != 404:
                     message = self._error_message(kind, result)
                     for obj in desired[kind] or [{"metadata": {"name": "*"}}]:
-                        report.errors.append(ObjectError(_kind_text(kind), _name(obj), message))
+                        report.errors.append(
+                            ObjectError(kind_text(kind), object_name(obj), message)
+                        )
             elif isinstance(result, BaseException):
                 raise result
             else:
@@ -528,11 +380,11 @@ class Reconciler:
             wanted = {identity(o) for o in desired[kind]}
             stale = [o for key, o in live[kind].items() if key not in wanted]
             if not prune:
-                report.kept += [f"{kind.kind} {_name(o)}: {why_not}" for o in stale]
+                report.kept += [f"{kind.kind} {object_name(o)}: {why_not}" for o in stale]
                 continue
             if kind.kind == "Namespace" and not namespaces:
                 report.kept += [
-                    f"Namespace {_name(o)}: no longer in the policy; prune_namespaces is "
+                    f"Namespace {object_name(o)}: no longer in the policy; prune_namespaces is "
                     "off, so it stays (delete it yourself, or turn prune_namespaces on)"
                     for o in stale
                 ]
@@ -551,8 +403,8 @@ class Reconciler:
         if meta.get("deletionTimestamp"):
             report.errors.append(
                 ObjectError(
-                    _kind_text(kind),
-                    _name(obj),
+                    kind_text(kind),
+                    object_name(obj),
                     "is being deleted (pruned earlier or deleted by someone); "
                     "it is created again on a pass after it is gone",
                 )
@@ -587,10 +439,12 @@ class Reconciler:
                 await self._apply(kind, obj)
         except ApiException as e:
             report.errors.append(
-                ObjectError(_kind_text(kind), _name(obj), self._error_message(kind, e))
+                ObjectError(kind_text(kind), object_name(obj), self._error_message(kind, e))
             )
             return
-        (report.created if current is None else report.updated).append(f"{kind.kind} {_name(obj)}")
+        (report.created if current is None else report.updated).append(
+            f"{kind.kind} {object_name(obj)}"
+        )
 
     async def _pods_in(self, namespace: str) -> int:
         data = await self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods")
@@ -600,16 +454,16 @@ class Reconciler:
         if obj["metadata"].get("deletionTimestamp"):
             return  # already going
         try:
-            if kind.kind == "Namespace" and (pods := await self._pods_in(_name(obj))):
+            if kind.kind == "Namespace" and (pods := await self._pods_in(object_name(obj))):
                 # deleting it would delete its servers with it: the policy change
                 # that dropped the group does not say to stop them
                 report.kept.append(
-                    f"Namespace {_name(obj)}: holds {pods} pod{'s' if pods != 1 else ''}; not "
-                    "deleted (stop its servers, and a later pass deletes it)"
+                    f"Namespace {object_name(obj)}: holds {pods} pod{'s' if pods != 1 else ''}; "
+                    "not deleted (stop its servers, and a later pass deletes it)"
                 )
                 return
             if self.dry_run:
-                report.pruned.append(f"{kind.kind} {_name(obj)}")
+                report.pruned.append(f"{kind.kind} {object_name(obj)}")
                 return
             await self._delete(kind, obj)
         except ApiException as e:
@@ -619,16 +473,16 @@ class Reconciler:
                 # the rendered RBAC names only the current policy's objects: one the
                 # policy dropped is the admin's to delete, which is no fault of the pass
                 report.kept.append(
-                    f"{kind.kind} {_name(obj)}: no longer in the policy, and the hub's RBAC "
+                    f"{kind.kind} {object_name(obj)}: no longer in the policy, and the hub's RBAC "
                     "(rendered for the current policy) may not delete it; delete it "
-                    f"yourself: {_delete_command(kind, obj)}"
+                    f"yourself: {delete_command(kind, obj)}"
                 )
                 return
             report.errors.append(
-                ObjectError(_kind_text(kind), _name(obj), self._error_message(kind, e))
+                ObjectError(kind_text(kind), object_name(obj), self._error_message(kind, e))
             )
             return
-        report.pruned.append(f"{kind.kind} {_name(obj)}")
+        report.pruned.append(f"{kind.kind} {object_name(obj)}")
 
 
 class ReconcilePasses:

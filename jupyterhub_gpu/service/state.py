@@ -22,193 +22,32 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from ..core.admission import Charge, Ledger
-from ..core.adoption import (
-    DEFAULT_COMPONENT,
-    USERNAME_ANNOTATION,
-    adopt,
-    servers_selector,
-    username_of,
-)
+from ..core.admission import Ledger
+from ..core.adoption import DEFAULT_COMPONENT, adopt, servers_selector
 from ..core.budgets import UsageRecord
 from ..core.capacity import FlavorCapacity, counted_resources, flavor_capacity, pod_requests
 from ..core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
 from ..core.dra import DraInventory
 from ..core.model import Policy
-from ..core.shaping import (
-    GROUP_LABEL,
-    HUB_LABEL,
-    PROFILE_LABEL,
-    SPAWN_ANNOTATION,
-    charge_from_pod,
-    label_value,
-    namespace_for,
-    of_another_hub,
-    pod_key,
-    terminating,
-    usage_record_from_pod,
-)
+from ..core.shaping import HUB_LABEL, label_value, namespace_for, of_another_hub
 from ..kube.clusterview import capacity_watches, dra_inventory, dra_watches
-from ..kube.reflector import Reflector, slim_pod
+from ..kube.reflector import Reflector
+from .server_pods import ServerPod, as_foreign, as_labelled, newer, server_pod
 from .views import Notice, Server, Snapshot, server_label, waiting_lines
+
+# what callers import from here, some of it defined in the modules above
+__all__ = ["ServerPod", "ServiceState", "server_pod"]
 
 log = logging.getLogger("jupyterhub_gpu.service")
 
-SERVERNAME_ANNOTATION = "hub.jupyter.org/servername"
 _FINISHED = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True)
-class ServerPod:
-    """A server pod of this hub: what it is charged, and whose server it is."""
-
-    key: str
-    charge: Charge | None  # None: finished, or unreadable
-    user: str | None
-    servername: str
-    created: datetime | None
-    profile: str | None = None  # the profile label
-    #: the GPU time it is recording (None: no GPUs, or not started yet)
-    usage: UsageRecord | None = None
-    #: when the pod started (``status.startTime``: after any time in a scheduler's queue)
-    started: datetime | None = None
-    #: the pod's uid (a delete names it, so a newer pod of the same name is never hit)
-    uid: str | None = None
-    #: which of its server's starts made it: the hub's ``started`` of that start (None:
-    #: a pod made before the spawner wrote it down)
-    spawn_started: str | None = None
-    #: a server started before the policy (none of its labels): the pod as the adoption
-    #: rule reads it (``core.adoption``); its charge and GPU time follow from its user's
-    #: groups, which ``ServiceState`` knows
-    before_policy: Mapping[str, Any] | None = None
-    #: being deleted (still charged until it is gone; never taken for an orphan)
-    terminating: bool = False
-    #: (condition type, reason, message) of a condition saying who is ending the pod:
-    #: Kubernetes' ``DisruptionTarget`` (preemption, eviction) or Kueue's ``TerminationTarget``
-    disruption: tuple[str, str, str] | None = None
-    #: why its labels cannot be true (``core.claims``); such a pod is charged to nobody,
-    #: records no GPU time, names no server (``user`` None) and is only reported
-    foreign: str | None = None
-    #: for a foreign pod: what its labels say (the pod as it would have been counted)
-    claimed: ServerPod | None = None
-    #: foreign because another pod is the server it names (told again as pods come
-    #: and go, and as the hub's starts change); False: for what it is on its own
-    impostor: bool = False
-
-    def foreign_json(self) -> dict[str, Any]:
-        """A foreign pod as the admins' report shows it: what it claims, and why not."""
-        claimed = self.claimed or self
-        return {
-            "pod": self.key,
-            "user": claimed.user,
-            "server": claimed.servername,
-            "group": claimed.charge.group if claimed.charge else None,
-            "why": self.foreign,
-        }
-
-
-def as_foreign(found: ServerPod, why: str, *, impostor: bool = False) -> ServerPod:
-    """``found`` taken for nothing it claims: not charged, no GPU time, no server."""
-    return replace(
-        found,
-        charge=None,
-        usage=None,
-        user=None,
-        servername="",
-        foreign=why,
-        claimed=found,
-        impostor=impostor,
-    )
-
-
-def _as_adoption_reads_it(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What the adoption rule and the usage record need of a pod from before the policy."""
-    slim = slim_pod(pod)
-    metadata, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
-    keep = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp")
-    return {
-        "metadata": {k: metadata.get(k) for k in keep},
-        "spec": {**slim["spec"], "nodeSelector": spec.get("nodeSelector") or {}},
-        "status": {**slim["status"], "startTime": status.get("startTime")},
-    }
-
-
-def server_pod(pod: Mapping[str, Any]) -> ServerPod:
-    metadata = pod.get("metadata") or {}
-    if GROUP_LABEL not in (metadata.get("labels") or {}):
-        annotations = metadata.get("annotations") or {}
-        return ServerPod(
-            key=pod_key(pod),
-            charge=None,
-            user=username_of(pod) or None,
-            servername=annotations.get(SERVERNAME_ANNOTATION, ""),
-            created=_timestamp(metadata.get("creationTimestamp")),
-            started=_timestamp((pod.get("status") or {}).get("startTime")),
-            before_policy=_as_adoption_reads_it(pod),
-            uid=metadata.get("uid"),
-            terminating=terminating(pod),
-            disruption=_disruption(pod),
-        )
-    annotations = metadata.get("annotations") or {}
-    key = pod_key(pod)
-    try:
-        charge = charge_from_pod(pod)
-    except ValueError as e:
-        log.warning("%s; it is not counted", e)
-        charge = None
-    created = metadata.get("creationTimestamp")
-    started = (pod.get("status") or {}).get("startTime")
-    try:
-        usage = usage_record_from_pod(pod)
-    except ValueError:
-        usage = None  # warned about above
-    return ServerPod(
-        key=key,
-        charge=charge,
-        user=annotations.get(USERNAME_ANNOTATION) or (charge.user if charge else None),
-        servername=annotations.get(SERVERNAME_ANNOTATION, ""),
-        created=_timestamp(created),
-        profile=(metadata.get("labels") or {}).get(PROFILE_LABEL),
-        usage=usage,
-        started=_timestamp(started),
-        uid=metadata.get("uid"),
-        spawn_started=annotations.get(SPAWN_ANNOTATION),
-        terminating=terminating(pod),
-        disruption=_disruption(pod),
-    )
-
-
-def _newer(pod: ServerPod, than: ServerPod) -> bool:
-    """Whether ``pod`` is rather a server's pod than ``than``: not being deleted, newer."""
-    return (pod.terminating, -_created(pod)) < (than.terminating, -_created(than))
-
-
-def _created(pod: ServerPod) -> float:
-    return pod.created.timestamp() if pod.created else 0.0
-
-
-def _as_labelled(pod: ServerPod) -> ServerPod:
-    """A pod as its labels say, before it was found to name a server whose pod is another."""
-    return pod.claimed if pod.impostor and pod.claimed is not None else pod
-
-
-def _disruption(pod: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    for condition in (pod.get("status") or {}).get("conditions") or ():
-        kind = condition.get("type")
-        if kind in ("DisruptionTarget", "TerminationTarget") and condition.get("status") == "True":
-            return kind, condition.get("reason") or "", condition.get("message") or ""
-    return None
-
-
-def _timestamp(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
 def _node_requests(pod: Mapping[str, Any] | None, resources: set[str]):
@@ -458,7 +297,7 @@ class ServiceState:
         # which pod is each server's, told again from what is listed
         self._claims, self._claim_of = {}, {}
         for key, found in items.items():
-            self._claim(key, _as_labelled(found))
+            self._claim(key, as_labelled(found))
         for claim in list(self._claims):
             self._resolve(claim, apply=False)
         self.foreign = {}
@@ -485,7 +324,7 @@ class ServiceState:
         before = self._claim_of.get(key)
         self._unclaim(key)
         if new is not None:
-            self._claim(key, _as_labelled(new))
+            self._claim(key, as_labelled(new))
         self._apply(key, old, new)
         for claim in {before, self._claim_of.get(key)} - {None}:
             assert claim is not None
@@ -522,7 +361,7 @@ class ServiceState:
         keys = self._claims.get(claim)
         if pods is None or not keys:
             return
-        labelled = {k: _as_labelled(pods[k]) for k in keys if k in pods}
+        labelled = {k: as_labelled(pods[k]) for k in keys if k in pods}
         found = impostors(
             (
                 Claim(k, p.created, parse_time(p.spawn_started), p.terminating)
@@ -666,7 +505,7 @@ class ServiceState:
         for p in (self.server_pods or {}).values():
             if p.charge is not None:
                 known = pods.get((p.user, p.servername))
-                if known is None or _newer(p, known):
+                if known is None or newer(p, known):
                     pods[(p.user, p.servername)] = p
         servers = [
             # a server's runtime counts from its pod's start, not from the spawn: time

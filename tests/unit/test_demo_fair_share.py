@@ -13,10 +13,10 @@ from jupyterhub_gpu.service.gpu_time import hours_view
 from jupyterhub_gpu_dev.demo import (
     DEMO_VALUES,
     FAIR_SHARE_HISTORY,
-    _fair_share_step,
     plan_demo,
     seed_fair_share_history,
 )
+from jupyterhub_gpu_dev.demo_walkthrough import _fair_share_step
 
 
 def test_the_built_in_examples_research_members_have_different_standings(tmp_path):

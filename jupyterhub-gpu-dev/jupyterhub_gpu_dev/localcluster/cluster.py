@@ -14,14 +14,8 @@ are in 127.0.0.0/8. Everything a cluster writes lives in its state folder, which
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import ipaddress
-import json
 import os
-import random
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -29,21 +23,45 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import build, dra, nodepools, pki, sockets, volcano
-from . import kueue as kueue_manager
+from . import build, dra, nodepools, pki, volcano
+from .cluster_state import (
+    POD_PREFIX,
+    POD_RANGE,
+    ClusterError,
+    ClusterState,
+    ProgressFn,
+    choose_pod_cidr,
+    pod_addresses_in_use,
+    running_state_files,
+    state_root,
+)
 from .ports import free_port as free_port
+from .processes import alive, stop_group
+from .scheduler_starts import KUEUE_SERVERS, SchedulerStarts
 
-#: Pod IPs come from one /18 of this range per cluster: two clusters running at
-#: once (a test session and the demo) must never give out the same pod IP, or one
-#: hub would reach the other cluster's notebook server on it.
-POD_RANGE = ipaddress.ip_network("127.64.0.0/10")
-POD_PREFIX = 18
+# what callers import from here, some of it defined in the modules above
+__all__ = [
+    "DEFAULT_NODE_POOLS",
+    "KEEP_FINALIZERS",
+    "POD_PREFIX",
+    "POD_RANGE",
+    "PORT_TAKEN",
+    "ClusterError",
+    "ClusterState",
+    "LocalCluster",
+    "choose_pod_cidr",
+    "find",
+    "free_port",
+    "pod_addresses_in_use",
+    "running_state_files",
+    "state_root",
+]
+
 SERVICE_CIDR = "127.128.0.0/16"
 DEFAULT_NODE_POOLS = Path(__file__).with_name("nodepools.yaml")
 #: kwok's pod stages: its defaults, but a pod annotated KEEP_FINALIZERS keeps its
@@ -70,14 +88,6 @@ CONTROLLERS = (
     "resourceclaim-controller",
 )
 
-ProgressFn = Callable[[str], None]
-#: the servers Kueue's manager runs, each on a port of its own on 127.0.0.1
-KUEUE_SERVERS = ("webhook", "metrics", "health", "visibility")
-
-
-class ClusterError(RuntimeError):
-    pass
-
 
 #: what a component's log says when the port it was given was taken meanwhile
 PORT_TAKEN = "address already in use"
@@ -85,134 +95,7 @@ PORT_TAKEN = "address already in use"
 NODE_ROLES = ("kwok", "kube-controller-manager")
 
 
-def state_root() -> Path:
-    return build.cache_dir() / "clusters"
-
-
-def choose_pod_cidr(in_use: set[str], rng: random.Random | None = None) -> str:
-    """A /18 of POD_RANGE holding none of ``in_use`` (IPs or CIDRs), as kwok's --cidr.
-
-    Random among the free blocks, so clusters started at the same moment (before
-    either has a pod listening) still almost never share one.
-    """
-    taken = [ipaddress.ip_network(a, strict=False) for a in in_use]
-    free = [
-        block
-        for block in POD_RANGE.subnets(new_prefix=POD_PREFIX)
-        if not any(block.overlaps(t) for t in taken)
-    ]
-    if not free:
-        raise ClusterError(f"every /{POD_PREFIX} of {POD_RANGE} is in use by other local clusters")
-    block = (rng or random).choice(free)
-    return f"{block.network_address + 1}/{POD_PREFIX}"  # kwok takes the gateway address
-
-
-def running_state_files() -> set[Path]:
-    """The state files of every cluster with a process running on this machine, wherever
-    its folder is (a test session keeps its clusters in its own temporary folders): each
-    process a cluster starts runs in the cluster's state folder."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):  # gone meanwhile, or another user's
-            state_file = Path(os.readlink(entry / "cwd")) / "state.json"
-            if state_file.is_file():
-                found.add(state_file)
-    return found
-
-
-def pod_addresses_in_use() -> set[str]:
-    """Pod ranges of the clusters in the state folder and of every running cluster, and
-    every listening loopback IP."""
-    in_use = sockets.listening_hosts()
-    root = state_root()
-    state_files = set(root.glob("*/state.json")) if root.is_dir() else set()
-    for state_file in state_files | running_state_files():
-        # a folder being written or removed right now, or saved before pod_cidr
-        # existed (those used 127.64.0.1/16; their pods show up as listening)
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            in_use.add(json.loads(state_file.read_text())["pod_cidr"])
-    return {a for a in in_use if ipaddress.ip_address(a.split("/")[0]) in POD_RANGE}
-
-
-@dataclass
-class ClusterState:
-    """What ``up`` started, persisted so other commands can find and stop it."""
-
-    name: str
-    directory: str
-    ports: dict[str, int]
-    pids: dict[str, int] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    #: kwok's --cidr (states saved before it was chosen per cluster used this one)
-    pod_cidr: str = "127.64.0.1/16"
-    #: scheduler names kube-scheduler also answers to, placing their pods as its own
-    #: (stand-ins for schedulers this cluster does not run, e.g. kai-scheduler)
-    stand_in_schedulers: list[str] = field(default_factory=list)
-    #: schedulers this cluster runs besides kube-scheduler (``kueue``)
-    schedulers: list[str] = field(default_factory=list)
-    #: Kueue's fair sharing (its ``fairSharing`` configuration) is on
-    kueue_fair_sharing: bool = False
-    #: Volcano divides the cluster among queues by weight (its ``proportion`` plugin)
-    volcano_proportion: bool = False
-
-    @property
-    def path(self) -> Path:
-        return Path(self.directory)
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.path / "pki" / "admin.kubeconfig"
-
-    @property
-    def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
-
-    def save(self) -> None:
-        (self.path / "state.json").write_text(json.dumps(asdict(self), indent=2))
-
-    @classmethod
-    def load(cls, directory: Path) -> ClusterState:
-        return cls(**json.loads((directory / "state.json").read_text()))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (our own exited child) still answers kill 0
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _stop_group(pid: int, grace: float) -> None:
-    """Stop a process started in its own session, and everything it started."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            if not _alive(pid):
-                break
-            time.sleep(0.05)
-        else:
-            continue
-        break
-    # stragglers that left the group but kept our session are still ours
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-class LocalCluster:
+class LocalCluster(SchedulerStarts):
     """One local cluster, identified by its state folder."""
 
     def __init__(self, state: ClusterState) -> None:
@@ -316,7 +199,7 @@ class LocalCluster:
         """Stop one component (``kube-apiserver``, say) and leave the others running:
         what a control-plane restart looks like to every client. ``start_component``
         starts it again on the same ports."""
-        _stop_group(self.state.pids[role], grace=10)
+        stop_group(self.state.pids[role], grace=10)
 
     def start_component(self, role: str, timeout: float = 60) -> None:
         """Start again a component ``stop_component`` stopped, as it was started; for
@@ -488,169 +371,6 @@ class LocalCluster:
             self._start_volcano(bins, kubeconfigs["volcano"], progress, timeout)
         progress(f"cluster ready in {time.monotonic() - started:.1f}s")
 
-    def _start_kueue(self, bins: Path, progress: ProgressFn, timeout: float) -> None:
-        """Kueue's CRDs, certificate Secret and webhooks, then its manager on 127.0.0.1;
-        returns once the API server reaches its webhooks."""
-        p = self.state.ports
-        pk = self.state.path / "pki"
-        kubeconfig, secret_data = kueue_manager.write_credentials(pk, self.state.server)
-        webhook_url = f"https://127.0.0.1:{p['kueue-webhook']}"
-        ca_bundle = base64.b64encode(secret_data["ca.crt"]).decode()
-        # the Secret's files, where a kubelet would mount it for Kueue's webhook server
-        cert_dir = self.state.path / "kueue-certs"
-        cert_dir.mkdir(exist_ok=True)
-        for name, content in secret_data.items():
-            (cert_dir / name).write_bytes(content)
-            if name.endswith(".key"):
-                (cert_dir / name).chmod(0o600)
-        config = kueue_manager.configuration(
-            {server: p[f"kueue-{server}"] for server in KUEUE_SERVERS},
-            cert_dir,
-            fair_sharing=self.state.kueue_fair_sharing,
-        )
-        config_path = self.state.path / "kueue-config.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-
-        progress("installing Kueue's CRDs and webhooks")
-        asyncio.run(self._install_kueue(webhook_url, ca_bundle, secret_data, timeout))
-        progress(f"starting Kueue {self.state.versions.get('kueue', '')}")
-        self._spawn(
-            "kueue",
-            [str(bins / "kueue"), f"--config={config_path}", f"--kubeconfig={kubeconfig}"],
-        )
-        self._wait(
-            lambda: self._http_ok(f"http://127.0.0.1:{p['kueue-health']}/readyz"), "kueue", timeout
-        )
-        asyncio.run(self._kueue_webhooks_answer(webhook_url, timeout))
-
-    def _start_volcano(
-        self, bins: Path, kubeconfig: Path, progress: ProgressFn, timeout: float
-    ) -> None:
-        """Volcano's CRDs, then its controller-manager and scheduler on 127.0.0.1; returns
-        once both are healthy and the scheduler has created its default queue."""
-        ports = {server: self.state.ports[f"volcano-{server}"] for server in volcano.SERVERS}
-        progress("installing Volcano's CRDs")
-        asyncio.run(self._install_crds("volcano", timeout))
-        progress(f"starting Volcano {self.state.versions.get('volcano', '')}")
-        config = volcano.write_scheduler_configuration(
-            self.state.path, proportion=self.state.volcano_proportion
-        )
-        for role, argv in (
-            (
-                volcano.CONTROLLER_MANAGER,
-                volcano.controller_manager_argv(
-                    bins / volcano.CONTROLLER_MANAGER, kubeconfig, ports
-                ),
-            ),
-            (
-                volcano.SCHEDULER,
-                volcano.scheduler_argv(bins / volcano.SCHEDULER, kubeconfig, config, ports),
-            ),
-        ):
-            self._spawn(role, argv)
-        for role, server in (
-            (volcano.CONTROLLER_MANAGER, "controllers-health"),
-            (volcano.SCHEDULER, "scheduler-health"),
-        ):
-            url = f"http://127.0.0.1:{ports[server]}/healthz"
-            self._wait(lambda url=url: self._http_ok(url), role, timeout)
-        asyncio.run(self._volcano_queue_open(volcano.DEFAULT_QUEUE, timeout))
-
-    async def _install_crds(self, scheduler: str, within: float) -> None:
-        from . import crds
-
-        async with self.api() as api:
-            await crds.install(api, scheduler, within=within)
-
-    async def _volcano_queue_open(self, name: str, within: float) -> None:
-        """Wait until Volcano's scheduler created ``name`` and its queue controller opened
-        it: both talk to the API server then."""
-        from kubernetes_asyncio import client
-
-        async with self.api() as api:
-            custom = client.CustomObjectsApi(api)
-            deadline = time.monotonic() + within
-            state = "missing"
-            while state != "Open":
-                try:
-                    queue = await custom.get_cluster_custom_object(
-                        "scheduling.volcano.sh", "v1beta1", "queues", name
-                    )
-                    state = queue.get("status", {}).get("state") or "without a state"
-                except client.ApiException as e:
-                    if e.status != 404:
-                        raise
-                if state != "Open" and time.monotonic() > deadline:
-                    raise ClusterError(
-                        f"Volcano's {name} queue is {state} after {within:.0f}s; see "
-                        f"{self.state.path / 'logs'} ({volcano.SCHEDULER}.log, "
-                        f"{volcano.CONTROLLER_MANAGER}.log)"
-                    )
-                await asyncio.sleep(0.25)
-
-    async def _install_kueue(
-        self, webhook_url: str, ca_bundle: str, secret_data: dict[str, bytes], within: float
-    ) -> None:
-        """What Kueue needs before it starts: its CRDs (converted through its webhook),
-        its namespace, the certificate Secret its rotator adopts, and its webhook
-        configurations (the rotator waits for them to exist)."""
-        from kubernetes_asyncio import client
-
-        from . import crds
-
-        async with self.api() as api:
-            await crds.install(
-                api,
-                "kueue",
-                within=within,
-                adapt=lambda crd: kueue_manager.with_conversion_webhook(
-                    crd, webhook_url, ca_bundle
-                ),
-            )
-            core = client.CoreV1Api(api)
-            await core.create_namespace({"metadata": {"name": kueue_manager.NAMESPACE}})
-            await core.create_namespaced_secret(
-                kueue_manager.NAMESPACE, kueue_manager.certificate_secret(secret_data)
-            )
-            registration = client.AdmissionregistrationV1Api(api)
-            for configuration in kueue_manager.webhook_configurations(
-                kueue_manager.module_manifests(), webhook_url, ca_bundle
-            ):
-                if configuration["kind"] == "MutatingWebhookConfiguration":
-                    await registration.create_mutating_webhook_configuration(configuration)
-                else:
-                    await registration.create_validating_webhook_configuration(configuration)
-
-    async def _kueue_webhooks_answer(self, webhook_url: str, within: float) -> None:
-        """Wait until the API server reaches Kueue's webhooks: a server-side dry run
-        passes the admission webhooks, so once one for a Kueue object succeeds, pods
-        and queues are Kueue's."""
-        from kubernetes_asyncio import client
-
-        probe = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "jupyterhub-gpu-webhook-probe"},
-            "spec": {},
-        }
-        async with self.api() as api:
-            custom = client.CustomObjectsApi(api)
-            deadline = time.monotonic() + within
-            while True:
-                try:
-                    await custom.create_cluster_custom_object(
-                        "kueue.x-k8s.io", "v1beta2", "resourceflavors", probe, dry_run="All"
-                    )
-                    return
-                except client.ApiException as e:
-                    if time.monotonic() > deadline:
-                        raise ClusterError(
-                            f"Kueue's webhooks at {webhook_url} do not answer the API server "
-                            f"after {within:.0f}s ({e.status} {e.reason}: {e.body}); "
-                            f"see {self.state.path / 'logs' / 'kueue.log'}"
-                        ) from e
-                await asyncio.sleep(0.25)
-
     async def _register_nodes(self, nodes: list[dict], within: float) -> None:
         from kubernetes_asyncio.client import ApiException
 
@@ -672,7 +392,7 @@ class LocalCluster:
                 # kwok makes nodes Ready, the controller-manager lifts their not-ready
                 # taint: one that exited (a port taken, say) says why at once
                 for role in NODE_ROLES:
-                    if not _alive(self.state.pids[role]):
+                    if not alive(self.state.pids[role]):
                         raise ClusterError(
                             f"{role} exited during start-up; its log ends:\n{self._log_tail(role)}"
                         )
@@ -753,7 +473,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         pid = self.state.pids.get(what)
         while not check():
-            if pid and not _alive(pid):
+            if pid and not alive(pid):
                 raise ClusterError(
                     f"{what} exited during start-up; its log ends:\n{self._log_tail(what)}"
                 )
@@ -770,7 +490,7 @@ class LocalCluster:
         return log.read_text(errors="replace")[-size:] if log.exists() else "(no log)"
 
     def status(self) -> dict[str, Any]:
-        processes = {role: _alive(pid) for role, pid in self.state.pids.items()}
+        processes = {role: alive(pid) for role, pid in self.state.pids.items()}
         return {
             "name": self.state.name,
             "directory": self.state.directory,
@@ -785,7 +505,7 @@ class LocalCluster:
         """Stop every process this cluster started and remove its state folder."""
         # reverse start order: the pod runner stops its pods' processes first
         for _role, pid in reversed(list(self.state.pids.items())):
-            _stop_group(pid, grace=10)
+            stop_group(pid, grace=10)
         shutil.rmtree(self.state.path, ignore_errors=True)
 
 
