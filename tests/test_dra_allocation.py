@@ -391,6 +391,70 @@ def test_kueue_and_the_resource_quota_count_dra_devices_by_their_class():
     assert resource_quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"
 
 
+def test_a_flavor_of_a_resource_a_class_serves_is_capped_in_the_classs_devices_too():
+    """ops reaches only ``any`` (nvidia.com/gpu, no device_class); h200 says DeviceClass
+    gpu.nvidia.com serves nvidia.com/gpu. The class serves ``any``'s pods on the DRA
+    nodes too (a claim kube-scheduler makes, which the ResourceQuota counts), and Kueue,
+    mapping the class, counts every nvidia.com/gpu request under the class's name: ops
+    gets its quota there, not 0 (which would hold every server of ops forever)."""
+    args = {
+        "scheduler": {"name": "kueue"},
+        "namespace_per_group": True,
+        "flavors": {
+            "h200": {"kind": "gpu", "device_class": "gpu.nvidia.com"},
+            "any": {"kind": "gpu"},
+            "a100-1g": {"kind": "mig", "profile": "1g.5gb", "product": "NVIDIA-A100"},
+        },
+        "profiles": {
+            "h200": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}},
+            "any": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "any"}},
+            "mig": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "a100-1g"}},
+        },
+        "groups": {
+            "lab": {"quota": {"gpus": 1}, "profiles": ["h200"]},
+            "ops": {"quota": {"gpus": 2}, "profiles": ["any"]},
+            "mig": {"quota": {"gpus": 1}, "profiles": ["mig"]},
+        },
+    }
+    objects = desired_objects(parse_policy(**args), "jhub")
+    gpu_class = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+
+    def nominal(group: str) -> dict[str, str]:
+        (queue,) = [
+            o for o in objects if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == group
+        ]
+        (flavor,) = queue["spec"]["resourceGroups"][0]["flavors"]
+        return {r["name"]: r["nominalQuota"] for r in flavor["resources"]}
+
+    def hard(group: str) -> dict[str, str]:
+        (quota,) = [
+            o
+            for o in objects
+            if o["kind"] == "ResourceQuota" and o["metadata"]["namespace"].endswith(group)
+        ]
+        return quota["spec"]["hard"]
+
+    assert nominal("ops")[gpu_class] == "2"
+    assert nominal("ops")["nvidia.com/gpu"] == "2"
+    assert hard("ops")[gpu_class] == "2"
+    assert nominal("lab")[gpu_class] == "1"
+    # a resource no class serves is counted in its own name alone
+    assert nominal("mig")["nvidia.com/gpu"] == "0"
+    assert nominal("mig")[gpu_class] == "0"
+    assert nominal("mig")["nvidia.com/mig-1g.5gb"] == "7"
+    # check says where Kueue counts the flavor that does not name the class
+    lines = device_lines(parse_policy(**args))
+    assert (
+        "flavor any: Kueue counts its nvidia.com/gpu under gpu.nvidia.com.deviceclass."
+        "resource.k8s.io/devices once its Configuration maps DeviceClass gpu.nvidia.com "
+        "(it counts every request of a resource a mapped class serves there); the "
+        "ClusterQueues cap the flavor under both names"
+    ) in lines
+    assert not [
+        line for line in lines if line.startswith(("flavor h200: Kueue", "flavor a100-1g: Kueue"))
+    ]
+
+
 POLICY_ARGS = {
     "flavors": {
         "h200": {"kind": "gpu", "device_class": "gpu.nvidia.com"},
@@ -407,7 +471,9 @@ def test_check_says_which_form_serves_each_flavor(tmp_path):
         "gpu.nvidia.com must set extendedResourceName: nvidia.com/gpu; kube-scheduler "
         "allocates from ResourceSlices on nodes that do not advertise it; Kubernetes 1.36 "
         "on, or 1.34-1.35 with the DRAExtendedResource feature gate)",
-        "flavor any: a device plugin's nvidia.com/gpu (node allocatable)",
+        "flavor any: a device plugin's nvidia.com/gpu (node allocatable), or on nodes "
+        "without it DeviceClass gpu.nvidia.com's devices through the extended-resource "
+        "bridge (a flavor says it serves nvidia.com/gpu)",
         "flavor h200-claim: DRA claims of DeviceClass gpu.nvidia.com (a ResourceClaimTemplate "
         "per count; kube-scheduler allocates from ResourceSlices; Kubernetes 1.34 on)",
     ]
