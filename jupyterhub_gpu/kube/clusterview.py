@@ -303,6 +303,7 @@ class ClusterView:
         self._tasks: list[asyncio.Task] = []
         self._cache: tuple[tuple[int, int], dict[str, FlavorCapacity]] | None = None
         self._computed_at = 0.0
+        self._inventory: tuple[int, DraInventory] | None = None
 
     def _changed(self, _reflector: Reflector) -> None:
         self.version += 1
@@ -344,10 +345,17 @@ class ClusterView:
         if stale or (self._cache[0] != key and now - self._computed_at >= self.refresh):
             nodes = (self.nodes.reflector.items or {}).values()
             pods = (self.pods.reflector.items or {}).values()
-            problems = [w.problem for w in self.dra if w.problem is not None]
-            dra = dra_inventory(
-                *(w.reflector for w in self.dra), problem=problems[0] if problems else None
-            )
-            computed = flavor_capacity(policy, nodes, pods, dra=dra)
+            computed = flavor_capacity(policy, nodes, pods, dra=self.dra_inventory())
             self._cache, self._computed_at = (key, computed), now
         return self._cache[1]
+
+    def dra_inventory(self) -> DraInventory:
+        """The DRA objects as the watches hold them now (unknown, saying why, while a
+        watch has not listed or fails), made again only after a change."""
+        if self._inventory is None or self._inventory[0] != self.version:
+            problems = [w.problem for w in self.dra if w.problem is not None]
+            inventory = dra_inventory(
+                *(w.reflector for w in self.dra), problem=problems[0] if problems else None
+            )
+            self._inventory = (self.version, inventory)
+        return self._inventory[1]
