@@ -20,7 +20,7 @@ from jupyterhub_gpu.core.dra import DraInventory, device_equivalents, pod_alloca
 from jupyterhub_gpu.core.manifests import desired_objects
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.schedulers.kueue import device_class_mappings
-from jupyterhub_gpu.core.selection import Request
+from jupyterhub_gpu.core.selection import Request, request_for
 from jupyterhub_gpu.core.usage import UsageRecord
 from jupyterhub_gpu.service.dra_charges import ALLOCATION_WAIT, AllocationCharges
 from jupyterhub_gpu.service.idle import ENGINE_ACTIVE, GPU_UTIL, candidates, shares_its_device
@@ -208,7 +208,7 @@ def record(uid: str, flavor: str, started: float = 1000.0, gpus: float = 1.0) ->
 
 def test_a_dra_server_is_charged_its_allocation_once_seen_and_keeps_it():
     charges = AllocationCharges(POLICY)
-    asked = record("u2", "mig-3g")  # admission charged it a whole GPU-equivalent
+    asked = record("u2", "mig-3g", gpus=1.0)  # as if admitted at a whole GPU
     # its claim not seen yet, just after its start: not recorded yet
     assert charges.charged(asked, inventory(), now=1000 + 5) is None
     charged = charges.charged(asked, inventory(claim("u2", "gpu-0-mig-3g71gb-0")), now=1010)
@@ -228,6 +228,71 @@ def test_a_dra_server_is_charged_its_allocation_once_seen_and_keeps_it():
     assert charges.charged(plugin, inventory(), now=1001) == plugin
     # ... unless the bridge gave it DRA devices: then those
     assert charges.charged(plugin, inventory(claim("u3", "gpu-3")), now=1001).gpus == 1
+
+
+def test_a_mig_partition_claimed_through_dra_is_admitted_quoted_and_counted_at_its_slices():
+    """A dra flavor whose selector requires the 3g profile: admission, the group's
+    ResourceQuota and Kueue's ClusterQueue count each partition 3/7 of a GPU, as GPU
+    time does once it is allocated (and as a mig flavor of the device plugin is)."""
+    flavors = {
+        "mig-3g": {
+            "kind": "dra",
+            "device_class": "mig.nvidia.com",
+            "selectors": ["device.attributes['gpu.nvidia.com'].profile == '3g.71gb'"],
+        },
+        # any partition of the class: which one is chosen at scheduling, so a whole GPU
+        "mig-any": {"kind": "dra", "device_class": "mig.nvidia.com"},
+        # a selector that also accepts whole GPUs says nothing of the size
+        "either": {
+            "kind": "dra",
+            "selectors": [
+                "device.attributes['gpu.nvidia.com'].profile == '3g.71gb' || "
+                "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+            ],
+        },
+        "not-3g": {
+            "kind": "dra",
+            "selectors": ["!(device.attributes['gpu.nvidia.com'].profile == '3g.71gb')"],
+        },
+    }
+    policy = parse_policy(
+        scheduler={"name": "kueue"},
+        namespace_per_group=True,
+        flavors=flavors,
+        profiles={"p": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "mig-3g"}}},
+        groups={"lab": {"quota": {"gpus": 2}, "profiles": ["p"]}},
+    )
+    units = {name: f.unit_equivalents for name, f in policy.flavors.items()}
+    assert units == {
+        "mig-3g": Fraction(3, 7),
+        "mig-any": 1,
+        "either": 1,
+        "not-3g": 1,
+    }
+    # admission: a server of two partitions is charged 6/7 of a GPU
+    profile = policy.profiles["p"]
+    assert request_for(profile, policy.flavors["mig-3g"], 2).gpus == Fraction(6, 7)
+    # the quota of 2 GPUs is four 3g partitions, for the API server and for Kueue
+    devices = "mig.nvidia.com.deviceclass.resource.k8s.io/devices"
+    objects = desired_objects(policy, "jhub")
+    (resource_quota,) = [o for o in objects if o["kind"] == "ResourceQuota"]
+    assert resource_quota["spec"]["hard"][devices] == "4"
+    (queue,) = [o for o in objects if o["kind"] == "ClusterQueue"]
+    nominal = {
+        r["name"]: r["nominalQuota"]
+        for r in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+    }
+    assert nominal[devices] == "4"
+    # GPU time: the partition it was allocated, the same 3/7
+    allocated = inventory(claim("u1", "gpu-0-mig-3g71gb-0"))
+    per_device = policy.flavors["mig-3g"].dra_equivalents
+    assert pod_allocation(allocated, "u1", per_device).gpus == Fraction(3, 7)
+    # a gpu_equivalents of its own is what admission and GPU time both charge
+    weighted = parse_policy(flavors={"w": {**flavors["mig-3g"], "gpu_equivalents": 0.5}})
+    assert weighted.flavors["w"].unit_equivalents == Fraction(1, 2)
+    assert pod_allocation(allocated, "u1", weighted.flavors["w"].dra_equivalents).gpus == Fraction(
+        1, 2
+    )
 
 
 # ---- how its GPU use is read (the idle rule) -----------------------------------------
@@ -326,6 +391,70 @@ def test_kueue_and_the_resource_quota_count_dra_devices_by_their_class():
     assert resource_quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"
 
 
+def test_a_flavor_of_a_resource_a_class_serves_is_capped_in_the_classs_devices_too():
+    """ops reaches only ``any`` (nvidia.com/gpu, no device_class); h200 says DeviceClass
+    gpu.nvidia.com serves nvidia.com/gpu. The class serves ``any``'s pods on the DRA
+    nodes too (a claim kube-scheduler makes, which the ResourceQuota counts), and Kueue,
+    mapping the class, counts every nvidia.com/gpu request under the class's name: ops
+    gets its quota there, not 0 (which would hold every server of ops forever)."""
+    args = {
+        "scheduler": {"name": "kueue"},
+        "namespace_per_group": True,
+        "flavors": {
+            "h200": {"kind": "gpu", "device_class": "gpu.nvidia.com"},
+            "any": {"kind": "gpu"},
+            "a100-1g": {"kind": "mig", "profile": "1g.5gb", "product": "NVIDIA-A100"},
+        },
+        "profiles": {
+            "h200": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "h200"}},
+            "any": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "any"}},
+            "mig": {"cpu": 1, "memory": "1Gi", "gpu": {"flavor": "a100-1g"}},
+        },
+        "groups": {
+            "lab": {"quota": {"gpus": 1}, "profiles": ["h200"]},
+            "ops": {"quota": {"gpus": 2}, "profiles": ["any"]},
+            "mig": {"quota": {"gpus": 1}, "profiles": ["mig"]},
+        },
+    }
+    objects = desired_objects(parse_policy(**args), "jhub")
+    gpu_class = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+
+    def nominal(group: str) -> dict[str, str]:
+        (queue,) = [
+            o for o in objects if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == group
+        ]
+        (flavor,) = queue["spec"]["resourceGroups"][0]["flavors"]
+        return {r["name"]: r["nominalQuota"] for r in flavor["resources"]}
+
+    def hard(group: str) -> dict[str, str]:
+        (quota,) = [
+            o
+            for o in objects
+            if o["kind"] == "ResourceQuota" and o["metadata"]["namespace"].endswith(group)
+        ]
+        return quota["spec"]["hard"]
+
+    assert nominal("ops")[gpu_class] == "2"
+    assert nominal("ops")["nvidia.com/gpu"] == "2"
+    assert hard("ops")[gpu_class] == "2"
+    assert nominal("lab")[gpu_class] == "1"
+    # a resource no class serves is counted in its own name alone
+    assert nominal("mig")["nvidia.com/gpu"] == "0"
+    assert nominal("mig")[gpu_class] == "0"
+    assert nominal("mig")["nvidia.com/mig-1g.5gb"] == "7"
+    # check says where Kueue counts the flavor that does not name the class
+    lines = device_lines(parse_policy(**args))
+    assert (
+        "flavor any: Kueue counts its nvidia.com/gpu under gpu.nvidia.com.deviceclass."
+        "resource.k8s.io/devices once its Configuration maps DeviceClass gpu.nvidia.com "
+        "(it counts every request of a resource a mapped class serves there); the "
+        "ClusterQueues cap the flavor under both names"
+    ) in lines
+    assert not [
+        line for line in lines if line.startswith(("flavor h200: Kueue", "flavor a100-1g: Kueue"))
+    ]
+
+
 POLICY_ARGS = {
     "flavors": {
         "h200": {"kind": "gpu", "device_class": "gpu.nvidia.com"},
@@ -342,7 +471,9 @@ def test_check_says_which_form_serves_each_flavor(tmp_path):
         "gpu.nvidia.com must set extendedResourceName: nvidia.com/gpu; kube-scheduler "
         "allocates from ResourceSlices on nodes that do not advertise it; Kubernetes 1.36 "
         "on, or 1.34-1.35 with the DRAExtendedResource feature gate)",
-        "flavor any: a device plugin's nvidia.com/gpu (node allocatable)",
+        "flavor any: a device plugin's nvidia.com/gpu (node allocatable), or on nodes "
+        "without it DeviceClass gpu.nvidia.com's devices through the extended-resource "
+        "bridge (a flavor says it serves nvidia.com/gpu)",
         "flavor h200-claim: DRA claims of DeviceClass gpu.nvidia.com (a ResourceClaimTemplate "
         "per count; kube-scheduler allocates from ResourceSlices; Kubernetes 1.34 on)",
     ]

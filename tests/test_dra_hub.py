@@ -1,8 +1,9 @@
 """A DRA server through a real hub on a cluster whose GPU node runs NVIDIA's DRA
 driver (simulated slices): kube-scheduler allocates the server's claim to a device
-on the node the pod lands on, and the spawn page and the service's api/capacity
-count the free devices from the ResourceSlices and claims at each step, under the
-RBAC ``jupyterhub-gpu manifests`` renders.
+on the node the pod lands on, the spawn page names that device as the server
+starts, and the spawn form and the service's api/capacity count the free devices
+from the ResourceSlices and claims at each step, under the RBAC ``jupyterhub-gpu
+manifests`` renders.
 
 The driver's DeviceClass ``gpu.nvidia.com`` also maps ``nvidia.com/gpu`` (the
 extended-resource bridge): a ``gpu`` flavor's server, asking for ``nvidia.com/gpu``
@@ -20,10 +21,17 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from hub_helpers import create_priority_classes, page_as, running_hub, stop_server
+from hub_helpers import (
+    create_priority_classes,
+    page_as,
+    progress_messages,
+    ready,
+    running_hub,
+    stop_server,
+)
 from jupyterhub_gpu_dev.localcluster.cluster import LocalCluster
 from kube_helpers import eventually
-from test_service_hub import aget, start_server, user_token, wait_for_service
+from test_service_hub import aget, user_token, wait_for_service
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -109,6 +117,8 @@ async def dra_hub(dra_cluster, dra_kube):
         extra_config=(
             "c.GPUService.hub_poll_interval = 1\n"
             "c.KubeSpawner.http_timeout = 120\n"
+            # the spawn goes on as the test reads its page's events
+            'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}\n'
             'c.JupyterHub.load_roles.append({"name": "token-issuer", "scopes": ["tokens"], '
             '"services": ["demo-admin"]})\n'
         ),
@@ -158,10 +168,24 @@ async def shows(hub, free: int, bridged: int | None = None, any_gpu: int | None 
     await eventually(ops_page, f"dee's spawn page to show {lines}", within=30)
 
 
+async def spawn_naming_devices(hub, user: str, profile: str) -> str:
+    """Start ``user``'s server, reading its spawn page's events as it starts; the line
+    that names the DRA devices kube-scheduler allocated it (before it is ready)."""
+    status, body = await asyncio.to_thread(
+        hub.api, "POST", f"/users/{user}/server", {"profile": profile}
+    )
+    assert status == 202, body
+    messages = await asyncio.to_thread(
+        progress_messages, hub, user, "DRA: kube-scheduler allocated", 120
+    )
+    await eventually(lambda: ready(hub, user), f"{user}'s server to be ready", within=180)
+    return messages[-1]
+
+
 async def test_a_dra_server_gets_a_device_on_its_node_and_the_free_count_follows(dra_hub, dra_kube):
     core, resource = client.CoreV1Api(dra_kube), client.ResourceV1Api(dra_kube)
     await shows(dra_hub, 2)
-    await start_server(dra_hub, "ann", "lab--h200")
+    line = await spawn_naming_devices(dra_hub, "ann", "lab--h200")
     (pod,) = [
         p
         for p in (await core.list_namespaced_pod(dra_hub.namespace)).items
@@ -175,6 +199,8 @@ async def test_a_dra_server_gets_a_device_on_its_node_and_the_free_count_follows
     (result,) = claim.status.allocation.devices.results
     assert (result.driver, result.pool) == ("gpu.nvidia.com", "h200dra-0")
     assert result.device in ("gpu-0", "gpu-1")
+    # the spawn page named that device as it started
+    assert line == f"DRA: kube-scheduler allocated {result.device} (NVIDIA H200 NVL) on h200dra-0"
     await shows(dra_hub, 1)
 
     await stop_server(dra_hub, "ann")
@@ -194,7 +220,7 @@ async def test_a_gpu_flavor_served_by_dra_gets_a_device_through_the_bridge(dra_h
     default), and every flavor over those devices counts it."""
     core, custom = client.CoreV1Api(dra_kube), client.CustomObjectsApi(dra_kube)
     await shows(dra_hub, 2, bridged=2, any_gpu=4)
-    await start_server(dra_hub, "cy", "ops--bridged")
+    line = await spawn_naming_devices(dra_hub, "cy", "ops--bridged")
     (pod,) = [
         p
         for p in (await core.list_namespaced_pod(dra_hub.namespace)).items
@@ -218,6 +244,10 @@ async def test_a_gpu_flavor_served_by_dra_gets_a_device_through_the_bridge(dra_h
     assert (owner["kind"], owner["uid"]) == ("Pod", pod.metadata.uid)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert (result["driver"], result["pool"]) == ("gpu.nvidia.com", "h200dra-0")
+    # the spawn page names the device of kube-scheduler's own claim too
+    assert line == (
+        f"DRA: kube-scheduler allocated {result['device']} (NVIDIA H200 NVL) on h200dra-0"
+    )
     # one H200 taken: the bridged flavor, any GPU, and the DRA claims' flavor
     await shows(dra_hub, 1, bridged=1, any_gpu=3)
     bridged = await capacity_api(dra_hub, "h200-bridged")

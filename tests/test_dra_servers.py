@@ -8,10 +8,10 @@ devices as dcgm-exporter does with its DRA mapping on, and Prometheus scrapes it
 every second. Group ``lab`` reclaims GPUs idle for 20 s (below 5%), with a 10 s
 notice.
 
-Users: kim (a whole H200, 0%), lee (a 3g.71gb MIG partition, 0%: admitted at one
-GPU-equivalent, charged the 3/7 it was allocated), max (a whole H200 at 90% that
-the exporter reports without his pod's labels, as an exporter without its DRA
-mapping would: unknown, never stopped).
+Users: kim (a whole H200, 0%), lee (a 3g.71gb MIG partition, 0%: admitted and
+charged at the 3/7 its selector requires and it was allocated), max (a whole H200
+at 90% that the exporter reports without his pod's labels, as an exporter without
+its DRA mapping would: unknown, never stopped).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ PRODUCT = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"
 POLICY = {
     "flavors": {
         "h200": {"kind": "dra", "display_name": "H200 via DRA", "selectors": [PRODUCT]},
-        # no gpu_equivalents: admitted at one GPU-equivalent, charged what it holds
+        # no gpu_equivalents: admitted at the 3g profile its selector requires (3/7),
+        # charged what it holds (the same)
         "mig": {
             "kind": "dra",
             "display_name": "H200 MIG 3g via DRA",
@@ -106,13 +107,16 @@ async def test_a_dra_server_is_charged_what_its_claim_was_allocated(dra_hub):
     rows = await eventually(recorded, "every server's GPU time recorded", within=60)
     assert rows["kim"].gpus == 1
     assert rows["max"].gpus == 1
-    # admitted at one GPU-equivalent (the flavor says nothing else), charged the
-    # partition it holds: 3 of the H200's 7 compute slices
+    # admitted at the profile its selector requires, charged the partition it holds:
+    # 3 of the H200's 7 compute slices either way
     assert rows["lee"].gpus == pytest.approx(float(Fraction(3, 7)))
     assert rows["lee"].flavor == "mig"
 
     # the dashboard's view names each server's device
     view, _ = await usage(dra_hub, await user_token(dra_hub, "root"))
+    # and lab's quota holds what admission charged: two H200s and lee's 3/7
+    (lab,) = [g for g in view["groups"] if g["name"] == "lab"]
+    assert lab["gpus"]["used"] == pytest.approx(float(2 + Fraction(3, 7)), abs=1e-4)
     devices = {s["user"]: s["devices"] for s in view["servers"]}
     whole = r"gpu-[123] \(NVIDIA H200 NVL\) on h200-dra-0"
     assert re.fullmatch(whole, devices["kim"][0]), devices

@@ -511,16 +511,21 @@ async def test_a_queued_server_shows_its_place_outlasts_start_timeout_and_starts
     assert pending["pending"] == "spawn", pending
     assert await scheduler.is_held(kube, namespace, first)
 
-    # one stops: the scheduler lets the first in line in, who starts; the next moves up
+    # one stops: the scheduler lets the first in line in, who starts; the next moves up.
+    # Its page is read from the stop on: its queue_timeout runs meanwhile, and the move
+    # comes with the first one's admission, not once that server is ready
+    moved_up = asyncio.ensure_future(
+        asyncio.to_thread(
+            progress_messages, hub, second, f"waiting in {label} queue lab: position 1"
+        )
+    )
     stopping = scheduler.fill[0]
     await api(hub, "DELETE", f"/users/{stopping}/server")
     await eventually(
         lambda: ready(hub, first), f"{first}'s server after {stopping} stopped", within=90
     )
     await scheduler.placed(kube, namespace, first, "lab")
-    await asyncio.to_thread(
-        progress_messages, hub, second, f"waiting in {label} queue lab: position 1"
-    )
+    await moved_up
 
     # still queued at queue_timeout: the spawn page says the spawn was given up, and why
     messages = await asyncio.to_thread(
@@ -690,16 +695,33 @@ async def test_kueue_queues_admits_and_counts_a_dra_servers_devices(
 async def test_start_timeout_still_bounds_a_start_that_kueue_admitted(
     scheduler, hub, kube, stopped_after
 ):
-    """Kueue admits eve's server at once (its queue is empty), but no node has its GPU."""
-    started = time.monotonic()
+    """Kueue admits eve's server at once (its queue is empty), but no node has its GPU:
+    the start fails start_timeout after Kueue's admission (the event the hub's bound
+    follows), well before the backstop JupyterHub keeps for servers queued in Kueue
+    (twice start_timeout, and queue_timeout, and 10 s, from the spawn's start)."""
+
+    def failure() -> tuple[list[str], float]:
+        messages = progress_messages(hub, "eve", "Spawn failed", START_TIMEOUT + 90)
+        return messages, time.monotonic()
+
     status, body = await api(hub, "POST", "/users/eve/server", {"profile": "ops--b300"})
     assert status == 202, body
-    messages = await asyncio.to_thread(
-        progress_messages, hub, "eve", "Spawn failed", START_TIMEOUT + 30
-    )
-    failed_after = time.monotonic() - started
-    # start_timeout, not the longer bound the hub keeps for servers queued in Kueue
-    assert failed_after < START_TIMEOUT + 10, failed_after
+    # the page is read from the spawn's start, so the failure is seen when it comes
+    failed = asyncio.ensure_future(asyncio.to_thread(failure))
+    pod = await eventually(lambda: user_pod(kube, hub.namespace, "eve"), "eve's pod", within=60)
+
+    async def admitted():
+        mine = await scheduler.workloads_of(kube, pod)
+        condition = mine and scheduler.condition(mine[0], "Admitted")
+        return bool(condition) and condition["status"] == "True"
+
+    await eventually(admitted, "Kueue admitting eve's server", within=60, interval=0.2)
+    admitted_at = time.monotonic()
+    messages, failed_at = await failed
+    failed_after = failed_at - admitted_at
+    # start_timeout from the admission (the hub sees it up to a poll later), not the
+    # backstop, which would be at least 2 * START_TIMEOUT + QUEUE_TIMEOUT from it
+    assert failed_after < 2 * START_TIMEOUT, failed_after
     assert f"did not start in {START_TIMEOUT} seconds" in messages[-1], messages
     await eventually(lambda: no_server(hub, "eve"), "eve's server gone", within=30)
     await eventually(lambda: _no_pod(kube, hub.namespace, "eve"), "eve's pod deleted", within=60)

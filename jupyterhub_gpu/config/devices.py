@@ -19,10 +19,11 @@ the capacity each flavor shows counts what kube-scheduler can really use.
 from __future__ import annotations
 
 from ..core.model import Flavor, Policy
+from ..core.objects import device_class_resource, serving_classes
 from ..core.schedulers.kueue import device_class_mappings
 
 
-def device_form(flavor: Flavor) -> str:
+def device_form(flavor: Flavor, policy: Policy) -> str:
     """How a flavor's servers get their GPUs, in words."""
     if flavor.kind == "dra":
         return (
@@ -38,13 +39,43 @@ def device_form(flavor: Flavor) -> str:
         )
     if flavor.kind == "fraction":
         return "KAI's GPU sharing by annotation (no device request)"
-    return f"a device plugin's {flavor.resource} (node allocatable)"
+    plugin = f"a device plugin's {flavor.resource} (node allocatable)"
+    classes = serving_classes(policy, flavor.resource or "")
+    if not classes:
+        return plugin
+    # the class serves every pod that asks for the resource, whatever its flavor says
+    return (
+        f"{plugin}, or on nodes without it DeviceClass {', '.join(classes)}'s devices "
+        f"through the extended-resource bridge (a flavor says it serves {flavor.resource})"
+    )
+
+
+def kueue_bridge_line(policy: Policy, flavor: Flavor) -> str | None:
+    """Where Kueue counts a flavor that does not name the class that serves its
+    resource, though another flavor does; None for any other flavor."""
+    if flavor.bridged or flavor.kind == "dra":
+        return None
+    classes = serving_classes(policy, flavor.resource or "")
+    if not classes:
+        return None
+    names = ", ".join(device_class_resource(c) for c in classes)
+    return (
+        f"flavor {flavor.name}: Kueue counts its {flavor.resource} under {names} once its "
+        f"Configuration maps DeviceClass {', '.join(classes)} (it counts every request of "
+        "a resource a mapped class serves there); the ClusterQueues cap the flavor under "
+        "both names"
+    )
 
 
 def device_lines(policy: Policy) -> list[str]:
     """``check``'s lines: each flavor's form, and Kueue's DRA mappings where needed."""
-    lines = [f"flavor {name}: {device_form(f)}" for name, f in policy.flavors.items()]
+    lines = [f"flavor {name}: {device_form(f, policy)}" for name, f in policy.flavors.items()]
     if policy.scheduler.name == "kueue":
+        lines += [
+            line
+            for f in policy.flavors.values()
+            if (line := kueue_bridge_line(policy, f)) is not None
+        ]
         mappings = device_class_mappings(policy)
         if mappings:
             entries = ", ".join(

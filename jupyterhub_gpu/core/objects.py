@@ -152,7 +152,7 @@ def device_caps(policy: Policy, group: Group, amounts: Amounts) -> dict[str, int
     caps: dict[str, int | None] = {}
     for flavor in policy.flavors.values():
         units = _units(flavor, amounts) if flavor.name in reach else 0
-        for resource in counted_in(flavor):
+        for resource in counted_in(policy, flavor):
             if resource not in caps:
                 caps[resource] = units
             elif caps[resource] is not None:
@@ -169,15 +169,30 @@ def device_resource(flavor: Flavor) -> str | None:
     return flavor.resource
 
 
-def counted_in(flavor: Flavor) -> list[str]:
-    """Every quota resource a unit of this flavor counts in: its own, and for a bridged
-    ``gpu`` flavor also its DeviceClass's devices (the ResourceClaim kube-scheduler
-    makes for the pod counts in a ResourceQuota as any claim does)."""
+def counted_in(policy: Policy, flavor: Flavor) -> list[str]:
+    """Every quota resource a unit of this flavor counts in: its own, and where a
+    DeviceClass serves its extended resource (a bridged ``gpu`` flavor of the policy
+    names the class) also that class's devices, whether this flavor names the class
+    or not: the class serves every pod asking for the resource on a node without it,
+    through a ResourceClaim kube-scheduler makes for the pod, which a ResourceQuota
+    counts as any claim of the class; and Kueue, once its Configuration maps the
+    class, counts every request of the resource under the class's mapped name."""
     own = device_resource(flavor)
     found = [own] if own else []
-    if flavor.bridged:
-        found.append(device_class_resource(flavor.device_class or ""))
+    if own is not None and flavor.kind != "dra":
+        found += [device_class_resource(c) for c in serving_classes(policy, own)]
     return found
+
+
+def serving_classes(policy: Policy, resource: str) -> list[str]:
+    """The DeviceClasses the policy's bridged flavors say serve ``resource``."""
+    return sorted(
+        {
+            f.device_class
+            for f in policy.flavors.values()
+            if f.bridged and f.resource == resource and f.device_class
+        }
+    )
 
 
 def device_class_resource(device_class: str) -> str:

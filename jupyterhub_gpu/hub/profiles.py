@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 _cluster_view: ClusterView | None = None
 
 
+def cluster_view() -> ClusterView | None:
+    """The hub's watch of the cluster, once a profile list has started it."""
+    return _cluster_view
+
+
 async def offered_profiles(
     spawner: GPUKubeSpawner, policy: Policy, ledger: Ledger, *, wait: bool
 ) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ differs between schedulers is ``core.schedulers``'.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from typing import Any
 
 import aiohttp
 from jupyterhub.utils import isoformat
-from kubernetes_asyncio.client import ApiException, CustomObjectsApi
+from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Any as AnyValue
 from traitlets import Bool, Float, Unicode, default, validate
@@ -43,7 +44,6 @@ from ..accounting.store import UsageStore
 from ..config.policy import GPUPolicy
 from ..config.service_settings import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
 from ..core.admission import OVER_QUOTA, Charge, Decision, Ledger
-from ..core.dra import DraInventory
 from ..core.ends import has_ended, pod_ended_at
 from ..core.exits import NOTEBOOK_CONTAINER
 from ..core.model import Policy, PolicyError
@@ -59,7 +59,6 @@ from ..core.shaping import (
     shape,
 )
 from ..kube.client import exception_message
-from ..kube.clusterview import pod_dra_inventory
 from .admission import SpawnAdmission, register_hub_metrics
 from .checks import (
     REFUSED_KUBERNETES,
@@ -73,6 +72,8 @@ from .checks import (
     selected,
     unreachable,
 )
+from .devices import begin as begin_devices
+from .devices import device_line, devices_read, start_allocation
 from .metrics import count_refusal
 from .pods import charges_from_pods, finish_stop_in_background, watch_pods
 from .profiles import offered_profiles
@@ -193,6 +194,10 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
+    #: the DRA devices the start read its claims' allocation as, in words, and the
+    #: event it sets once it has read them (see hub.devices)
+    _gpu_devices: tuple[str, ...] = ()
+    _gpu_devices_read: asyncio.Event | None = None
     #: when JupyterHub stops waiting for the current start (time.monotonic())
     _gpu_start_deadline: float = 0.0
     #: http_timeout as configured: a start that waited for the server's port leaves
@@ -469,6 +474,7 @@ class GPUKubeSpawner(KubeSpawner):
     async def _start_charged(self):
         self._gpu_starting = True
         self._gpu_reservation = None
+        begin_devices(self)  # this start's DRA devices, named once allocated
         # a new pod: what was seen of the last one says nothing of it
         self._gpu_pod_seen = self._gpu_alive_at = None
         self._gpu_ended = False
@@ -511,27 +517,10 @@ class GPUKubeSpawner(KubeSpawner):
         self._gpu_reservation = None  # the server's charge now, released by its stop
         pod = self.pod_reflector.pods.get(self._server_key)
         if pod is not None:
-            self.admission.record_start(self.gpu_policy, pod, await self._dra_allocation(pod))
+            # a DRA server's GPU time counts what its claims were allocated
+            self.admission.record_start(self.gpu_policy, pod, await start_allocation(self, pod))
             self._note_pod()
         return result
-
-    async def _dra_allocation(self, pod: dict[str, Any]) -> DraInventory | None:
-        """What a DRA server's claims were allocated (a dra flavor, or a gpu flavor a DRA
-        driver serves), which its GPU time counts; None for any other server."""
-        selection = self.gpu_selection
-        flavor = selection.flavor if selection is not None else None
-        if flavor is None or not (flavor.kind == "dra" or flavor.bridged):
-            return None
-        inventory = await pod_dra_inventory(
-            CustomObjectsApi(self.api.api_client), pod, self.k8s_api_request_timeout
-        )
-        if inventory.problem is not None:
-            self.log.warning(
-                "GPU usage of %s counted as asked, not as allocated: %s",
-                self._server_key,
-                inventory.problem,
-            )
-        return inventory
 
     async def poll(self):
         """None while the server's pod exists, as KubeSpawner says; and None when the
@@ -687,13 +676,15 @@ class GPUKubeSpawner(KubeSpawner):
         return pod
 
     def progress(self):
-        # the group's line while the spawn waits in it; then KubeSpawner's events, and
-        # where the pod waits in its scheduler's queue
+        # the group's line while the spawn waits in it; then KubeSpawner's events,
+        # where the pod waits in its scheduler's queue, and its DRA devices
         return progress_events(
             lambda: self._gpu_wait_message,
             lambda: self._queue_watch.line,
             super().progress,
             lambda event: explained(event, self.gpu_selection, self.gpu_shape),
+            device_line=lambda: device_line(self),
+            devices_read=lambda: devices_read(self),
         )
 
 

@@ -303,6 +303,7 @@ class ClusterView:
         self._tasks: list[asyncio.Task] = []
         self._cache: tuple[tuple[int, int], dict[str, FlavorCapacity]] | None = None
         self._computed_at = 0.0
+        self._inventory: tuple[int, float, DraInventory] | None = None
 
     def _changed(self, _reflector: Reflector) -> None:
         self.version += 1
@@ -344,10 +345,22 @@ class ClusterView:
         if stale or (self._cache[0] != key and now - self._computed_at >= self.refresh):
             nodes = (self.nodes.reflector.items or {}).values()
             pods = (self.pods.reflector.items or {}).values()
-            problems = [w.problem for w in self.dra if w.problem is not None]
-            dra = dra_inventory(
-                *(w.reflector for w in self.dra), problem=problems[0] if problems else None
-            )
-            computed = flavor_capacity(policy, nodes, pods, dra=dra)
+            computed = flavor_capacity(policy, nodes, pods, dra=self.dra_inventory(fresh=True))
             self._cache, self._computed_at = (key, computed), now
         return self._cache[1]
+
+    def dra_inventory(self, fresh: bool = False) -> DraInventory:
+        """The DRA objects as the watches hold them now (unknown, saying why, while a
+        watch has not listed or fails), made again after a change, at most once every
+        ``refresh`` s (every spawning DRA server's page asks each second) unless
+        ``fresh`` (capacity, which keeps that pace itself)."""
+        now = time.monotonic()
+        cached = self._inventory
+        changed = cached is None or cached[0] != self.version
+        if cached is None or (changed and (fresh or now - cached[1] >= self.refresh)):
+            problems = [w.problem for w in self.dra if w.problem is not None]
+            inventory = dra_inventory(
+                *(w.reflector for w in self.dra), problem=problems[0] if problems else None
+            )
+            self._inventory = cached = (self.version, now, inventory)
+        return cached[2]

@@ -156,8 +156,9 @@ FLAVOR_KINDS = {
         Key(
             "gpu_equivalents",
             Quantity(parse=parse_number, doc="number > 0"),
-            "GPU-equivalents each claimed device is charged; unset, 1 at admission and "
-            "GPU time by the device allocated (a whole GPU 1, a MIG partition its slices/7)",
+            "GPU-equivalents each claimed device is charged; unset, admission charges the "
+            "MIG partition the selectors require (its slices/7), else 1, and GPU time the "
+            "device allocated (a whole GPU 1, a MIG partition its slices/7)",
             null_unset=True,
             check=checks.above_zero,
         ),

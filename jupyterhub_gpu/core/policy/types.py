@@ -37,6 +37,11 @@ PRIVATE_RANGES = (
     "fe80::/10",
 )
 _DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
+#: a DRA selector that requires a MIG partition of one profile: NVIDIA's driver gives
+#: each partition a ``profile`` attribute (``3g.71gb``), and a whole GPU none
+_SELECTED_MIG = re.compile(r"""\.profile\s*==\s*['"](\d+)g\.""")
+#: compute slices of a GPU that MIG partitions (A100, H100, H200)
+_MIG_SLICES = 7
 
 
 class PolicyError(ValueError):
@@ -45,6 +50,21 @@ class PolicyError(ValueError):
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
         super().__init__("\n".join(errors))
+
+
+def selected_mig_slices(selectors: Iterable[str]) -> int | None:
+    """The compute slices of the MIG partition a dra flavor's selectors require (``3``
+    for ``device.attributes['gpu.nvidia.com'].profile == '3g.71gb'``), or None where
+    they do not require one: a selector counts only where it is a plain conjunction
+    (no ``||``, no ``!`` but ``!=``), so every device it accepts has that profile.
+    Two selectors that name different profiles accept no device; the larger counts."""
+    found = [
+        int(match.group(1))
+        for selector in selectors
+        if "||" not in selector and "!" not in selector.replace("!=", "")
+        for match in _SELECTED_MIG.finditer(selector)
+    ]
+    return min(max(found), _MIG_SLICES) if found else None
 
 
 @dataclass(frozen=True)
@@ -66,8 +86,9 @@ class Flavor:
     device_class: str | None = None
     selectors: tuple[str, ...] = ()
     sharing: str | None = None
-    #: dra: GPU-equivalents per device as the policy sets them (None: 1 at admission;
-    #: GPU time counts what each device allocated is, see ``core.dra``)
+    #: dra: GPU-equivalents per device as the policy sets them (None: at admission the
+    #: MIG partition its selectors require, else 1; GPU time counts what each device
+    #: allocated is, see ``core.dra``)
     dra_equivalents: Fraction | None = None
     scheduler_name: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -106,7 +127,13 @@ class Flavor:
             if self.gpu_memory and self.device_memory:
                 return min(Fraction(self.gpu_memory, self.device_memory), Fraction(1))
             return Fraction(1)
-        return self.dra_equivalents or Fraction(1)
+        if self.dra_equivalents is not None:
+            return self.dra_equivalents
+        # before allocation: the MIG partition its selectors require, charged as the
+        # device plugin's MIG flavors are (and as its GPU time counts it); else a
+        # whole GPU (fail closed)
+        slices = selected_mig_slices(self.selectors)
+        return Fraction(slices, _MIG_SLICES) if slices is not None else Fraction(1)
 
     @property
     def bridged(self) -> bool:

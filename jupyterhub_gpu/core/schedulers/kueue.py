@@ -109,7 +109,9 @@ class Kueue(Scheduler):
             )
         # DRA devices as Kueue counts them: by the name its Configuration maps their
         # DeviceClass to (``device_class_mappings``)
-        device_resources = sorted({r for f in policy.flavors.values() for r in counted_in(f)})
+        device_resources = sorted(
+            {r for f in policy.flavors.values() for r in counted_in(policy, f)}
+        )
         covered = ["cpu", "memory", "pods", *device_resources]
         for group in all_groups(policy):
             quota = self._amounts(group, group.quota, covered)
