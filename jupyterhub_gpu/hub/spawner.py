@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -41,10 +41,9 @@ from traitlets import Bool, Float, Unicode, default, validate
 
 from ..accounting.store import UsageStore
 from ..config.policy import GPUPolicy
-from ..config.service_settings import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
+from ..config.service_settings import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV, gpu_service_url
 from ..core.admission import OVER_QUOTA, Charge, Decision, Ledger
 from ..core.dra import DraInventory
-from ..core.ends import has_ended, pod_ended_at
 from ..core.exits import NOTEBOOK_CONTAINER
 from ..core.model import Policy, PolicyError
 from ..core.objects import namespace_for
@@ -78,6 +77,7 @@ from .pods import charges_from_pods, finish_stop_in_background, watch_pods
 from .profiles import offered_profiles
 from .progress import explained, progress_events
 from .queue_watch import QueueWatch
+from .server_end import ServerEnd
 from .server_exit import ServerExited, exited_refusal, raise_if_exited, wait_until_serving
 
 
@@ -209,12 +209,8 @@ class GPUKubeSpawner(KubeSpawner):
     _queue_watch: QueueWatch
     #: KubeSpawner is applying validated options (it reads the profile list for them)
     _gpu_applying_options: bool = False
-    #: the server's pod as this hub last saw it (at its start and every poll), and when
-    #: it was last seen alive (epoch seconds): what a server found stopped ends at
-    _gpu_pod_seen: dict | None = None
-    _gpu_alive_at: float | None = None
-    #: the end of the current pod's GPU time is written down (by a stop, or a poll)
-    _gpu_ended: bool = False
+    #: the server's pod as this hub last saw it, and the end of its GPU time
+    _server_end: ServerEnd
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -257,6 +253,7 @@ class GPUKubeSpawner(KubeSpawner):
         self._own_admission = admission
         super().__init__(*args, **kwargs)
         self._queue_watch = QueueWatch(self)
+        self._server_end = ServerEnd(self)
         # the namespace the chart configured: where servers from before the policy run
         # (a spawn may move this spawner's own namespace to its group's)
         self._hub_namespace = self.namespace
@@ -276,6 +273,18 @@ class GPUKubeSpawner(KubeSpawner):
         return await self.admission.ready_ledger(
             policy, self._listed_charges, self.ledger_resync_interval
         )
+
+    async def ready_ledger(self) -> Ledger:
+        """The shared ledger under this hub's policy (``ports.EndingServer``)."""
+        return await self._ledger(self.gpu_policy)
+
+    def pod_watch(self) -> Any:
+        """KubeSpawner's pod reflector for this spawner's namespace, if started."""
+        return self.reflectors.get(self._get_reflector_key("pods"))
+
+    async def restart_pod_watch(self, replace: bool) -> None:
+        """KubeSpawner's pod watch started, or replaced when ``replace``."""
+        await self._start_watching_pods(replace=replace)
 
     async def _listed_charges(self, policy: Policy) -> list[Charge]:
         with kubernetes_reachable():
@@ -470,8 +479,7 @@ class GPUKubeSpawner(KubeSpawner):
         self._gpu_starting = True
         self._gpu_reservation = None
         # a new pod: what was seen of the last one says nothing of it
-        self._gpu_pod_seen = self._gpu_alive_at = None
-        self._gpu_ended = False
+        self._server_end.new_start()
         try:
             # a pod watch that gave up during an outage would never see this pod
             with kubernetes_reachable():
@@ -512,7 +520,7 @@ class GPUKubeSpawner(KubeSpawner):
         pod = self.pod_reflector.pods.get(self._server_key)
         if pod is not None:
             self.admission.record_start(self.gpu_policy, pod, await self._dra_allocation(pod))
-            self._note_pod()
+            self._server_end.note_pod()
         return result
 
     async def _dra_allocation(self, pod: dict[str, Any]) -> DraInventory | None:
@@ -557,89 +565,18 @@ class GPUKubeSpawner(KubeSpawner):
             )
             return None
         # before KubeSpawner's poll, which deletes a pod whose server exited
-        self._note_pod()
+        self._server_end.note_pod()
         status = await super().poll()
         running = self.server is not None  # as JupyterHub holds it
-        if status is not None and running and not self._gpu_starting and not self._gpu_ended:
+        end = self._server_end
+        if status is not None and running and not self._gpu_starting and not end.ended:
             # JupyterHub stops a server its poll finds stopped without calling stop()
             # (it has nothing left to stop): its GPU time ends, and its charge goes, now
-            found = self._found_ended(self.admission.clock())
+            found = end.found_ended(self.admission.clock())
             if found is not None:
-                await self._record_end(found[0], found)
+                await end.record(found[0], found)
                 await self._release()
         return status
-
-    def _reflected_pod(self) -> tuple[bool, dict | None]:
-        """(whether the hub's pod watch has listed the pods, this server's pod there)."""
-        reflector = self.pod_reflector
-        if reflector is None or not reflector.first_load_future.done():
-            return False, None
-        return True, reflector.pods.get(self._server_key)
-
-    def _note_pod(self) -> None:
-        """Remember the server's pod as the watch shows it now, and whether it is alive."""
-        _, pod = self._reflected_pod()
-        if pod is None:
-            return
-        self._gpu_pod_seen = pod
-        if not has_ended(pod):
-            self._gpu_alive_at = self.admission.clock()
-
-    def _found_ended(self, now: float) -> tuple[float, str | None, bool] | None:
-        """How the server's pod ended when this stop found it ended already: (when,
-        its uid, whether inferred); None when the hub asks a running pod to go.
-
-        A stop asked for (a user's, an admin's, the service's through the hub's API)
-        finds the pod alive. A server found stopped does not: KubeSpawner's poll
-        stops a pod whose server's process exited, and a poll (at a hub start too)
-        finds a deleted or evicted pod gone. A pod found ended ends at its own end
-        where it says it (its container's ``finishedAt``, its ``deletionTimestamp``),
-        else at the last time it was seen alive, never when the hub noticed.
-        """
-        listed, pod = self._reflected_pod()
-        if not listed or (pod is not None and not has_ended(pod)):
-            return None
-        seen = pod if pod is not None else self._gpu_pod_seen
-        uid = ((seen or {}).get("metadata") or {}).get("uid")
-        at = pod_ended_at(seen, now)
-        if at is not None:
-            return at, uid, False
-        # the row's last sighting, if later (the service's), wins over the hub's
-        return self._gpu_alive_at or 0.0, uid, True
-
-    async def _record_end(self, asked_at: float, found: tuple[float, str | None, bool] | None):
-        """Write down the end of the server's GPU time (see ``_found_ended``), once."""
-        if self._gpu_ended:
-            return
-        self._gpu_ended = True
-        if found is None:
-            self.admission.record_stop(self._server_key, at=asked_at)
-            return
-        at, uid, inferred = found
-        try:
-            # a hub that just started may not have read the usage yet: the record of a
-            # server that went while it was down is in what it reads
-            await self._ledger(self.gpu_policy)
-        except Exception as e:
-            self.log.warning(
-                "GPU time of %s not ended by the hub (%s): the GPU service ends it at "
-                "the pod's last sighting",
-                self._log_name,
-                e,
-            )
-            return
-        book = self.admission.usage
-        if (book.records.get(uid) if uid else book.open_by_key.get(self._server_key)) is None:
-            return  # no GPU time recorded: a server without GPUs, or no pod ever ran
-        self.log.info(
-            "GPU time of %s: its pod had ended before the hub stopped it; %s",
-            self._log_name,
-            "counted until it was last seen alive"
-            if inferred
-            else "ended when the pod ended, at "
-            + datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds"),
-        )
-        self.admission.record_stop(self._server_key, at=at, uid=uid, inferred=inferred)
 
     async def stop(self, now: bool = False) -> None:
         if self._gpu_refused_before_kubernetes:
@@ -650,7 +587,7 @@ class GPUKubeSpawner(KubeSpawner):
         # a stop the hub asks for ends the server's GPU time when asked (the pod's
         # grace to exit is not the user's); a server found stopped, when its pod ended
         asked_at = self.admission.clock()
-        found = None if self._gpu_starting else self._found_ended(asked_at)
+        found = None if self._gpu_starting else self._server_end.found_ended(asked_at)
         # KubeSpawner stops a conflicting old pod during start and retries; that stop
         # must not release the reservation the start still holds
         try:
@@ -663,7 +600,7 @@ class GPUKubeSpawner(KubeSpawner):
                 finish_stop_in_background(self, e, now, ended)
             raise
         if not self._gpu_starting:
-            await self._record_end(asked_at, found)
+            await self._server_end.record(asked_at, found)
             await self._release()
 
     async def get_pod_manifest(self):
@@ -695,20 +632,6 @@ class GPUKubeSpawner(KubeSpawner):
             super().progress,
             lambda event: explained(event, self.gpu_selection, self.gpu_shape),
         )
-
-
-def gpu_service_url(config: Any, name: str = "gpu") -> str:
-    """Where servers reach the hub's service ``name``: its ``url`` and the hub's
-    ``base_url`` (its prefix, ``<base_url>services/<name>/``); "" without one."""
-    hub = config.JupyterHub if "JupyterHub" in config else {}
-    services = hub.get("services") if "services" in hub else None
-    for service in services if isinstance(services, list) else ():
-        if isinstance(service, Mapping) and service.get("name") == name and service.get("url"):
-            base = hub.get("base_url") if "base_url" in hub else "/"
-            base = base if isinstance(base, str) and base else "/"
-            prefix = "/".join(part for part in (base.strip("/"), "services", name) if part)
-            return f"{str(service['url']).rstrip('/')}/{prefix}/"
-    return ""
 
 
 def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -> None:
