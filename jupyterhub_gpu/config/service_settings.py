@@ -10,6 +10,8 @@ its log settings (``log_level``, ...) are ``GPUService`` settings too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, Unicode
@@ -25,6 +27,20 @@ SERVER_TOKEN_SCOPES = [
 ]
 #: the variable a server's JupyterLab extension reads the service's URL from
 SERVICE_URL_ENV = "JUPYTERHUB_GPU_SERVICE_URL"
+
+
+def gpu_service_url(config: Any, name: str = "gpu") -> str:
+    """Where servers reach the hub's service ``name``: its ``url`` and the hub's
+    ``base_url`` (its prefix, ``<base_url>services/<name>/``); "" without one."""
+    hub = config.JupyterHub if "JupyterHub" in config else {}
+    services = hub.get("services") if "services" in hub else None
+    for service in services if isinstance(services, list) else ():
+        if isinstance(service, Mapping) and service.get("name") == name and service.get("url"):
+            base = hub.get("base_url") if "base_url" in hub else "/"
+            base = base if isinstance(base, str) and base else "/"
+            prefix = "/".join(part for part in (base.strip("/"), "services", name) if part)
+            return f"{str(service['url']).rstrip('/')}/{prefix}/"
+    return ""
 
 
 class GPUService(Configurable):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import jupyterhub
@@ -25,9 +25,7 @@ from ..core.model import Policy, PolicyError
 from ..core.selection import Malformed, Refused, Selection, select
 from ..core.shaping import mount_collisions
 from ..kube.client import exception_message
-
-if TYPE_CHECKING:
-    from .spawner import GPUKubeSpawner
+from .ports import CheckedSpawn
 
 #: JupyterHub before 6 counts refused spawns towards consecutive_failure_limit
 JUPYTERHUB_COUNTS_REFUSALS = jupyterhub.version_info < (6,)
@@ -57,7 +55,7 @@ class SpawnRefused(web.HTTPError):
         return self.message
 
 
-def checked_policy(spawner: GPUKubeSpawner) -> Policy:
+def checked_policy(spawner: CheckedSpawn) -> Policy:
     """The spawner's policy; a broken or missing one refuses the spawn."""
     try:
         policy = spawner.gpu_policy
@@ -81,7 +79,7 @@ def checked_policy(spawner: GPUKubeSpawner) -> Policy:
     return policy
 
 
-def refuse_a_site_profile_list(spawner: GPUKubeSpawner, profile_list: Any) -> None:
+def refuse_a_site_profile_list(spawner: CheckedSpawn, profile_list: Any) -> None:
     """A profile_list the site set itself (a list, mapping or callable) would show
     profiles the policy never admits: a clear error instead of a refused spawn."""
     problem = site_profile_list_error("c.KubeSpawner.profile_list", profile_list)
@@ -94,7 +92,7 @@ def refuse_a_site_profile_list(spawner: GPUKubeSpawner, profile_list: Any) -> No
         )
 
 
-def selected(spawner: GPUKubeSpawner, policy: Policy, groups: list[str]) -> Selection:
+def selected(spawner: CheckedSpawn, policy: Policy, groups: list[str]) -> Selection:
     """What the spawn's options select from what ``groups`` are offered; options that
     select nothing allowed are refused (400 when of the wrong type, else 403)."""
     try:
@@ -124,14 +122,14 @@ def _select(policy: Policy, groups: list[str], options: Any) -> Selection:
         ) from None
 
 
-def _options_are_the_saved_ones(spawner: GPUKubeSpawner) -> bool:
+def _options_are_the_saved_ones(spawner: CheckedSpawn) -> bool:
     """Whether this start's options are JupyterHub's saved ones: it reuses a server's
     last options when a start sends none (a REST start without a body)."""
     request = getattr(spawner.handler, "request", None)
     return request is not None and not request.body
 
 
-def not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
+def not_a_hub_failure(spawner: CheckedSpawn) -> None:
     """Keep a refusal out of the hub's count of consecutive failed spawns.
 
     JupyterHub exits when ``Spawner.consecutive_failure_limit`` spawns fail in a
@@ -146,7 +144,7 @@ def not_a_hub_failure(spawner: GPUKubeSpawner) -> None:
         settings["failure_count"] = settings.get("failure_count", 0) - 1
 
 
-def refuse_mount_collisions(spawner: GPUKubeSpawner, policy: Policy, group: str) -> None:
+def refuse_mount_collisions(spawner: CheckedSpawn, policy: Policy, group: str) -> None:
     """A dataset mounted where the chart's home (or a profile's volume) already is:
     Kubernetes would refuse the pod; say which dataset and where, before anything
     is reserved."""
@@ -157,7 +155,7 @@ def refuse_mount_collisions(spawner: GPUKubeSpawner, policy: Policy, group: str)
 
 
 async def refuse_missing_claims(
-    spawner: GPUKubeSpawner, policy: Policy, group: str, namespace: str
+    spawner: CheckedSpawn, policy: Policy, group: str, namespace: str
 ) -> None:
     """Each claim the group's datasets name must exist in the server's namespace: a
     pod with a missing claim would wait in Pending until the start times out."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any
 
 import aiohttp
 from jupyterhub.utils import isoformat
@@ -26,19 +26,20 @@ from kubernetes_asyncio.client import ApiException, V1DeleteOptions, V1Precondit
 from ..core.admission import Charge
 from ..core.adoption import adopt, servers_selector, username_of
 from ..core.claims import Claim, foreign_namespace, foreign_user, impostors, parse_time
+from ..core.exits import NOTEBOOK_CONTAINER
 from ..core.model import Policy
 from ..core.quantities import format_gpus
 from ..core.shaping import (
     GROUP_LABEL,
     SPAWN_ANNOTATION,
+    PodShape,
+    apply_to_pod,
     charge_from_pod,
     namespace_for,
     of_another_hub,
 )
 from ..kube.client import exception_message
-
-if TYPE_CHECKING:
-    from .spawner import GPUKubeSpawner
+from .ports import PodOwner
 
 #: servers from before the policy whose charge the hub log has told (once each)
 _adoptions_logged: set[str] = set()
@@ -46,9 +47,7 @@ _adoptions_logged: set[str] = set()
 _foreign_logged: set[tuple[str, str]] = set()
 
 
-async def charges_from_pods(
-    spawner: GPUKubeSpawner, policy: Policy, hub_namespace: str
-) -> list[Charge]:
+async def charges_from_pods(spawner: PodOwner, policy: Policy, hub_namespace: str) -> list[Charge]:
     """The charges of every server of this hub, from its pods (``hub_namespace``: the
     hub's, where servers from before the policy run)."""
     charges = await _adopted_charges(spawner, policy, hub_namespace)
@@ -121,7 +120,7 @@ async def charges_from_pods(
     return charges
 
 
-def _tell_foreign(spawner: GPUKubeSpawner, charge: Charge, why: str) -> None:
+def _tell_foreign(spawner: PodOwner, charge: Charge, why: str) -> None:
     if (charge.key, why) in _foreign_logged:
         return
     _foreign_logged.add((charge.key, why))
@@ -135,7 +134,7 @@ def _tell_foreign(spawner: GPUKubeSpawner, charge: Charge, why: str) -> None:
     )
 
 
-def _hub_started(spawner: GPUKubeSpawner, user: str, name: str) -> datetime | None:
+def _hub_started(spawner: PodOwner, user: str, name: str) -> datetime | None:
     """The hub's start of ``user``'s server ``name`` (None: not running, or offline)."""
     db = getattr(spawner.user, "db", None)
     if db is None:
@@ -149,9 +148,7 @@ def _hub_started(spawner: GPUKubeSpawner, user: str, name: str) -> datetime | No
     return None
 
 
-async def _adopted_charges(
-    spawner: GPUKubeSpawner, policy: Policy, hub_namespace: str
-) -> list[Charge]:
+async def _adopted_charges(spawner: PodOwner, policy: Policy, hub_namespace: str) -> list[Charge]:
     """The charges of servers started before the policy (see ``core.adoption``):
     KubeSpawner's server pods in the hub's namespace without the policy's labels."""
     try:
@@ -219,7 +216,7 @@ def _finished(pod: dict) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-def _hub_groups(spawner: GPUKubeSpawner, users: Iterable[str]) -> dict[str, list[str]]:
+def _hub_groups(spawner: PodOwner, users: Iterable[str]) -> dict[str, list[str]]:
     """Each user's JupyterHub groups, from the hub's database (none offline)."""
     db = getattr(spawner.user, "db", None)
     if db is None:
@@ -233,7 +230,7 @@ def _hub_groups(spawner: GPUKubeSpawner, users: Iterable[str]) -> dict[str, list
     return found
 
 
-async def watch_pods(spawner: GPUKubeSpawner) -> None:
+async def watch_pods(spawner: PodOwner) -> None:
     """KubeSpawner's pod reflector, started again if it failed.
 
     Its first list fails while the API server is unreachable, and its watch gives
@@ -241,7 +238,7 @@ async def watch_pods(spawner: GPUKubeSpawner) -> None:
     answering from a stale list (a new pod never seen, a spawn waiting out its
     start_timeout) until something replaced it.
     """
-    reflector = spawner.reflectors.get(spawner._get_reflector_key("pods"))
+    reflector = spawner.pod_watch()
     first_list_failed = (
         reflector is not None
         and reflector.first_load_future.done()
@@ -250,11 +247,11 @@ async def watch_pods(spawner: GPUKubeSpawner) -> None:
     )
     watch = getattr(reflector, "watch_task", None)
     gave_up = watch is not None and watch.done()
-    await spawner._start_watching_pods(replace=first_list_failed or gave_up)
+    await spawner.restart_pod_watch(replace=first_list_failed or gave_up)
 
 
 def finish_stop_in_background(
-    spawner: GPUKubeSpawner,
+    spawner: PodOwner,
     error: Exception,
     now: bool,
     ended: tuple[float, bool] | None = None,
@@ -276,7 +273,8 @@ def finish_stop_in_background(
     charge = spawner.admission.charge(key)
     reflector = getattr(spawner, "pod_reflector", None)
     pod = reflector.pods.get(key) if reflector else None
-    seen = getattr(spawner, "_gpu_pod_seen", None)
+    end = getattr(spawner, "_server_end", None)
+    seen = end.pod_seen if end is not None else None
     uid = ((pod or seen or {}).get("metadata") or {}).get("uid")
     started = getattr(getattr(spawner, "orm_spawner", None), "started", None)
     spawn = isoformat(started) if uid is None and isinstance(started, datetime) else None
@@ -295,7 +293,7 @@ def finish_stop_in_background(
 
 
 async def _delete_until_gone(
-    spawner: GPUKubeSpawner,
+    spawner: PodOwner,
     namespace: str,
     name: str,
     uid: str | None,
@@ -337,3 +335,20 @@ async def _delete_until_gone(
     if charge is not None:
         await spawner.admission.release(spawner.gpu_policy, key, only=charge)
     spawner.log.info("Pod %s is gone: the stop of %s is complete", key, spawner._log_name)
+
+
+def shaped_manifest(pod: Any, shape: PodShape | None, started: datetime | None) -> None:
+    """KubeSpawner's pod manifest shaped in place by the policy (``shape``), marked with
+    which start of the server it is (``started``, noted by the hub before the start),
+    and set to keep the end of a failing server's log in its status."""
+    if shape is not None:
+        apply_to_pod(pod, shape)
+    if isinstance(started, datetime):
+        pod.metadata.annotations = {
+            **(pod.metadata.annotations or {}),
+            SPAWN_ANNOTATION: isoformat(started),
+        }
+    # where the spawn's failure reads it without pods/log (server_exit); a site's own wins
+    for container in pod.spec.containers:
+        if container.name == NOTEBOOK_CONTAINER and not container.termination_message_policy:
+            container.termination_message_policy = "FallbackToLogsOnError"

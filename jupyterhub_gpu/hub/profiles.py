@@ -9,7 +9,7 @@ the hub (``kube.clusterview``), started by the first list that needs it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.admission import Ledger
 from ..core.budgets import BudgetState
@@ -19,9 +19,7 @@ from ..core.model import Policy
 from ..core.profiles import profile_entry, with_usable_default
 from ..core.selection import offers
 from ..kube.clusterview import ClusterView
-
-if TYPE_CHECKING:
-    from .spawner import GPUKubeSpawner
+from .ports import ProfileViewer
 
 #: the watch of nodes and bound pods the profile list's capacity is read from
 _cluster_view: ClusterView | None = None
@@ -33,7 +31,7 @@ def cluster_view() -> ClusterView | None:
 
 
 async def offered_profiles(
-    spawner: GPUKubeSpawner, policy: Policy, ledger: Ledger, *, wait: bool
+    spawner: ProfileViewer, policy: Policy, ledger: Ledger, *, wait: bool
 ) -> list[dict[str, Any]]:
     """The spawner's user's profile list; ``wait``: for the first list of nodes and
     pods, so that capacity shows from the very first page."""
@@ -60,7 +58,7 @@ async def offered_profiles(
     return with_usable_default(entries)
 
 
-def _standing(spawner: GPUKubeSpawner, policy: Policy, group: str) -> str | None:
+def _standing(spawner: ProfileViewer, policy: Policy, group: str) -> str | None:
     """The user's and the group's fair-share standing, in words (None: not known yet)."""
     admission = spawner.admission
     if policy.fair_share is None or not admission.usage_loaded:
@@ -76,7 +74,7 @@ def _standing(spawner: GPUKubeSpawner, policy: Policy, group: str) -> str | None
 
 
 async def _capacity(
-    spawner: GPUKubeSpawner, policy: Policy, wait: bool
+    spawner: ProfileViewer, policy: Policy, wait: bool
 ) -> dict[str, FlavorCapacity] | None:
     """Free cluster capacity per flavor, or None when it is unknown or turned off."""
     global _cluster_view

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
@@ -25,9 +25,7 @@ from ..core.model import PolicyError
 from ..core.schedulers import Resource, Scheduler, scheduler_for
 from ..kube.client import exception_message
 from .checks import SpawnRefused
-
-if TYPE_CHECKING:
-    from .spawner import GPUKubeSpawner
+from .ports import QueuedSpawn
 
 #: "wait indefinitely" as a number of seconds (JupyterHub's start_timeout is an Integer)
 NO_QUEUE_TIMEOUT = 10 * 365 * 24 * 3600
@@ -42,7 +40,7 @@ class QueueWatch:
     #: the queue objects the hub was refused reading (each logged once)
     _read_refused: set[Resource] = set()
 
-    def __init__(self, spawner: GPUKubeSpawner) -> None:
+    def __init__(self, spawner: QueuedSpawn) -> None:
         self.spawner = spawner
         #: what the spawn page shows while the scheduler holds the server's pod
         self.line: str | None = None

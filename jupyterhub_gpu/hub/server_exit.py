@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -41,9 +41,7 @@ from ..core.exits import (
 )
 from ..kube.client import exception_message
 from .checks import SpawnRefused
-
-if TYPE_CHECKING:
-    from .spawner import GPUKubeSpawner
+from .ports import ExitWatcher
 
 #: the status of a spawn whose server exited: the request was sound and the hub is
 #: well; what was asked for cannot run (a 4xx is not counted as the hub failing)
@@ -79,7 +77,7 @@ async def _port_open(host: str, port: int, within: float) -> bool:
     return True
 
 
-async def wait_until_serving(spawner: GPUKubeSpawner, url: str, key: str, until: float) -> None:
+async def wait_until_serving(spawner: ExitWatcher, url: str, key: str, until: float) -> None:
     """Until the server at ``url`` takes connections (JupyterHub's own wait then
     checks it over HTTP), or ``time.monotonic()`` passes ``until``; ``ServerExited``
     when its pod (``key`` in KubeSpawner's pod watch) reports the container's exit."""
@@ -96,7 +94,7 @@ async def wait_until_serving(spawner: GPUKubeSpawner, url: str, key: str, until:
         await asyncio.sleep(min(PORT_POLL, max(until - time.monotonic(), 0)))
 
 
-async def _log(spawner: GPUKubeSpawner, error: ServerExited) -> tuple[list[str], str | None]:
+async def _log(spawner: ExitWatcher, error: ServerExited) -> tuple[list[str], str | None]:
     """The end of the server's log, and why it could not be read.
 
     The kubelet's termination message first: it is the end of the log of a container
@@ -131,7 +129,7 @@ def _container_name(pod: dict[str, Any]) -> str:
     return NOTEBOOK_CONTAINER if NOTEBOOK_CONTAINER in names or not names else names[0]
 
 
-async def exited_refusal(spawner: GPUKubeSpawner, error: ServerExited) -> SpawnRefused:
+async def exited_refusal(spawner: ExitWatcher, error: ServerExited) -> SpawnRefused:
     """The spawn's failure in words, the end of the server's log in it."""
     log, log_error = await _log(spawner, error)
     message = exit_message(error.exited, log, log_error)

@@ -26,15 +26,12 @@ differs between schedulers is ``core.schedulers``'.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from jupyterhub.utils import isoformat
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from traitlets import Any as AnyValue
@@ -42,19 +39,15 @@ from traitlets import Bool, Float, Unicode, default, validate
 
 from ..accounting.store import UsageStore
 from ..config.policy import GPUPolicy
-from ..config.service_settings import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
+from ..config.service_settings import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV, gpu_service_url
 from ..core.admission import OVER_QUOTA, Charge, Decision, Ledger
-from ..core.ends import has_ended, pod_ended_at
-from ..core.exits import NOTEBOOK_CONTAINER
 from ..core.model import Policy, PolicyError
 from ..core.objects import namespace_for
 from ..core.profiles import disabled_slugs, disabling_script, without_overrides
 from ..core.selection import Selection
 from ..core.shaping import (
     MERGED_SETTINGS,
-    SPAWN_ANNOTATION,
     PodShape,
-    apply_to_pod,
     merge_settings,
     shape,
 )
@@ -72,13 +65,13 @@ from .checks import (
     selected,
     unreachable,
 )
-from .devices import begin as begin_devices
-from .devices import device_line, devices_read, start_allocation
+from .devices import ServerDevices
 from .metrics import count_refusal
-from .pods import charges_from_pods, finish_stop_in_background, watch_pods
+from .pods import charges_from_pods, finish_stop_in_background, shaped_manifest, watch_pods
 from .profiles import offered_profiles
 from .progress import explained, progress_events
 from .queue_watch import QueueWatch
+from .server_end import ServerEnd
 from .server_exit import ServerExited, exited_refusal, raise_if_exited, wait_until_serving
 
 
@@ -194,10 +187,8 @@ class GPUKubeSpawner(KubeSpawner):
     _gpu_wait_message: str | None = None
     #: true from start() until the pod exists or the start failed
     _gpu_starting: bool = False
-    #: the DRA devices the start read its claims' allocation as, in words, and the
-    #: event it sets once it has read them (see hub.devices)
-    _gpu_devices: tuple[str, ...] = ()
-    _gpu_devices_read: asyncio.Event | None = None
+    #: the server's DRA devices, as its start and the hub's DRA watch name them
+    _devices: ServerDevices
     #: when JupyterHub stops waiting for the current start (time.monotonic())
     _gpu_start_deadline: float = 0.0
     #: http_timeout as configured: a start that waited for the server's port leaves
@@ -214,12 +205,8 @@ class GPUKubeSpawner(KubeSpawner):
     _queue_watch: QueueWatch
     #: KubeSpawner is applying validated options (it reads the profile list for them)
     _gpu_applying_options: bool = False
-    #: the server's pod as this hub last saw it (at its start and every poll), and when
-    #: it was last seen alive (epoch seconds): what a server found stopped ends at
-    _gpu_pod_seen: dict | None = None
-    _gpu_alive_at: float | None = None
-    #: the end of the current pod's GPU time is written down (by a stop, or a poll)
-    _gpu_ended: bool = False
+    #: the server's pod as this hub last saw it, and the end of its GPU time
+    _server_end: ServerEnd
     #: what the last validated spawn chose, and the pod shape the policy gives it
     gpu_selection: Selection | None = None
     gpu_shape: PodShape | None = None
@@ -262,6 +249,8 @@ class GPUKubeSpawner(KubeSpawner):
         self._own_admission = admission
         super().__init__(*args, **kwargs)
         self._queue_watch = QueueWatch(self)
+        self._server_end = ServerEnd(self)
+        self._devices = ServerDevices(self)
         # the namespace the chart configured: where servers from before the policy run
         # (a spawn may move this spawner's own namespace to its group's)
         self._hub_namespace = self.namespace
@@ -281,6 +270,18 @@ class GPUKubeSpawner(KubeSpawner):
         return await self.admission.ready_ledger(
             policy, self._listed_charges, self.ledger_resync_interval
         )
+
+    async def ready_ledger(self) -> Ledger:
+        """The shared ledger under this hub's policy (``ports.EndingServer``)."""
+        return await self._ledger(self.gpu_policy)
+
+    def pod_watch(self) -> Any:
+        """KubeSpawner's pod reflector for this spawner's namespace, if started."""
+        return self.reflectors.get(self._get_reflector_key("pods"))
+
+    async def restart_pod_watch(self, replace: bool) -> None:
+        """KubeSpawner's pod watch started, or replaced when ``replace``."""
+        await self._start_watching_pods(replace=replace)
 
     async def _listed_charges(self, policy: Policy) -> list[Charge]:
         with kubernetes_reachable():
@@ -474,10 +475,9 @@ class GPUKubeSpawner(KubeSpawner):
     async def _start_charged(self):
         self._gpu_starting = True
         self._gpu_reservation = None
-        begin_devices(self)  # this start's DRA devices, named once allocated
+        self._devices.begin()  # this start's DRA devices, named once allocated
         # a new pod: what was seen of the last one says nothing of it
-        self._gpu_pod_seen = self._gpu_alive_at = None
-        self._gpu_ended = False
+        self._server_end.new_start()
         try:
             # a pod watch that gave up during an outage would never see this pod
             with kubernetes_reachable():
@@ -518,8 +518,10 @@ class GPUKubeSpawner(KubeSpawner):
         pod = self.pod_reflector.pods.get(self._server_key)
         if pod is not None:
             # a DRA server's GPU time counts what its claims were allocated
-            self.admission.record_start(self.gpu_policy, pod, await start_allocation(self, pod))
-            self._note_pod()
+            self.admission.record_start(
+                self.gpu_policy, pod, await self._devices.start_allocation(pod)
+            )
+            self._server_end.note_pod()
         return result
 
     async def poll(self):
@@ -546,89 +548,18 @@ class GPUKubeSpawner(KubeSpawner):
             )
             return None
         # before KubeSpawner's poll, which deletes a pod whose server exited
-        self._note_pod()
+        self._server_end.note_pod()
         status = await super().poll()
         running = self.server is not None  # as JupyterHub holds it
-        if status is not None and running and not self._gpu_starting and not self._gpu_ended:
+        end = self._server_end
+        if status is not None and running and not self._gpu_starting and not end.ended:
             # JupyterHub stops a server its poll finds stopped without calling stop()
             # (it has nothing left to stop): its GPU time ends, and its charge goes, now
-            found = self._found_ended(self.admission.clock())
+            found = end.found_ended(self.admission.clock())
             if found is not None:
-                await self._record_end(found[0], found)
+                await end.record(found[0], found)
                 await self._release()
         return status
-
-    def _reflected_pod(self) -> tuple[bool, dict | None]:
-        """(whether the hub's pod watch has listed the pods, this server's pod there)."""
-        reflector = self.pod_reflector
-        if reflector is None or not reflector.first_load_future.done():
-            return False, None
-        return True, reflector.pods.get(self._server_key)
-
-    def _note_pod(self) -> None:
-        """Remember the server's pod as the watch shows it now, and whether it is alive."""
-        _, pod = self._reflected_pod()
-        if pod is None:
-            return
-        self._gpu_pod_seen = pod
-        if not has_ended(pod):
-            self._gpu_alive_at = self.admission.clock()
-
-    def _found_ended(self, now: float) -> tuple[float, str | None, bool] | None:
-        """How the server's pod ended when this stop found it ended already: (when,
-        its uid, whether inferred); None when the hub asks a running pod to go.
-
-        A stop asked for (a user's, an admin's, the service's through the hub's API)
-        finds the pod alive. A server found stopped does not: KubeSpawner's poll
-        stops a pod whose server's process exited, and a poll (at a hub start too)
-        finds a deleted or evicted pod gone. A pod found ended ends at its own end
-        where it says it (its container's ``finishedAt``, its ``deletionTimestamp``),
-        else at the last time it was seen alive, never when the hub noticed.
-        """
-        listed, pod = self._reflected_pod()
-        if not listed or (pod is not None and not has_ended(pod)):
-            return None
-        seen = pod if pod is not None else self._gpu_pod_seen
-        uid = ((seen or {}).get("metadata") or {}).get("uid")
-        at = pod_ended_at(seen, now)
-        if at is not None:
-            return at, uid, False
-        # the row's last sighting, if later (the service's), wins over the hub's
-        return self._gpu_alive_at or 0.0, uid, True
-
-    async def _record_end(self, asked_at: float, found: tuple[float, str | None, bool] | None):
-        """Write down the end of the server's GPU time (see ``_found_ended``), once."""
-        if self._gpu_ended:
-            return
-        self._gpu_ended = True
-        if found is None:
-            self.admission.record_stop(self._server_key, at=asked_at)
-            return
-        at, uid, inferred = found
-        try:
-            # a hub that just started may not have read the usage yet: the record of a
-            # server that went while it was down is in what it reads
-            await self._ledger(self.gpu_policy)
-        except Exception as e:
-            self.log.warning(
-                "GPU time of %s not ended by the hub (%s): the GPU service ends it at "
-                "the pod's last sighting",
-                self._log_name,
-                e,
-            )
-            return
-        book = self.admission.usage
-        if (book.records.get(uid) if uid else book.open_by_key.get(self._server_key)) is None:
-            return  # no GPU time recorded: a server without GPUs, or no pod ever ran
-        self.log.info(
-            "GPU time of %s: its pod had ended before the hub stopped it; %s",
-            self._log_name,
-            "counted until it was last seen alive"
-            if inferred
-            else "ended when the pod ended, at "
-            + datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds"),
-        )
-        self.admission.record_stop(self._server_key, at=at, uid=uid, inferred=inferred)
 
     async def stop(self, now: bool = False) -> None:
         if self._gpu_refused_before_kubernetes:
@@ -639,7 +570,7 @@ class GPUKubeSpawner(KubeSpawner):
         # a stop the hub asks for ends the server's GPU time when asked (the pod's
         # grace to exit is not the user's); a server found stopped, when its pod ended
         asked_at = self.admission.clock()
-        found = None if self._gpu_starting else self._found_ended(asked_at)
+        found = None if self._gpu_starting else self._server_end.found_ended(asked_at)
         # KubeSpawner stops a conflicting old pod during start and retries; that stop
         # must not release the reservation the start still holds
         try:
@@ -652,27 +583,14 @@ class GPUKubeSpawner(KubeSpawner):
                 finish_stop_in_background(self, e, now, ended)
             raise
         if not self._gpu_starting:
-            await self._record_end(asked_at, found)
+            await self._server_end.record(asked_at, found)
             await self._release()
 
     async def get_pod_manifest(self):
         # KubeSpawner's pod itself, shaped in place: a modify_pod_hook gets what
         # KubeSpawner would give it, and every field KubeSpawner would send is sent
         pod = await super().get_pod_manifest()
-        if self.gpu_shape is not None:
-            apply_to_pod(pod, self.gpu_shape)
-        started = getattr(self.orm_spawner, "started", None)
-        if isinstance(started, datetime):
-            # which start of the server this pod is (the hub noted it before start())
-            pod.metadata.annotations = {
-                **(pod.metadata.annotations or {}),
-                SPAWN_ANNOTATION: isoformat(started),
-            }
-        # a server that fails leaves the end of its log in its pod's status, where the
-        # spawn's failure reads it without pods/log (server_exit); a site's own wins
-        for container in pod.spec.containers:
-            if container.name == NOTEBOOK_CONTAINER and not container.termination_message_policy:
-                container.termination_message_policy = "FallbackToLogsOnError"
+        shaped_manifest(pod, self.gpu_shape, getattr(self.orm_spawner, "started", None))
         return pod
 
     def progress(self):
@@ -683,23 +601,9 @@ class GPUKubeSpawner(KubeSpawner):
             lambda: self._queue_watch.line,
             super().progress,
             lambda event: explained(event, self.gpu_selection, self.gpu_shape),
-            device_line=lambda: device_line(self),
-            devices_read=lambda: devices_read(self),
+            device_line=self._devices.line,
+            devices_read=self._devices.wait_read,
         )
-
-
-def gpu_service_url(config: Any, name: str = "gpu") -> str:
-    """Where servers reach the hub's service ``name``: its ``url`` and the hub's
-    ``base_url`` (its prefix, ``<base_url>services/<name>/``); "" without one."""
-    hub = config.JupyterHub if "JupyterHub" in config else {}
-    services = hub.get("services") if "services" in hub else None
-    for service in services if isinstance(services, list) else ():
-        if isinstance(service, Mapping) and service.get("name") == name and service.get("url"):
-            base = hub.get("base_url") if "base_url" in hub else "/"
-            base = base if isinstance(base, str) and base else "/"
-            prefix = "/".join(part for part in (base.strip("/"), "services", name) if part)
-            return f"{str(service['url']).rstrip('/')}/{prefix}/"
-    return ""
 
 
 def _applied_in_load_user_options(spawner: GPUKubeSpawner, user_options: dict) -> None:

@@ -24,8 +24,8 @@ from traitlets.config import Config
 
 from jupyterhub_gpu.accounting.events import EventStore, StopRow
 from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.config.service_settings import gpu_service_url
 from jupyterhub_gpu.hub.pages import TEMPLATE_VAR, TEMPLATES, LastStops, show_last_stops
-from jupyterhub_gpu.hub.spawner import gpu_service_url
 from kube_helpers import eventually
 
 NOW = 1_790_000_000.0
