@@ -63,10 +63,10 @@ from .server_pods import charges_from_pods, finish_stop_in_background, watch_pod
 from .service.server_status import SERVER_TOKEN_SCOPES, SERVICE_URL_ENV
 from .spawn_admission import SpawnAdmission, register_hub_metrics
 from .spawn_checks import (
-    REFUSED_KUBERNETES,
     SpawnRefused,
     checked_policy,
     kubernetes_reachable,
+    kubernetes_refused,
     not_a_hub_failure,
     refuse_a_site_profile_list,
     refuse_missing_claims,
@@ -491,10 +491,7 @@ class GPUKubeSpawner(KubeSpawner):
             await self._release_reservation()
             if e.status == 403:
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
-                raise SpawnRefused(
-                    f"Kubernetes refused the server: {exception_message(e)}",
-                    kind=REFUSED_KUBERNETES,
-                ) from None
+                raise kubernetes_refused(exception_message(e)) from None
             raise
         except (aiohttp.ClientError, OSError) as e:
             await self._release_reservation()

@@ -354,7 +354,14 @@ def usage_view(
     page = visible[servers_offset : servers_offset + max(servers_limit, 0)]
     servers = [server_view(policy, s, now, positions.get((s.user, s.name))) for s in page]
     notices = [
-        {"at": n.at.isoformat(), "text": n.text, "group": n.group, "user": n.user}
+        {
+            "at": n.at.isoformat(),
+            "text": n.text,
+            "group": n.group,
+            "user": n.user,
+            # the stop it announces, to the second (its text says it to the minute)
+            "stop_at": n.stop_at.isoformat() if n.stop_at is not None else None,
+        }
         for n in snapshot.notices
         if admin or n.user == viewer.name
     ]
