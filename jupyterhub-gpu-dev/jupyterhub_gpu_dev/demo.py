@@ -44,8 +44,8 @@ from typing import Any
 import yaml
 
 from jupyterhub_gpu.config.values import checked_values
+from jupyterhub_gpu.core import words
 from jupyterhub_gpu.core.budgets import BudgetState, format_cap, format_period
-from jupyterhub_gpu.core.fairshare import format_duration_days
 from jupyterhub_gpu.core.manifests import desired_objects
 from jupyterhub_gpu.core.model import Budget, Dataset, Flavor, Group, Interface, Policy, Profile
 from jupyterhub_gpu.core.objects import all_groups
@@ -832,8 +832,8 @@ def _group_step(plan: DemoPlan, group: Group, metrics: GPUMetrics | None) -> _St
             cap = format_cap(float(budget.gpu_hours))
             text += (
                 f' A GPU server started then is refused with the numbers ("{group.display_name}'
-                f" used ... of {cap} GPU-hours in the last {format_period(budget.period)}; "
-                '... free again by ...").'
+                f" used ... of {cap} GPU-hours in the last {format_period(budget.period)}: "
+                'GPU servers can start again at ...").'
             )
     if text:
         step.append(text)
@@ -902,7 +902,7 @@ def _fair_share_step(plan: DemoPlan) -> _Step | None:
     if group is None or plan.policy.fair_share is None:
         return None
     heavy, light = (f"{group.name.lower()}-{n}" for n in (1, 2))
-    half_life = format_duration_days(plan.policy.fair_share.half_life)
+    half_life = words.duration(plan.policy.fair_share.half_life)
     text = (
         f"Fair share (half-life {half_life}): {heavy} held a GPU {FAIR_SHARE_HISTORY[0]:g} "
         f"hours a few hours ago, {light} {FAIR_SHARE_HISTORY[1]:g}. Each sees their "

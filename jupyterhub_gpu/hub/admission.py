@@ -31,6 +31,7 @@ from typing import Any
 
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
+from ..core import words
 from ..core.admission import Charge, Decision, Ledger
 from ..core.budgets import (
     BudgetState,
@@ -52,6 +53,7 @@ from ..core.fairshare import (
 )
 from ..core.line import Line
 from ..core.model import Group, Policy
+from ..core.pending import STARTS_BY_ITSELF
 from ..core.selection import Request
 from ..core.shaping import usage_record_from_pod
 
@@ -68,8 +70,9 @@ STANDINGS_PER_TURN = 200
 
 #: what a GPU spawn of a group with a budget is told while budgets cannot be checked
 BUDGETS_UNCHECKED = (
-    "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
-    "GPU servers of groups with a budget start again once it is back"
+    "GPU-hour budgets cannot be checked now, as the usage database is unavailable, so "
+    "GPU servers of groups with a budget cannot start: try again in a few minutes, or "
+    "start one without GPUs"
 )
 
 #: why a budget refused a spawn, in one word (the hub counts refused spawns by it)
@@ -646,12 +649,7 @@ class SpawnAdmission:
         policy: Policy, group: Group, me: Waiter, where: Place, reason: str | None, now: float
     ) -> str:
         """What the spawn page says of a waiting server's place, and why."""
-        head = f"Waiting for {group.display_name}: position {where.position} of {where.of}"
-        fair = policy.fair_share
-        if fair is None or where.of == 1:
-            return f"{head} ({reason or f'{where.position - 1} spawns ahead of you'})"
-        why = why_placed(me, where, now, fair.max_wait)
-        return f"{head}: {why}" + (f" ({reason})" if reason else "")
+        return wait_message(policy, group, me, where, reason, now)
 
     @property
     def waiting(self) -> dict[str, deque[str]]:
@@ -745,3 +743,22 @@ def register_hub_metrics(admission: SpawnAdmission) -> None:
 
     with contextlib.suppress(ValueError):  # already registered by an earlier hub in-process
         prometheus_client.REGISTRY.register(AccountingCollector(admission))
+
+
+def wait_message(
+    policy: Policy, group: Group, me: Waiter, where: Place, reason: str | None, now: float
+) -> str:
+    """What the spawn page says of a server waiting in its group's line: its place, why
+    (fair share's order, what the group holds), and that it starts by itself."""
+    text = f"Waiting for {group.display_name}: position {where.position} of {where.of}"
+    fair = policy.fair_share
+    why = []
+    if fair is not None and where.of > 1:
+        why.append(why_placed(me, where, now, fair.max_wait))
+    elif where.position > 1:
+        text += f", {words.count(where.position - 1, 'spawn')} ahead of you"
+    if reason:
+        why.append(reason)
+    if why:
+        text += ": " + "; ".join(why)
+    return f"{text}. {STARTS_BY_ITSELF}"
