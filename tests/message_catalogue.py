@@ -36,7 +36,8 @@ from jupyterhub_gpu.core.budgets import (  # noqa: E402
     used_line,
     used_up_refusal,
 )
-from jupyterhub_gpu.core.capacity import FlavorCapacity  # noqa: E402
+from jupyterhub_gpu.core.capacity import FlavorCapacity, flavor_capacity  # noqa: E402
+from jupyterhub_gpu.core.dra import DraInventory, pod_allocation  # noqa: E402
 from jupyterhub_gpu.core.exits import ContainerExit, exit_message  # noqa: E402
 from jupyterhub_gpu.core.fairshare import Standing, Waiter, place, standing_line  # noqa: E402
 from jupyterhub_gpu.core.model import Idle, PolicyError, parse_policy  # noqa: E402
@@ -90,7 +91,12 @@ from jupyterhub_gpu.service.server_status import (  # noqa: E402
     stop_text,
 )
 from jupyterhub_gpu.service.state import ServerPod  # noqa: E402
-from jupyterhub_gpu.service.views import DATABASE_UNAVAILABLE, Server  # noqa: E402
+from jupyterhub_gpu.service.views import DATABASE_UNAVAILABLE, Server, capacity_view  # noqa: E402
+from jupyterhub_gpu_dev.localcluster.dra import (  # noqa: E402
+    device_classes,
+    render_resource_slices,
+)
+from jupyterhub_gpu_dev.localcluster.nodepools import render_nodes  # noqa: E402
 
 PAGE = ROOT / "docs" / "messages.md"
 COMMAND = "python3 tests/message_catalogue.py"
@@ -151,6 +157,75 @@ VOLCANO = parse_policy(
     profiles={"gpu": {"gpu": {"flavor": "a100"}}},
     groups={"lab": {"quota": {"gpus": 1}, "profiles": ["gpu"]}},
 )
+
+#: a node of four H200s run by NVIDIA's DRA driver (GPU 0 as two 3g.71gb MIG
+#: partitions), whose DeviceClass also serves nvidia.com/gpu (the extended-resource bridge)
+DRA_POOLS = {
+    "dra": {"extended_resource_name": "nvidia.com/gpu"},
+    "node_pools": {
+        "h200": {
+            "count": 1,
+            "cpu": 64,
+            "memory": "512Gi",
+            "dra": True,
+            "gpu": {
+                "product": "NVIDIA-H200-NVL",
+                "memory": 143771,
+                "count": 4,
+                "mig": {"strategy": "mixed", "devices": {"3g.71gb": 2}},
+            },
+        },
+    },
+}
+DRA = parse_policy(
+    flavors={
+        "h200": {
+            "kind": "dra",
+            "display_name": "H200 (DRA)",
+            "selectors": ["device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200 NVL'"],
+        },
+        "mig": {
+            "kind": "dra",
+            "display_name": "H200 3g.71gb (DRA)",
+            "device_class": "mig.nvidia.com",
+        },
+        "bridged": {
+            "kind": "gpu",
+            "display_name": "H200 (bridge)",
+            "device_class": "gpu.nvidia.com",
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"},
+        },
+    },
+    profiles={"gpu": {"gpu": {"flavor": "h200"}}},
+    groups={"lab": {"quota": {"gpus": 1}, "profiles": ["gpu"]}},
+)
+
+
+def _dra_claim(pod_uid: str, *devices: str) -> dict[str, Any]:
+    """A claim of the pod ``pod_uid``, allocated ``devices`` of the H200 node."""
+    results = [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-0", "device": d}
+        for d in devices
+    ]
+    return {
+        "metadata": {
+            "name": f"claim-{pod_uid}",
+            "namespace": "lab",
+            "ownerReferences": [{"kind": "Pod", "uid": pod_uid, "controller": True}],
+        },
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def _dra_cluster() -> tuple[list[dict[str, Any]], DraInventory]:
+    """The H200 node, and its DRA objects with two servers' claims allocated."""
+    inventory = DraInventory(
+        render_resource_slices(DRA_POOLS),
+        device_classes(DRA_POOLS),
+        [_dra_claim("u1", "gpu-1"), _dra_claim("u2", "gpu-0-mig-3g71gb-1")],
+    )
+    return render_nodes(DRA_POOLS), inventory
+
 
 #: a section: its title, what it is, and (situation, message) pairs
 Section = tuple[str, str, list[tuple[str, str]]]
@@ -527,6 +602,15 @@ def spawn_form() -> Section:
             ],
         )
     )
+    nodes, inventory = _dra_cluster()
+    (dra_offer,) = offers(DRA, ["lab"])
+    dra_capacity = flavor_capacity(DRA, nodes, [], dra=inventory)
+    rows.append(
+        (
+            "a profile of DRA devices",
+            profile_entry(DRA, Ledger(), dra_offer, dra_capacity, [])["description"],
+        )
+    )
     rows.append(
         (
             "with fair share: the user's standing",
@@ -753,8 +837,60 @@ def dashboard() -> Section:
             ("a group's GPU-hours, under its chart", chart.group(1) if chart else ""),
             ("cluster capacity", _text(page.capacity_section(capacity))),
             ("cluster capacity unknown", _text(page.capacity_section({"known": False}))),
+            *_dra_dashboard(),
+            ("the service's replicas (admins only)", _text(page.lease_section(LEASE, 1))),
         ],
     )
+
+
+#: the replicas' Lease as the dashboard gets it (``LeaseElector.to_json``)
+LEASE = {
+    "lease": "jhub/jupyterhub-gpu-service",
+    "identity": "jupyterhub-gpu-service-7d9f-b",
+    "acting": False,
+    "holder": "jupyterhub-gpu-service-7d9f-a",
+    "acquired": NOW - 3600,
+    "renewed": NOW - 2,
+    "transitions": 3,
+    "duration_seconds": 15.0,
+    "renew_deadline_seconds": 10.0,
+    "retry_period_seconds": 2.0,
+    "error": None,
+}
+
+
+def _dra_dashboard() -> list[tuple[str, str]]:
+    """What the dashboard says of DRA devices: each flavor's capacity, what a server
+    holds, and what it says when the DRA objects cannot be read."""
+    nodes, inventory = _dra_cluster()
+
+    def capacity(flavor: str, found: DraInventory) -> str:
+        counted = flavor_capacity(DRA, nodes, [], dra=found)
+        view = capacity_view({flavor: counted[flavor]}, DRA)
+        return _text(page.capacity_section(view))
+
+    unmapped = device_classes({"node_pools": DRA_POOLS["node_pools"]})
+    devices = pod_allocation(inventory, "u1").words + pod_allocation(inventory, "u2").words
+    return [
+        ("cluster capacity: a DRA flavor", capacity("h200", inventory)),
+        ("cluster capacity: MIG partitions through DRA", capacity("mig", inventory)),
+        (
+            "cluster capacity: a flavor DRA serves through the bridge",
+            capacity("bridged", inventory),
+        ),
+        (
+            "cluster capacity: a bridged flavor no DeviceClass maps",
+            capacity(
+                "bridged",
+                DraInventory(render_resource_slices(DRA_POOLS), unmapped, inventory.claims),
+            ),
+        ),
+        (
+            "cluster capacity: the DRA objects unreadable",
+            capacity("h200", DraInventory(problem="403 Forbidden")),
+        ),
+        ("the DRA devices of servers, under their profiles", "; ".join(devices)),
+    ]
 
 
 def jupyterlab() -> Section:

@@ -199,7 +199,8 @@ def room_line(policy: Policy, ledger: Ledger, offer: Offer, user: str | None = N
         return None
     limit = group.limit.gpus
     free = max(limit - ledger.usage(group.name).gpus, 0)
-    line = f"{group.display_name}: {format_gpus(free)} of {format_gpus(limit)} GPUs free"
+    of_limit = words.gpus(limit)  # "of 1 GPU", "of 4 GPUs"
+    line = f"{group.display_name}: {format_gpus(free)} of {of_limit} free"
     request = base_request(policy, profile)
     if not request.gpus:
         return line
@@ -207,10 +208,7 @@ def room_line(policy: Policy, ledger: Ledger, offer: Offer, user: str | None = N
     if binding is None or binding[0] >= free:
         return line
     usable, why = binding
-    return (
-        f"{group.display_name}: {format_gpus(usable)} of {format_gpus(limit)} GPUs usable now, "
-        f"as {why}"
-    )
+    return f"{group.display_name}: {format_gpus(usable)} of {of_limit} usable now, as {why}"
 
 
 def _most_gpus(policy: Policy, offer: Offer) -> Fraction:
@@ -281,7 +279,8 @@ def capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) ->
     known = capacity.get(flavor) if capacity is not None else None
     if known is None or known.free is None:
         return "cluster capacity unknown"
-    return f"cluster: {known.free} of {known.allocatable} {known.unit} free"
+    whole = words.count(known.allocatable, known.one_unit, known.unit)
+    return f"cluster: {known.free} of {whole} free"
 
 
 def _cores(millicores: int) -> str:

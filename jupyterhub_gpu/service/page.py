@@ -201,7 +201,10 @@ def capacity_section(capacity: dict[str, Any]) -> str:
             "limit": flavor["allocatable"],
             "text": f"{flavor['allocated']} of {flavor['allocatable']}",
         }
-        rows.append(bar(flavor["display_name"], amount, f"{flavor['unit']} in use"))
+        unit = words.noun(
+            str(flavor["allocatable"]), flavor["unit"].removesuffix("s"), flavor["unit"]
+        )
+        rows.append(bar(flavor["display_name"], amount, f"{unit} in use"))
         note = f"{flavor['free']} free on {words.count(flavor['nodes'], 'node')}"
         if flavor["note"]:
             note += f"; {flavor['note']}"
@@ -282,8 +285,9 @@ def lease_section(lease: dict[str, Any], waiting: int) -> str:
         ("Changes of holder", str(lease["transitions"])),
         (
             "Timings",
-            f"lease {lease['duration_seconds']:g} s, renew deadline "
-            f"{lease['renew_deadline_seconds']:g} s, retry {lease['retry_period_seconds']:g} s",
+            f"lease {_setting(lease['duration_seconds'])}, renew deadline "
+            f"{_setting(lease['renew_deadline_seconds'])}, "
+            f"retry {_setting(lease['retry_period_seconds'])}",
         ),
         ("This replica", f"{lease['identity']}: {me}"),
     ]
@@ -293,6 +297,14 @@ def lease_section(lease: dict[str, Any], waiting: int) -> str:
         rows.append(("Stops waiting for the hub", str(waiting)))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
+
+
+def _setting(seconds: float) -> str:
+    """A timing setting in words: ``15 seconds``, ``1 minute 30 seconds``; a fraction of
+    a second as set (``0.4 seconds``), where whole seconds would hide it."""
+    if float(seconds).is_integer():
+        return words.duration(seconds)
+    return words.count(seconds, "second")
 
 
 def orphans_section(orphans: list[dict[str, Any]]) -> str:
