@@ -181,8 +181,9 @@ async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_f
     status, body = await api(hub, "POST", "/users/ann/server", GPU)
     assert (status, body["message"]) == (
         403,
-        "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
-        "GPU servers of groups with a budget start again once it is back",
+        "GPU-hour budgets cannot be checked now, as the usage database is unavailable, so "
+        "GPU servers of groups with a budget cannot start: try again in a few minutes, or "
+        "start one without GPUs",
     )
     assert (await core.list_namespaced_pod(hub.namespace)).items == []
     # the dashboard says so, and which way spawns fail

@@ -386,7 +386,7 @@ async def test_the_dashboard_draws_gpu_use_over_time_and_offers_the_showback_csv
         assert box["height"] > 20
         text = await page.inner_text("body")
         assert "Showback for " in text
-        assert "of a 100 GPU-hour budget" in text
+        assert "of 100 GPU-hours used in the last 7 days" in text
         async with page.expect_download() as download_info:
             await page.click("text=Download CSV")
         download = await download_info.value
