@@ -25,9 +25,9 @@ from jupyterhub_gpu.core.budgets import UsageRecord
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.showback import month_bounds, of_groups, showback
 from jupyterhub_gpu.core.showback_tally import ShowbackTally
-from jupyterhub_gpu_dev.prometheus import LocalPrometheus
 from jupyterhub_gpu.service.gpu_time import GPUTime
 from jupyterhub_gpu.service.idle import LARGE_ANSWER, Prometheus
+from jupyterhub_gpu_dev.prometheus import LocalPrometheus
 
 POLICY = parse_policy(
     flavors={"a100": {"kind": "gpu"}},
