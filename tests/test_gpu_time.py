@@ -160,7 +160,7 @@ async def test_gpu_time_used_before_a_hub_restart_still_counts_after_it(
     status, body = await api(hub, "POST", "/users/bob/server", GPU)
     assert status == 403, body
     assert body["message"].startswith("Lab used 0.00"), body
-    assert "of 0.002 GPU-hours in the last 1 hour" in body["message"]
+    assert "of 0.002 GPU-hours in the last hour" in body["message"]
 
 
 async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_fail_open(
@@ -243,8 +243,10 @@ async def test_concurrent_spawns_never_jointly_promise_more_than_a_stop_budget_h
     for message in refused:
         # what is left shrinks a little as the admitted servers start using it
         assert re.fullmatch(
-            r"Lab has (1\.0|0\.9\d+) of 1 GPU-hours left in the last 1 day; its servers' 6 GPUs "
-            r"and this server's 1 need 1\.2 for the 10 minutes each may run once it is used up",
+            r"Lab has (1|0\.9\d+) of 1 GPU-hour left in the last day, less than the 1\.2 "
+            r"GPU-hours its servers' 6 GPUs and this server's 1 would use in the 10 minutes "
+            r"each may still run once they are used up: try again when one of its servers "
+            r"stops, or choose fewer GPUs",
             message,
         ), message
 
