@@ -102,7 +102,7 @@ async def test_a_server_from_before_the_policy_counts_keeps_running_and_rolls_ba
     # ann's GPU counts against lab's quota of 1 from the hub's first minute
     status, body = await api(hub, "POST", "/users/bob/server", {"profile": "lab--gpu"})
     assert status == 403, body
-    assert body["message"].startswith("lab has 1 of 1 GPUs in use"), body
+    assert body["message"].startswith("lab already uses 1 of its 1 GPU,"), body
     log = hub.log_path.read_text(errors="replace")
     assert (
         f"Server pod {hub.namespace}/{old_pod.metadata.name} of ann, started before the GPU policy"

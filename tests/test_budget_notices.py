@@ -229,7 +229,7 @@ def start(pods: dict, user: str, group: str, uid: str, at: float) -> None:
 
 
 def clock_of(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def stored_notices(database: str) -> list[str]:
@@ -250,8 +250,8 @@ async def test_a_warn_budget_on_day_0_leaves_a_member_stop_budget_its_grace_on_d
     await service.run(T0 + 10 * H)
     (warned,) = service.told()
     assert warned == (
-        "GPU budget used up: Lab used 10.0 of 10 GPU-hours in the last 7 days; new GPU "
-        "servers are refused until room returns; ann's server keeps running"
+        "GPU budget used up: Lab used 10 of 10 GPU-hours in the last 7 days; new GPU "
+        "servers are refused until some of it is free again; ann's server keeps running"
     )
     # day 2: ann's own stop budget is used up, told with its own grace and numbers
     day2 = T0 + 48 * H
@@ -259,16 +259,16 @@ async def test_a_warn_budget_on_day_0_leaves_a_member_stop_budget_its_grace_on_d
     assert service.stops == []
     stop_notice = service.told()[1]
     assert stop_notice == (
-        "GPU budget used up: ann in Lab used 48.0 of 48 GPU-hours in the last 7 days; "
-        f"ann's server stops at {clock_of(day2 + H)} (in 1h)"
+        "GPU budget used up: ann in Lab used 48 of 48 GPU-hours in the last 7 days; "
+        f"ann's server stops at {clock_of(day2 + H)}, in 1 hour: save your work"
     )
     await service.run(day2 + H - 60)
     assert service.stops == []
     await service.run(day2 + H)
     assert service.stops == [("ann", day2 + H)]
     assert service.told()[2].startswith(
-        "Stopping ann's server: ann in Lab used 49.0 of 48 GPU-hours in the last 7 days, "
-        "and the 1h grace after its notice at "
+        "Stopping ann's server: ann in Lab used 49 of 48 GPU-hours in the last 7 days, "
+        "and the 1 hour it had after the notice at "
     )
     assert len(service.told()) == 3
     assert stored_notices(database) == service.told()
@@ -286,12 +286,12 @@ async def test_two_stop_budgets_each_told_with_its_grace_stop_at_the_earliest_an
     # 10 h: the group's (stop at 13 h); 12 h: bea's own (30 m: stop at 12 h 30)
     group_notice, own_notice = service.told()
     assert group_notice == (
-        "GPU budget used up: Course used 10.0 of 10 GPU-hours in the last 7 days; "
-        f"bea's server stops at {clock_of(T0 + 13 * H)} (in 3h)"
+        "GPU budget used up: Course used 10 of 10 GPU-hours in the last 7 days; "
+        f"bea's server stops at {clock_of(T0 + 13 * H)}, in 3 hours: save your work"
     )
     assert own_notice == (
-        "GPU budget used up: bea in Course used 12.0 of 12 GPU-hours in the last 7 days; "
-        f"bea's server stops at {clock_of(T0 + 12.5 * H)} (in 30m)"
+        "GPU budget used up: bea in Course used 12 of 12 GPU-hours in the last 7 days; "
+        f"bea's server stops at {clock_of(T0 + 12.5 * H)}, in 30 minutes: save your work"
     )
     assert service.rule.scheduled_stop(service.state.server_pods["jhub/jupyter-bea"]) == (
         T0 + 12.5 * H,
@@ -312,7 +312,9 @@ async def test_a_restart_during_the_grace_neither_tells_again_nor_forgets_the_st
     for at in (T0, T0 + 10 * H, T0 + 48 * H):
         await first.run(at)
     warned, told = first.told()
-    assert told.endswith(f"ann's server stops at {clock_of(T0 + 49 * H)} (in 1h)")
+    assert told.endswith(
+        f"ann's server stops at {clock_of(T0 + 49 * H)}, in 1 hour: save your work"
+    )
     first.close()
     # the service restarts 20 minutes into the grace: a new process, the same database
     second = Service(database, clock, pods)
@@ -325,7 +327,7 @@ async def test_a_restart_during_the_grace_neither_tells_again_nor_forgets_the_st
     await second.run(T0 + 49 * H)
     assert second.stops == [("ann", T0 + 49 * H)]
     (stopping,) = second.told()
-    assert stopping.startswith("Stopping ann's server: ann in Lab used 49.0 of 48 GPU-hours")
+    assert stopping.startswith("Stopping ann's server: ann in Lab used 49 of 48 GPU-hours")
     assert stored_notices(database) == [warned, told, stopping]
     second.close()
 
@@ -349,7 +351,9 @@ async def test_a_service_killed_in_a_loop_still_stops_at_the_announced_time(data
         stops += life.stops
         life.close()
     assert [(at - T0) / H for at, _ in told] == [10, 48, 49]
-    assert told[1][1].endswith(f"ann's server stops at {clock_of(T0 + 49 * H)} (in 1h)")
+    assert told[1][1].endswith(
+        f"ann's server stops at {clock_of(T0 + 49 * H)}, in 1 hour: save your work"
+    )
     assert stops == [("ann", T0 + 49 * H)]
 
 

@@ -140,7 +140,7 @@ async def stopped_at(hub, user: str, within: float) -> float:
 
 
 def clock_of(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 async def test_a_warn_budget_used_up_first_does_not_shorten_the_members_stop_grace(budget_hub):
@@ -171,10 +171,12 @@ async def test_a_warn_budget_used_up_first_does_not_shorten_the_members_stop_gra
         next(t for t in texts if t.startswith("GPU budget used up: wes in Warned Lab used")),
     ]
     (told,) = [t for t in texts if t.startswith("GPU budget used up: wes in Warned Lab")]
-    assert told.endswith(f"wes's server stops at {clock_of(stop_at)} (in 20s)"), told
+    assert told.endswith(
+        f"wes's server stops at {clock_of(stop_at)}, in 20 seconds: save your work"
+    ), told
     (group,) = [t for t in texts if t.startswith("GPU budget used up: Warned Lab")]
     assert group.endswith(
-        "new GPU servers are refused until room returns; wes's server keeps running"
+        "new GPU servers are refused until some of it is free again; wes's server keeps running"
     )
     (stopping,) = [t for t in texts if t.startswith("Stopping wes's server")]
     assert stopping.startswith("Stopping wes's server: wes in Warned Lab used 0.0")
@@ -197,12 +199,14 @@ async def test_two_stop_budgets_stop_at_the_earliest_announced_time_never_earlie
     texts = await notices(budget_hub, "two")
     assert any(
         t.startswith("GPU budget used up: Twice Lab used")
-        and t.endswith(f"two's server stops at {clock_of(group.stop_at)} (in 18s)")
+        and t.endswith(
+            f"two's server stops at {clock_of(group.stop_at)}, in 18 seconds: save your work"
+        )
         for t in texts
     ), texts
     assert any(
         t.startswith("GPU budget used up: two in Twice Lab used")
-        and f"two's server stops at {clock_of(own.stop_at)} (in 8s)" in t
+        and f"two's server stops at {clock_of(own.stop_at)}, in 8 seconds" in t
         for t in texts
     ), texts
 

@@ -54,7 +54,10 @@ POLICY = {
 GPU = {"profile": "lab--gpu"}
 #: dan never starts a server: the spawn page he sees is the profile list
 USERS = {"ann": ["lab"], "bob": ["lab"], "cat": ["lab"], "dan": ["lab"], "root": []}
-FULL = "Lab has 2 of 2 GPUs in use; this server needs 1"
+FULL = (
+    "Lab already uses 2 of its 2 GPUs, and this server needs 1: try again when one of its "
+    "servers stops"
+)
 #: the service whose token the tests hold (renamed once: either name works here)
 ADMIN_SERVICE = getattr(local_hub, "ADMIN_SERVICE", "test-admin")
 #: the tests' admin token also issues users' own tokens

@@ -41,7 +41,10 @@ SCREENSHOTS = Path(os.environ.get("JUPYTERHUB_GPU_SCREENSHOTS", "/tmp/jupyterhub
 #: a loaded two-core machine: JupyterLab's first start and page load can be slow
 SPAWN_TIMEOUT_MS = 240_000
 PAGE_TIMEOUT_MS = 60_000
-REFUSAL = "Students has 0.25 of 0.25 GPUs in use; this server needs 0.25"
+REFUSAL = (
+    "Students already uses 0.25 of its 0.25 GPUs, and this server needs 0.25: try again "
+    "when one of its servers stops"
+)
 #: the built-in demo's users and their groups
 DEMO_USERS = plan_demo().users
 
@@ -134,7 +137,7 @@ async def test_the_banner_names_prometheus_and_the_exporter_and_prometheus_scrap
     assert "starting Prometheus" in demo.output  # progress while it starts
     # the walkthrough's GPU time steps (wrapped): the budget line, the refusal, the dashboard
     words = " ".join(demo.output.split())
-    assert '"Students: 0.025 of 0.025 GPU-hours left (last 1 hour)"' in words
+    assert '"Students: 0.025 of 0.025 GPU-hours left in the last hour"' in words
     assert "refused with the numbers" in words
     assert "showback table" in words
     # JupyterLab's GPU time: the extension is installed (scripts/test, or the demo itself)
@@ -281,7 +284,11 @@ async def test_each_user_sees_their_groups_profiles_and_nothing_else(browser, de
     assert "Everyone: CPU only" in text
     if user.startswith("research-"):
         assert "Research: Research" in text
-        assert "Research: 24 of 24 GPUs free" in text  # the burst limit, live
+        # the burst limit, live, as far as the member's own cap lets them use it
+        assert (
+            "Research: 4 of 24 GPUs usable now, as your own GPU limit in Research leaves 4 GPUs"
+            in text
+        )
         assert "cluster: 12 of 12 GPUs free" in text  # the local H200 nodes
         assert gpu_choices == ["1", "2", "4"]
     else:

@@ -130,13 +130,13 @@ async def test_a_dra_server_is_charged_what_its_claim_was_allocated(dra_hub):
 
 async def test_idle_dra_devices_are_judged_by_their_dcgm_series(dra_hub):
     root = await user_token(dra_hub, "root")
-    warning = await notice_about(dra_hub, root, "kim", "kim's server in lab is idle")
+    warning = await notice_about(dra_hub, root, "kim", "kim's server in Lab is idle")
     assert warning.startswith(
-        "kim's server in lab is idle: GPU utilisation below 5% for 20s (DCGM); "
+        "kim's server in Lab is idle: GPU utilisation below 5% for 20 seconds; "
     ), warning
     # the MIG partition's own engine activity, from DCGM too
-    mig = await notice_about(dra_hub, root, "lee", "lee's server in lab is idle")
-    assert "GPU utilisation below 5% for 20s (DCGM)" in mig
+    mig = await notice_about(dra_hub, root, "lee", "lee's server in Lab is idle")
+    assert "GPU utilisation below 5% for 20 seconds" in mig
 
     async def kim_stopped():
         return not await running(dra_hub, "kim")

@@ -109,7 +109,8 @@ async def test_the_member_who_used_less_starts_first_and_a_restart_keeps_the_ord
     )
     why = (
         "Waiting for Lab: position 1 of 2: you used less GPU time recently than others "
-        "waiting (Lab has 1 of 1 GPUs in use; this server needs 1)"
+        "waiting; Lab already uses 1 of its 1 GPU, and this server needs 1. The server starts "
+        "by itself as soon as there is room; stop it to give up."
     )
     await first_of_two(hub, "ann", "bob", "cy", ("lab", "lab", "lab"), why)
     # the standings are the usage database's: a new hub process orders them the same
@@ -141,5 +142,5 @@ async def test_a_sibling_group_that_used_less_starts_first_under_a_full_parent(
         "dee",
         "eve",
         ("nlp", "nlp", "cv"),
-        "you used less GPU time recently than others waiting (Research has 1 of 1 GPUs",
+        "you used less GPU time recently than others waiting; Research already uses 1 of its 1",
     )

@@ -99,7 +99,9 @@ async def gpu_hub(hub_factory):
 async def test_forged_rest_spawn_with_another_groups_profile_creates_no_pod(gpu_hub, core):
     status, body = await api(gpu_hub, "POST", "/users/mallory/server", {"profile": "lab--small"})
     assert status == 403
-    assert body["message"] == "profile 'lab--small' is not offered to you"
+    assert body["message"] == (
+        "profile 'lab--small' is not offered to you: choose one the spawn form shows"
+    )
     status, body = await api(
         gpu_hub, "POST", "/users/mallory/server", {"profile": "other--small", "cpu_limit": "64"}
     )
@@ -130,7 +132,10 @@ async def test_200_concurrent_spawns_admit_exactly_the_quota(gpu_hub, core):
     unexpected = [r[1:3] for r in results if r[1] not in (201, 202, 403)]
     assert unexpected == []
     refused = [r for r in results if r[1] == 403]
-    reason = "lab has 10 of 10 GPUs in use; this server needs 1"
+    reason = (
+        "lab already uses 10 of its 10 GPUs, and this server needs 1: try again when one of "
+        "its servers stops"
+    )
     assert all(r[2]["message"] == reason for r in refused)
 
     async def settled():
@@ -166,5 +171,8 @@ async def test_hub_restart_with_servers_running_changes_nothing(gpu_hub, core):
         assert status in (201, 202), body
     status, body = await api(gpu_hub, "POST", "/users/u010/server", {"profile": "lab--small"})
     assert status == 403
-    assert body["message"] == "lab has 10 of 10 GPUs in use; this server needs 1"
+    assert body["message"] == (
+        "lab already uses 10 of its 10 GPUs, and this server needs 1: try again when one of "
+        "its servers stops"
+    )
     assert before["name"] == "lab"

@@ -104,10 +104,13 @@ async def test_an_exhausted_budget_refuses_gpu_spawns_with_the_numbers_until_the
     for status, body in results:
         assert status == 403, body
         assert body["message"].startswith(
-            "Lab used 0.00556 of 0.005 GPU-hours in the last 2 minutes; "
+            "Lab used 0.00556 of 0.005 GPU-hours in the last 2 minutes: GPU servers can "
+            "start again at "
         ), body
-        assert " free again by " in body["message"]
-        assert body["message"].endswith(" UTC")
+        assert re.search(r" at \d{4}-\d\d-\d\d \d\d:\d\d UTC, when ", body["message"]), body
+        assert body["message"].endswith(
+            "start one without GPUs, or ask an admin to raise the budget"
+        )
     assert (await core.list_namespaced_pod(hub.namespace)).items == []
     # the spawn form says so beside the group's quota
     form = await asyncio.to_thread(page_as, hub.url, "ann", hub.password)
@@ -157,7 +160,7 @@ async def test_gpu_time_used_before_a_hub_restart_still_counts_after_it(
     status, body = await api(hub, "POST", "/users/bob/server", GPU)
     assert status == 403, body
     assert body["message"].startswith("Lab used 0.00"), body
-    assert "of 0.002 GPU-hours in the last 1 hour" in body["message"]
+    assert "of 0.002 GPU-hours in the last hour" in body["message"]
 
 
 async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_fail_open(
@@ -178,8 +181,9 @@ async def test_an_unreadable_usage_database_refuses_budgeted_gpu_spawns_unless_f
     status, body = await api(hub, "POST", "/users/ann/server", GPU)
     assert (status, body["message"]) == (
         403,
-        "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
-        "GPU servers of groups with a budget start again once it is back",
+        "GPU-hour budgets cannot be checked now, as the usage database is unavailable, so "
+        "GPU servers of groups with a budget cannot start: try again in a few minutes, or "
+        "start one without GPUs",
     )
     assert (await core.list_namespaced_pod(hub.namespace)).items == []
     # the dashboard says so, and which way spawns fail
@@ -239,8 +243,10 @@ async def test_concurrent_spawns_never_jointly_promise_more_than_a_stop_budget_h
     for message in refused:
         # what is left shrinks a little as the admitted servers start using it
         assert re.fullmatch(
-            r"Lab has (1\.0|0\.9\d+) of 1 GPU-hours left in the last 1 day; its servers' 6 GPUs "
-            r"and this server's 1 need 1\.2 for the 10 minutes each may run once it is used up",
+            r"Lab has (1|0\.9\d+) of 1 GPU-hour left in the last day, less than the 1\.2 "
+            r"GPU-hours its servers' 6 GPUs and this server's 1 would use in the 10 minutes "
+            r"each may still run once they are used up: try again when one of its servers "
+            r"stops, or choose fewer GPUs",
             message,
         ), message
 

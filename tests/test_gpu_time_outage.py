@@ -22,8 +22,9 @@ from test_service_hub import aget, start_server, usage, user_token, wait_for_ser
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
 BUDGETS_UNCHECKED = (
-    "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
-    "GPU servers of groups with a budget start again once it is back"
+    "GPU-hour budgets cannot be checked now, as the usage database is unavailable, so "
+    "GPU servers of groups with a budget cannot start: try again in a few minutes, or "
+    "start one without GPUs"
 )
 
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}

@@ -302,7 +302,8 @@ async def test_a_used_up_stop_budget_stops_the_server_after_a_notice_and_its_gra
     (notice,) = await eventually(told, "cid to be told the budget is used up", within=40)
     assert re.fullmatch(
         r"GPU budget used up: Short Course used 0\.00\d+ of 0\.002 GPU-hours in the last "
-        r"1 hour; cid's server stops at \d\d:\d\d:\d\d UTC \(in 6s\)",
+        r"hour; cid's server stops at \d{4}-\d\d-\d\d \d\d:\d\d UTC, in 6 seconds: save "
+        r"your work",
         notice,
     ), notice
     _, model = await asyncio.to_thread(time_hub.api, "GET", "/users/cid")
@@ -334,7 +335,7 @@ async def test_a_used_up_warn_budget_tells_the_user_and_leaves_the_server_runnin
     (notice,) = await eventually(told, "tia to be told the budget is used up", within=40)
     assert notice.startswith("GPU budget used up: tia in Trial used 0.00")
     assert notice.endswith(
-        "; new GPU servers are refused until room returns; tia's server keeps running"
+        "; new GPU servers are refused until some of it is free again; tia's server keeps running"
     )
     await asyncio.sleep(5)
     _, model = await asyncio.to_thread(time_hub.api, "GET", "/users/tia")
@@ -385,7 +386,7 @@ async def test_the_dashboard_draws_gpu_use_over_time_and_offers_the_showback_csv
         assert box["height"] > 20
         text = await page.inner_text("body")
         assert "Showback for " in text
-        assert "of a 100 GPU-hour budget" in text
+        assert "of 100 GPU-hours used in the last 7 days" in text
         async with page.expect_download() as download_info:
             await page.click("text=Download CSV")
         download = await download_info.value

@@ -181,7 +181,8 @@ async def test_when_full_wait_queues_in_order_and_starts_when_a_server_stops(hub
     assert status == 202  # queued, not refused
     messages = await asyncio.to_thread(progress_messages, hub, "bob", "position 1 of 1")
     assert messages[-1] == (
-        "Waiting for Lab: position 1 of 1 (Lab has 1 of 1 GPUs in use; this server needs 1)"
+        "Waiting for Lab: position 1 of 1: Lab already uses 1 of its 1 GPU, and this server "
+        "needs 1. The server starts by itself as soon as there is room; stop it to give up."
     )
     status, _ = await api(hub, "POST", "/users/cat/server", GPU)
     assert status == 202
@@ -221,7 +222,10 @@ async def test_the_ledger_resyncs_with_pods_the_hub_did_not_see(hub_factory, cor
             return model["servers"] == {}
 
         message = await eventually(refused, "the resync to count the other pod", within=30)
-        assert message == "Lab has 1 of 1 GPUs in use; this server needs 1"
+        assert message == (
+            "Lab already uses 1 of its 1 GPU, and this server needs 1: try again when one of "
+            "its servers stops"
+        )
         await core.delete_namespaced_pod("ghost", hub.namespace, grace_period_seconds=0)
 
         async def admitted():

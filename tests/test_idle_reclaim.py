@@ -120,10 +120,10 @@ async def idle_hub(local_cluster, core, priority_class_objects, gpu_metrics):
 
 async def test_an_idle_whole_gpu_is_warned_by_dcgm_then_stopped_a_busy_one_is_not(idle_hub):
     root = await user_token(idle_hub, "root")
-    warning = await notice_about(idle_hub, root, "ann", "ann's server in lab is idle")
+    warning = await notice_about(idle_hub, root, "ann", "ann's server in Lab is idle")
     assert re.fullmatch(
-        r"ann's server in lab is idle: GPU utilisation below 5% for 20s \(DCGM\); "
-        r"it will be stopped at \d\d:\d\d:\d\d UTC \(in 10s\) unless it is used",
+        r"ann's server in Lab is idle: GPU utilisation below 5% for 20 seconds; "
+        r"it stops at \d{4}-\d\d-\d\d \d\d:\d\d UTC, in 10 seconds, unless it is used",
         warning,
     ), warning
 
@@ -133,15 +133,15 @@ async def test_an_idle_whole_gpu_is_warned_by_dcgm_then_stopped_a_busy_one_is_no
     await eventually(ann_stopped, "ann's server to be stopped", within=60, interval=1)
     stop = await notice_about(idle_hub, root, "ann", "Stopping ann's server")
     assert stop == (
-        "Stopping ann's server in lab: still idle 10s after the notice "
-        "(GPU utilisation below 5% for 20s (DCGM))"
+        "Stopping ann's server in Lab: still idle 10 seconds after the notice; "
+        "GPU utilisation below 5% for 20 seconds"
     )
     # ann sees both on her own page
     own = await notices(idle_hub, await user_token(idle_hub, "ann"), "ann")
     assert own == [warning, stop]
     # a MIG slice is judged by its graphics engine's activity, from DCGM too
-    mig = await notice_about(idle_hub, root, "erin", "erin's server in lab is idle")
-    assert "GPU utilisation below 5% for 20s (DCGM)" in mig
+    mig = await notice_about(idle_hub, root, "erin", "erin's server in Lab is idle")
+    assert "GPU utilisation below 5% for 20 seconds" in mig
     # bob's GPU is at 50%: he has been running as long as ann, untouched
     assert await running(idle_hub, "bob")
     assert await notices(idle_hub, root, "bob") == []
@@ -150,10 +150,10 @@ async def test_an_idle_whole_gpu_is_warned_by_dcgm_then_stopped_a_busy_one_is_no
 async def test_a_shared_gpu_is_judged_by_notebook_activity(idle_hub):
     root = await user_token(idle_hub, "root")
     # carl's time-sliced device reports 50%, but that is the whole device's use
-    warning = await notice_about(idle_hub, root, "carl", "carl's server in lab is idle")
+    warning = await notice_about(idle_hub, root, "carl", "carl's server in Lab is idle")
     assert warning.startswith(
-        "carl's server in lab is idle: no notebook activity for 20s "
-        "(GPU use of a shared GPU cannot be attributed); it will be stopped at "
+        "carl's server in Lab is idle: no notebook activity for 20 seconds, and a shared "
+        "GPU's use cannot be measured per server; it stops at "
     ), warning
 
     async def carl_stopped():
@@ -166,13 +166,13 @@ async def test_use_coming_back_within_the_notice_cancels_the_stop(idle_hub, core
     root = await user_token(idle_hub, "root")
     assert await notices(idle_hub, root, "dave") == []
     await set_utilization(gpu_metrics, core, idle_hub, "dave", 0)
-    warning = await notice_about(idle_hub, root, "dave", "dave's server in lab is idle")
-    stop_at = re.search(r"stopped at (\S+) UTC", warning)
+    warning = await notice_about(idle_hub, root, "dave", "dave's server in Lab is idle")
+    stop_at = re.search(r"stops at (\S+ \S+) UTC", warning)
     assert stop_at, warning
     # dave starts training within the notice period
     await set_utilization(gpu_metrics, core, idle_hub, "dave", 60)
-    cancelled = await notice_about(idle_hub, root, "dave", "dave's server in lab is in use again")
-    assert cancelled == "dave's server in lab is in use again: it will not be stopped"
+    cancelled = await notice_about(idle_hub, root, "dave", "dave's server in Lab is in use again")
+    assert cancelled == "dave's server in Lab is in use again: it will not be stopped"
     # past the time the stop was announced for, and then some: still running
     await asyncio.sleep(NOTICE + 3)
     assert await running(idle_hub, "dave")

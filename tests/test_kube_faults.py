@@ -57,7 +57,10 @@ async def test_a_stop_during_an_api_outage_keeps_the_charge_until_the_pod_is_gon
     assert status == 403, body
     status, body = await api(hub, "POST", "/users/bob/server", GPU)
     assert status == 403, body
-    assert body["message"] == "Lab has 1 of 1 GPUs in use; this server needs 1"
+    assert body["message"] == (
+        "Lab already uses 1 of its 1 GPU, and this server needs 1: try again when one of its "
+        "servers stops"
+    )
 
     # the API returns: the hub finishes ann's stop by itself, and then frees the GPU
     await relay.restore()
@@ -146,7 +149,10 @@ async def test_a_hub_restarted_while_the_api_is_down_still_knows_and_counts_its_
     assert len(await pods_of(core, hub.namespace, "ann")) == 1
     status, body = await api(hub, "POST", "/users/bob/server", GPU)
     assert status == 403, body
-    assert body["message"] == "Lab has 1 of 1 GPUs in use; this server needs 1"
+    assert body["message"] == (
+        "Lab already uses 1 of its 1 GPU, and this server needs 1: try again when one of its "
+        "servers stops"
+    )
 
 
 async def test_after_an_outage_longer_than_the_pod_watch_retries_servers_start(hub_factory):

@@ -352,7 +352,9 @@ async def test_a_member_removed_from_the_directory_cannot_start_a_server_with_an
         token,
     )
     assert status == 403, body
-    assert body["message"] == "profile 'research--research' is not offered to you"
+    assert body["message"] == (
+        "profile 'research--research' is not offered to you: choose one the spawn form shows"
+    )
     assert await hub_groups(hub, "ivy") == []
     _, model = await asyncio.to_thread(hub.api, "GET", "/users/ivy")
     assert model["servers"] == {}

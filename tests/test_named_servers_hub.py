@@ -91,7 +91,7 @@ async def test_every_server_of_a_member_counts_against_their_caps_across_a_resta
         "jupyter-ann": ("", "lab"),
         "jupyter-ann--train": ("train", "lab"),
     }
-    refusal = "ann in lab has 2 of 2 servers in use; this server needs 1"
+    refusal = "you already run 2 of the 2 servers lab allows each member: stop one of them first"
     status, body = await api(hub, "POST", path("ann", "third"), {"profile": "lab--gpu"})
     assert (status, body["message"]) == (403, refusal)
     # the hub's count is rebuilt from the pods: both named and default still count
@@ -122,7 +122,9 @@ async def test_the_services_rules_stop_the_named_server_they_judge_naming_it(hub
     assert await state(hub, "carl", "") == "running"  # carl's other server is untouched
     log = hub.log_path.read_text(errors="replace")
     assert re.search(
-        r"Stopping carl/course's server in brief: it ran \d+s, past the group's max_runtime", log
+        r"Stopping carl/course's server in brief: it has run for 20 seconds, the longest brief "
+        r"allows",
+        log,
     ), log[-3000:]
     assert "Stopping carl's server" not in log
     # a used-up budget: the notice and the stop name the server too

@@ -337,7 +337,9 @@ async def test_a_removal_in_the_provider_applies_before_the_next_spawn(hub, prov
     # her hub cookie is still valid: the spawn itself asks the provider first
     status, body = await asyncio.to_thread(browser.start, "eve", "cpsHPCAccess--gpu")
     assert status == 403, body
-    assert body["message"] == "profile 'cpsHPCAccess--gpu' is not offered to you"
+    assert body["message"] == (
+        "profile 'cpsHPCAccess--gpu' is not offered to you: choose one the spawn form shows"
+    )
     assert await groups_of(hub, "eve") == []
     _, server = await asyncio.to_thread(hub.api, "GET", "/users/eve")
     assert server["servers"] == {}

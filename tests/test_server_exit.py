@@ -36,7 +36,10 @@ POLICY = {
 #: the option jupyterhub-singleuser refuses, and the line its log ends with
 BAD_OPTION = "--ServerApp.port=not-a-port"
 LOG_LINE = "The 'port' trait of a ServerApp instance expected an int, not the str 'not-a-port'"
-HEADLINE = "The server's process exited with code 1 at start. Last lines of its log:"
+HEADLINE = (
+    "The server's process exited with code 1 at start. Fix what its log shows, or tell an "
+    "admin if the image is at fault, then start it again. Last lines of its log:"
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import socket
 import urllib.error
@@ -254,15 +253,15 @@ async def test_server_past_max_runtime_is_stopped_others_untouched(service_hub, 
         return [n["text"] for n in view["notices"] if n["user"] == "carl"]
 
     (notice,) = await eventually(announced, "the notice about carl's server")
-    assert re.fullmatch(
-        r"Stopping carl's server in brief: it ran \d+s, past the group's max_runtime of 25s",
-        notice,
+    assert notice == (
+        "Stopping carl's server in Brief Course: it has run for 25 seconds, the longest Brief "
+        "Course allows; start a new server to go on"
     ), notice
     # ann sees no notice about carl
     _, raw = await usage(service_hub, await user_token(service_hub, "ann"))
     assert "carl" not in raw
     log = service_hub.log_path.read_text(errors="replace")
-    assert "Stopping carl's server in brief" in log
+    assert "Stopping carl's server in Brief Course" in log
 
 
 def service_pids(hub: LocalHub) -> list[int]:
@@ -311,7 +310,10 @@ async def test_service_down_keeps_quota_enforced_and_restart_catches_up(service_
     )
     assert not port_open(service_hub.service_port), "the hub restarted the service too soon"
     assert status == 403
-    assert body["message"] == "Beta Lab has 1 of 1 GPUs in use; this server needs 1"
+    assert body["message"] == (
+        "Beta Lab already uses 1 of its 1 GPU, and this server needs 1: try again when one "
+        "of its servers stops"
+    )
 
     # the hub restarts its managed service; it rebuilds everything from Kubernetes + the hub
     await wait_for_service(service_hub)

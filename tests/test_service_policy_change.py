@@ -85,9 +85,9 @@ async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
         return view["groups"][0]["over_limit"]
 
     reason = await eventually(reported, "alpha reported over its limit", within=30)
-    assert reason == "Alpha uses 2 GPUs, over its limit of 1"
+    assert reason == "Alpha uses 2 GPUs, over its limit of 1 GPU"
     view, _ = await usage(hub, root)
-    assert "Over limit: Alpha uses 2 GPUs, over its limit of 1" in [
+    assert "Over limit: Alpha uses 2 GPUs, over its limit of 1 GPU" in [
         n["text"] for n in view["notices"]
     ]
     # three more runs of the rules with alpha over its limit: nothing is stopped
@@ -106,7 +106,7 @@ async def test_over_limit_is_reported_and_stopped_only_when_configured(hub):
     await eventually(amy_stopped, "amy's server to be stopped", within=60, interval=1)
     assert await running(hub, "ann")
     view, _ = await usage(hub, root)
-    assert any(n["text"].startswith("Stopping amy's server in alpha") for n in view["notices"])
+    assert any(n["text"].startswith("Stopping amy's server in Alpha") for n in view["notices"])
 
     async def fits():
         view, _ = await usage(hub, root)

@@ -205,7 +205,7 @@ async def test_a_used_up_gpu_profile_is_disabled_with_when_and_the_first_usable_
         assert checked == ["lab--cpu"]
     # and a spawn of it is refused with the same numbers
     spawner.user_options = {"profile": "lab--small"}
-    with pytest.raises(Exception, match=r"used 1\.5 of 1 GPU-hours in the last 7 days"):
+    with pytest.raises(Exception, match=r"used 1\.5 of 1 GPU-hour in the last 7 days"):
         await spawner.load_user_options()
 
 

@@ -8,8 +8,8 @@ import importlib.util
 import textwrap
 from dataclasses import dataclass
 
+from jupyterhub_gpu.core import words
 from jupyterhub_gpu.core.budgets import BudgetState, format_cap, format_period
-from jupyterhub_gpu.core.fairshare import format_duration_days
 from jupyterhub_gpu.core.model import Budget, Flavor, Group, Interface, Profile
 from jupyterhub_gpu.core.profiles import budget_line
 from jupyterhub_gpu.core.quantities import format_duration
@@ -154,8 +154,8 @@ def _group_step(plan: DemoPlan, group: Group, metrics: GPUMetrics | None) -> _St
             cap = format_cap(float(budget.gpu_hours))
             text += (
                 f' A GPU server started then is refused with the numbers ("{group.display_name}'
-                f" used ... of {cap} GPU-hours in the last {format_period(budget.period)}; "
-                '... free again by ...").'
+                f" used ... of {cap} GPU-hours in the last {format_period(budget.period)}: "
+                'GPU servers can start again at ...").'
             )
     if text:
         step.append(text)
@@ -224,7 +224,7 @@ def _fair_share_step(plan: DemoPlan) -> _Step | None:
     if group is None or plan.policy.fair_share is None:
         return None
     heavy, light = (f"{group.name.lower()}-{n}" for n in (1, 2))
-    half_life = format_duration_days(plan.policy.fair_share.half_life)
+    half_life = words.duration(plan.policy.fair_share.half_life)
     text = (
         f"Fair share (half-life {half_life}): {heavy} held a GPU {FAIR_SHARE_HISTORY[0]:g} "
         f"hours a few hours ago, {light} {FAIR_SHARE_HISTORY[1]:g}. Each sees their "

@@ -51,6 +51,40 @@ def _run(argv: list[str], cwd: Path, what: str) -> None:
         )
 
 
+def _build_tools(root: Path, lock_hash: str, say: Callable[[str], None]) -> Path:
+    """The folder whose ``node_modules`` holds the extension's build tools (tsc, the
+    JupyterLab builder), installed with ``npm ci`` unless they are (under the lock)."""
+    modules = root / f"jupyterlab-gpu-modules-{lock_hash}"
+    if not (modules / "node_modules" / ".bin" / "tsc").exists():
+        npm = shutil.which("npm")
+        if not npm:
+            raise build.BuildError(
+                "the JupyterLab extension is built with npm, and `npm` is not on PATH: "
+                "install Node.js (20 or later)"
+            )
+        say(
+            "installing the JupyterLab extension's build tools with npm ci "
+            f"(the tree pinned in {SOURCE / 'package-lock.json'})"
+        )
+        shutil.rmtree(modules, ignore_errors=True)
+        modules.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copyfile(SOURCE / name, modules / name)
+        _run([npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"], modules, "npm ci")
+    return modules
+
+
+def typescript_compiler(progress: Callable[[str], None] | None = None) -> Path:
+    """The extension's own ``tsc`` (installed with its build tools, cached), for tests
+    that run its plain modules (``src/words.ts``) in Node.js."""
+    say = progress or (lambda text: print(text, file=sys.stderr))
+    lock_hash = _hash([SOURCE / "package.json", SOURCE / "package-lock.json"])
+    root = build.cache_dir() / "node"
+    with build._lock(root / "jupyterlab-gpu.lock"):
+        modules = _build_tools(root, lock_hash, say)
+    return modules / "node_modules" / ".bin" / "tsc"
+
+
 def ensure_labextension(progress: Callable[[str], None] | None = None) -> Path:
     """The built labextension in the source folder, built (or copied from the cache)."""
     say = progress or (lambda text: print(text, file=sys.stderr))
@@ -63,28 +97,8 @@ def ensure_labextension(progress: Callable[[str], None] | None = None) -> Path:
     target = SOURCE / OUTPUT
     with build._lock(root / "jupyterlab-gpu.lock"):
         if not (built / "package.json").exists():
-            npm = shutil.which("npm")
-            if not npm:
-                raise build.BuildError(
-                    "the JupyterLab extension is built with npm, and `npm` is not on PATH: "
-                    "install Node.js (20 or later)"
-                )
             started = time.monotonic()
-            modules = root / f"jupyterlab-gpu-modules-{lock_hash}"
-            if not (modules / "node_modules" / ".bin" / "tsc").exists():
-                say(
-                    "installing the JupyterLab extension's build tools with npm ci "
-                    f"(the tree pinned in {SOURCE / 'package-lock.json'})"
-                )
-                shutil.rmtree(modules, ignore_errors=True)
-                modules.mkdir(parents=True)
-                for name in ("package.json", "package-lock.json"):
-                    shutil.copyfile(SOURCE / name, modules / name)
-                _run(
-                    [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-                    modules,
-                    "npm ci",
-                )
+            modules = _build_tools(root, lock_hash, say)
             say("building the JupyterLab extension (tsc, jupyter labextension build)")
             work = root / f"jupyterlab-gpu-build-{sources_hash}"
             shutil.rmtree(work, ignore_errors=True)

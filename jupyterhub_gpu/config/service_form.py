@@ -14,6 +14,7 @@ from typing import Any
 
 from traitlets import TraitError
 
+from ..core import words
 from ..core.lease import LeaseTimings
 from ..core.service_deployment import ServiceDeployment
 from .service_settings import GPUService
@@ -73,7 +74,8 @@ def service_form(values: Mapping[str, Any], hub_namespace: str | None = None) ->
     where = f"{hub_namespace}/" if hub_namespace else ""
     url = f"http://{settings.deployment_name}:10101"
     report.words = (
-        f"its own Deployment {settings.deployment_name} ({settings.replicas} replicas, "
+        f"its own Deployment {settings.deployment_name} "
+        f"({words.count(settings.replicas, 'replica')}, "
         f"leader elected on Lease {where}{settings.deployment_name}) at {url}"
     )
     if entry is None:

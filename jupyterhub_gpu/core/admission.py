@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .model import Amounts, Group, Policy
+from . import words
+from .model import Amounts, Group, Passed, Policy
 from .selection import Request
 
 IN_QUOTA = "in-quota"
@@ -77,15 +78,60 @@ class Decision:
         return self.outcome == "admit"
 
 
-def _exceeded(name: str, used: Usage, request: Request, caps: Amounts) -> str | None:
-    """The first cap ``used + request`` would pass, in words, or None."""
-    passed = caps.first_passed(request, used)
-    if passed is None:
-        return None
+def _exceeded(used: Usage, request: Request, caps: Amounts) -> Passed | None:
+    """The first cap ``used + request`` would pass, or None."""
+    return caps.first_passed(request, used)
+
+
+def amount(policy: Policy, text: str, unit: str) -> str:
+    """``4 GPUs``, ``1 CPU``, ``64Gi of memory``, ``1 server``, ``2 A100``: a cap's
+    number and its unit (a flavor by its display name)."""
+    if unit == "memory":
+        return f"{text} of memory"
+    singular = {"GPUs": "GPU", "CPUs": "CPU", "servers": "server"}.get(unit)
+    if singular is not None:
+        return f"{text} {words.noun(text, singular)}"
+    flavor = policy.flavors.get(unit)
+    return f"{text} {flavor.display_name if flavor is not None else unit}"
+
+
+def user_cap_reason(policy: Policy, group: Group, passed: Passed) -> str:
+    """A spawn past the user's own caps in ``group``: waiting would not help, stopping
+    one of their servers would."""
+    name = group.display_name
+    if passed.unit == "servers" and passed.cap == "1":
+        return f"you already run your one {name} server: stop it first, then start this one"
+    if passed.unit == "servers":
+        return (
+            f"you already run {passed.in_use} of the {passed.cap} servers {name} allows each "
+            "member: stop one of them first"
+        )
     return (
-        f"{name} has {passed.in_use} of {passed.cap} {passed.unit} in use; "
-        f"this server needs {passed.need}"
+        f"your {name} servers already hold {passed.in_use} of the "
+        f"{amount(policy, passed.cap, passed.unit)} each member may use, and this server "
+        f"needs {passed.need}: stop one of them first, or choose a smaller server"
     )
+
+
+def too_large_reason(policy: Policy, level: Group, passed: Passed) -> str:
+    """A server larger than a group may ever hold: no amount of waiting helps."""
+    return (
+        f"this server needs {amount(policy, passed.need, passed.unit)}, and "
+        f"{level.display_name} may use at most {passed.cap} in all: choose a smaller "
+        "profile or fewer GPUs"
+    )
+
+
+def full_reason(policy: Policy, level: Group, passed: Passed) -> str:
+    """A group (or a parent) whose limit this server would pass now: what it holds."""
+    return (
+        f"{level.display_name} already uses {passed.in_use} of its "
+        f"{amount(policy, passed.cap, passed.unit)}, and this server needs {passed.need}"
+    )
+
+
+#: what a spawn refused by a full group can do (one that waits is told its place)
+FULL_NEXT_STEP = "try again when one of its servers stops"
 
 
 class Ledger:
@@ -130,34 +176,38 @@ class Ledger:
 
     def decide(self, policy: Policy, user: str, group: Group, request: Request) -> Decision:
         """The decision for this request now, without recording anything."""
-        per_user = _exceeded(
-            f"{user} in {group.display_name}",
-            self.user_usage(user, group.name),
-            request,
-            group.per_user,
-        )
+        per_user = _exceeded(self.user_usage(user, group.name), request, group.per_user)
         if per_user:
             # waiting would not help: the user frees this by stopping a server
-            return Decision("refuse", reason=per_user, kind=REFUSED_USER_CAP)
+            return Decision(
+                "refuse", reason=user_cap_reason(policy, group, per_user), kind=REFUSED_USER_CAP
+            )
         tier = IN_QUOTA
         for level in policy.ancestors(group.name):
             if level.unlimited:
                 continue
             # the request alone is too big for this group: no amount of waiting helps
-            never = _exceeded(level.display_name, Usage(), request, level.limit)
+            never = _exceeded(Usage(), request, level.limit)
             if never:
                 return Decision(
                     "refuse",
-                    reason=f"{level.display_name} allows less than this server needs ({never})",
+                    reason=too_large_reason(policy, level, never),
                     kind=REFUSED_TOO_LARGE,
                 )
-            over_limit = _exceeded(level.display_name, self.usage(level.name), request, level.limit)
+            over_limit = _exceeded(self.usage(level.name), request, level.limit)
             if over_limit:
-                outcome = "wait" if policy.when_full_of(group.name) == "wait" else "refuse"
+                reason = full_reason(policy, level, over_limit)
+                if policy.when_full_of(group.name) == "wait":
+                    return Decision(
+                        "wait", reason=reason, level=level.name, kind=REFUSED_GROUP_FULL
+                    )
                 return Decision(
-                    outcome, reason=over_limit, level=level.name, kind=REFUSED_GROUP_FULL
+                    "refuse",
+                    reason=f"{reason}: {FULL_NEXT_STEP}",
+                    level=level.name,
+                    kind=REFUSED_GROUP_FULL,
                 )
-            if _exceeded(level.display_name, self.usage(level.name), request, level.quota):
+            if _exceeded(self.usage(level.name), request, level.quota):
                 tier = OVER_QUOTA
         return Decision("admit", tier=tier)
 

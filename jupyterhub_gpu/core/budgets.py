@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
+from . import words
 from .admission import Ledger
 from .model import Budget, Group, Policy
 from .room import UsageAfter, first_room
@@ -127,38 +127,38 @@ def room_returns(
 
 
 def format_period(seconds: int) -> str:
-    """ "30 days", "7 days", "12 hours", "90 minutes": a window in words."""
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds % size == 0:
-            count = seconds // size
-            return f"{count} {unit}" if count == 1 else f"{count} {unit}s"
-    return f"{seconds} seconds"
+    """ "30 days", "7 days", "12 hours", "1 hour 30 minutes": a window in words."""
+    return words.duration(seconds)
 
 
 def format_hours(value: float, *, grouped: bool = False) -> str:
-    """GPU-hours to one decimal (2000 -> "2000.0"); below one, three digits (0.0125).
+    """GPU-hours as every message writes them (``words.number``): 2000, 20.5, 0.0125.
 
     ``grouped``: thousands separated, for tables ("12,345.6"); a message keeps the
     plain number ("12345.6"), which reads the same in a log line and a refusal."""
-    if value >= 1 or value == 0:
-        return f"{value:,.1f}" if grouped else f"{value:.1f}"
-    return f"{value:.3g}"
+    return words.number(value, grouped=grouped)
 
 
 def format_cap(value: float) -> str:
-    return f"{value:g}"
+    return words.number(value)
 
 
 def format_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return words.moment(epoch)
 
 
 def used_line(owner: str, used: float, budget: Budget) -> str:
-    """``research used 2000.0 of 2000 GPU-hours in the last 30 days``."""
+    """``Research used 1999.96 of 2000 GPU-hours in the last 30 days``."""
     return (
-        f"{owner} used {format_hours(used)} of {format_cap(float(budget.gpu_hours))} "
-        f"GPU-hours in the last {format_period(budget.period)}"
+        f"{owner} used {_hours_of(used, float(budget.gpu_hours))} "
+        f"in the last {words.period(budget.period)}"
     )
+
+
+def _hours_of(part: float, whole: float) -> str:
+    """``12.5 of 100 GPU-hours``, ``0.5 of 1 GPU-hour``."""
+    a, b = words.numbers([part, whole])
+    return f"{a} of {b} {words.noun(b, words.GPU_HOUR, words.GPU_HOURS)}"
 
 
 def exhausted_reason(
@@ -167,18 +167,50 @@ def exhausted_reason(
     running: Container[str] = (),
     book: UsageBook | None = None,
 ) -> str:
-    """``research used 2000.0 of 2000 GPU-hours in the last 30 days; 12.5 free again by
-    2026-12-01 14:00 UTC``. With the ``book`` the state's records are in, when room
-    returns is worked out from what the book kept of an earlier refusal."""
-    text = used_line(state.owner, state.used, state.budget)
+    """``Research used 2000 of 2000 GPU-hours in the last 30 days: GPU servers can start
+    again at 2026-12-01 14:00 UTC, when 12.5 GPU-hours are free again; until then, start
+    one without GPUs, or ask an admin to raise the budget``. With the ``book`` the
+    state's records are in, when room returns is worked out from what the book kept of
+    an earlier refusal."""
     if book is not None:
         room = book.room_returns(state.group, state.user, state.budget, now, running)
     else:
         room = room_returns(state.records, state.budget, now, running)
+    return used_up_refusal(state.owner, state.used, state.budget, room)
+
+
+def used_up_refusal(
+    owner: str, used: float, budget: Budget, room: tuple[float, float] | None
+) -> str:
+    """A GPU spawn refused for a used-up budget: the numbers, when it can start again
+    (``room``: when, and how many GPU-hours are free then; None: not known), and what
+    to do meanwhile."""
+    text = used_line(owner, used, budget)
     if room is not None:
         when, free = room
-        text += f"; {format_hours(free)} free again by {format_time(when)}"
-    return text
+        free_text = words.gpu_hours(free)
+        text += (
+            f": GPU servers can start again at {format_time(when)}, when {free_text} "
+            f"{'is' if free_text.startswith('1 ') else 'are'} free again"
+        )
+    else:
+        text += ": GPU servers can start again once some of it is free"
+    return text + "; until then, start one without GPUs, or ask an admin to raise the budget"
+
+
+def grace_refusal(owner: str, budget: Budget, remaining: float, held: float, gpus: float) -> str:
+    """A GPU spawn refused by a ``when_exhausted: stop`` budget whose rest cannot cover
+    the grace of every GPU its servers hold and this server's."""
+    promised = (held + gpus) * budget.grace / HOUR
+    left, cap, need = words.numbers([remaining, float(budget.gpu_hours), promised])
+    return (
+        f"{owner} has {left} of {cap} {words.noun(cap, words.GPU_HOUR, words.GPU_HOURS)} "
+        f"left in the last {words.period(budget.period)}, less than the {need} "
+        f"{words.noun(need, words.GPU_HOUR, words.GPU_HOURS)} its servers' "
+        f"{words.gpus(held)} and this server's {words.number(gpus)} would use in the "
+        f"{format_period(budget.grace)} each may still run once they are used up: try again "
+        "when one of its servers stops, or choose fewer GPUs"
+    )
 
 
 def budget_refusal(
@@ -214,14 +246,7 @@ def budget_refusal(
         )
         promised = (held + gpus) * state.budget.grace / HOUR
         if state.remaining < promised:
-            return (
-                f"{state.owner} has {format_hours(state.remaining)} of "
-                f"{format_cap(float(state.budget.gpu_hours))} GPU-hours left in the last "
-                f"{format_period(state.budget.period)}; its servers' "
-                f"{format_cap(held)} GPUs and this server's {format_cap(gpus)} need "
-                f"{format_hours(promised)} for the {format_period(state.budget.grace)} "
-                "each may run once it is used up"
-            )
+            return grace_refusal(state.owner, state.budget, state.remaining, held, gpus)
     return None
 
 

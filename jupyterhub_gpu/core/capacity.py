@@ -82,6 +82,11 @@ class FlavorCapacity:
     note: str = ""
 
     @property
+    def one_unit(self) -> str:
+        """The unit of one: "GPU", "MIG slice", "device"."""
+        return self.unit.removesuffix("s")
+
+    @property
     def free(self) -> int | None:
         if self.allocatable is None or self.allocated is None:
             return None

@@ -97,6 +97,13 @@ def _headline(exited: ContainerExit) -> str:
     text = f"The server's process exited with {code}{reason} at start."
     if exited.exit_code == 0:
         text += " A server must keep running: check the command it is given."
+    elif exited.reason == "OOMKilled":
+        text += " It ran out of memory: choose a profile with more memory."
+    else:
+        text += (
+            " Fix what its log shows, or tell an admin if the image is at fault, then start "
+            "it again."
+        )
     return text
 
 

@@ -47,9 +47,9 @@ import math
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import words
 from .budgets import UsageRecord
 from .model import Policy
-from .quantities import format_duration
 
 LN2 = math.log(2.0)
 HOUR = 3600.0
@@ -458,7 +458,7 @@ def _less(ahead: Waiter, me: Waiter) -> str:
 
 def why_placed(me: Waiter, where: Place, now: float, max_wait: float) -> str:
     """Why ``me`` is where it is in a fair-share line, in words."""
-    wait = format_duration(int(max_wait))
+    wait = words.duration(max_wait)
     if where.position == 1:
         if me.waited_long(now, max_wait):
             return f"you have waited longer than {wait}, so you go first"
@@ -489,23 +489,16 @@ def why_placed(me: Waiter, where: Place, now: float, max_wait: float) -> str:
 
 def standing_line(group_name: str, group: Standing, member: Standing, half_life: float) -> str:
     """What a user is told of their standing: ``Lab fair share: you used 3.2 GPU-hours
-    recently (half-life 7d), 0.50 x your share; Lab 1.20 x its share``."""
+    recently (half-life 7 days), 0.50 x your share; Lab 1.20 x its share``."""
     return (
-        f"{group_name} fair share: you used {format_usage(member.usage)} GPU-hours recently "
-        f"(half-life {format_duration_days(half_life)}), {member.standing:.2f} x your share; "
+        f"{group_name} fair share: you used {words.gpu_hours(member.usage)} recently "
+        f"(half-life {words.duration(half_life)}), {member.standing:.2f} x your share; "
         f"{group_name} {group.standing:.2f} x its share"
     )
 
 
 def format_usage(hours: float) -> str:
-    return f"{hours:.3g}" if hours < 10 else f"{hours:.1f}"
-
-
-def format_duration_days(seconds: float) -> str:
-    """7d, 12h, 1d12h: a half-life as the policy writes it."""
-    days, rest = divmod(int(seconds), 86400)
-    text = f"{days}d" if days else ""
-    return text + (format_duration(rest) if rest or not text else "")
+    return words.number(hours)
 
 
 # ---- every owner at once (the service's views) -------------------------------------

@@ -35,6 +35,10 @@ def _reasons(message: str) -> tuple[int, list[tuple[int, str]]] | None:
     return int(match.group(2)), reasons
 
 
+#: what a server waiting for room is told it can do
+STARTS_BY_ITSELF = "The server starts by itself as soon as there is room; stop it to give up."
+
+
 def _nodes(n: int) -> str:
     return f"{n} node{'s' if n != 1 else ''}"
 
@@ -81,7 +85,7 @@ def explain_unschedulable(
         )
     if short_of_gpu and short_of:
         text += f"; also short of {', '.join(short_of)}"
-    return text + ". The server starts by itself as soon as there is room; stop it to give up."
+    return f"{text}. {STARTS_BY_ITSELF}"
 
 
 def kueue_waiting(workload: dict) -> str | None:
@@ -184,12 +188,12 @@ def _place(mine: dict, in_line: list[dict], priority: Callable[[dict], int]) -> 
 def kueue_queue_line(queue: str, workload: dict | None, position: int | None) -> str:
     """What the spawn page says while Kueue holds the server's pod in ``queue``.
 
-    E.g. ``waiting in Kueue queue lab: position 1. Kueue: couldn't assign flavors
+    E.g. ``Waiting in Kueue queue lab: position 1. Kueue: couldn't assign flavors
     to pod set main: insufficient unused quota for nvidia.com/gpu in flavor
     jupyterhub-gpu, 1 more needed. The server starts by itself when Kueue admits
     it; stop it to give up.``
     """
-    prefix = f"waiting in Kueue queue {queue}"
+    prefix = f"Waiting in Kueue queue {queue}"
     reason = kueue_waiting(workload) if workload is not None else None
     if workload is None:
         why = "Kueue has not taken the server into its queue yet"
@@ -259,7 +263,7 @@ def volcano_queue_line(
 ) -> str:
     """What the spawn page says while Volcano keeps the server's PodGroup out of ``queue``.
 
-    E.g. ``waiting in Volcano queue lab: position 1. Volcano: the queue has no room
+    E.g. ``Waiting in Volcano queue lab: position 1. Volcano: the queue has no room
     for it yet (PodGroup Pending, NotEnoughResources). The server starts by itself
     when Volcano lets it in; stop it to give up.`` A queue whose state
     (``queue_state``, when known) is not ``Open`` admits nothing: the line says so.
@@ -281,6 +285,6 @@ def volcano_queue_line(
         )
         why = f"the queue has no room for it yet ({detail})"
     return (
-        f"waiting in Volcano queue {queue}: {where}Volcano: {why}. "
+        f"Waiting in Volcano queue {queue}: {where}Volcano: {why}. "
         "The server starts by itself when Volcano lets it in; stop it to give up."
     )

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
+from . import words
 from .admission import Ledger
-from .budgets import BudgetState, format_cap, format_hours, format_period, format_time
+from .budgets import BudgetState
 from .capacity import FlavorCapacity
-from .model import Dataset, Option, Policy
+from .model import Dataset, Group, Option, Policy
 from .quantities import format_gpus
-from .selection import Offer
+from .selection import Offer, Request, base_request, request_for, units_per_server
 
 
 def profile_entry(
@@ -23,10 +25,12 @@ def profile_entry(
     capacity: Mapping[str, FlavorCapacity] | None = None,
     budgets: Sequence[BudgetState] = (),
     usable_again: float | None = None,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """One KubeSpawner profile_list entry: resources, the group's live remaining quota
-    and GPU-hour budgets (``budgets``, for GPU profiles), and the free cluster
-    capacity of its flavor (``capacity`` None: unknown).
+    (what ``user`` could really start now: ``room_line``) and GPU-hour budgets
+    (``budgets``, for GPU profiles), and the free cluster capacity of its flavor
+    (``capacity`` None: unknown).
 
     A GPU profile with a used-up budget is ``disabled`` (a key of ours, which the
     spawner's form script reads) and never the default; ``usable_again``: when each
@@ -41,13 +45,9 @@ def profile_entry(
         flavor = policy.flavors[profile.gpu.flavor]
         resources += f", {profile.gpu.count} x {flavor.display_name}"
     lines.append(resources)
-    if not group.unlimited and group.limit.gpus is not None:
-        used = ledger.usage(group.name).gpus
-        free = max(group.limit.gpus - used, 0)
-        lines.append(
-            f"{group.display_name}: {format_gpus(free)} of {format_gpus(group.limit.gpus)} "
-            "GPUs free"
-        )
+    room = room_line(policy, ledger, offer, user)
+    if room:
+        lines.append(room)
     if profile.gpu:
         lines.extend(budget_line(state) for state in budgets)
         lines.append(capacity_line(capacity, profile.gpu.flavor))
@@ -89,7 +89,7 @@ def used_up_line(usable_again: float | None) -> str:
     """What a used-up GPU profile says first: when it can be started again."""
     if usable_again is None:
         return "Not available: its GPU-hours are used up"
-    return f"Not available until {format_time(usable_again)}: its GPU-hours are used up"
+    return f"Not available until {words.moment(usable_again)}: its GPU-hours are used up"
 
 
 def with_usable_default(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -179,19 +179,108 @@ def profile_option(option: Option) -> dict[str, Any]:
 
 
 def budget_line(state: BudgetState) -> str:
-    """``Alpha Lab: 12.5 of 100 GPU-hours left (last 7 days)``, or that it is used up."""
-    cap = format_cap(float(state.budget.gpu_hours))
-    window = format_period(state.budget.period)
+    """``Alpha Lab: 12.5 of 100 GPU-hours left in the last 7 days``, or that it is used up."""
+    window = words.period(state.budget.period)
+    cap = float(state.budget.gpu_hours)
     if state.exhausted:
-        return f"{state.owner}: all {cap} GPU-hours of the last {window} used"
-    return f"{state.owner}: {format_hours(state.remaining)} of {cap} GPU-hours left (last {window})"
+        return f"{state.owner}: all {words.gpu_hours(cap)} of the last {window} used"
+    left, whole = words.numbers([state.remaining, cap])
+    unit = words.noun(whole, words.GPU_HOUR, words.GPU_HOURS)
+    return f"{state.owner}: {left} of {whole} {unit} left in the last {window}"
+
+
+def room_line(policy: Policy, ledger: Ledger, offer: Offer, user: str | None = None) -> str | None:
+    """The group's GPUs free under its limit (None: no GPU limit), as far as a server of
+    this profile could really use them now: when memory, CPU, servers or a parent's
+    limit (or ``user``'s own caps) leave room for fewer of its servers than the free
+    GPUs would, what they leave, and which binds."""
+    group, profile = offer.group, offer.profile
+    if group.unlimited or group.limit.gpus is None:
+        return None
+    limit = group.limit.gpus
+    free = max(limit - ledger.usage(group.name).gpus, 0)
+    of_limit = words.gpus(limit)  # "of 1 GPU", "of 4 GPUs"
+    line = f"{group.display_name}: {format_gpus(free)} of {of_limit} free"
+    request = base_request(policy, profile)
+    if not request.gpus:
+        return line
+    binding = _tightest(policy, ledger, group, user, request, _most_gpus(policy, offer))
+    if binding is None or binding[0] >= free:
+        return line
+    usable, why = binding
+    return f"{group.display_name}: {format_gpus(usable)} of {of_limit} usable now, as {why}"
+
+
+def _most_gpus(policy: Policy, offer: Offer) -> Fraction:
+    """The GPU-equivalents of the largest server the offer's options allow."""
+    profile = offer.profile
+    assert profile.gpu is not None
+    flavors = [policy.flavors[profile.gpu.flavor]]
+    if "flavor" in offer.options:
+        flavors = [policy.flavors[name] for _, name in offer.options["flavor"].choices]
+    counts = [profile.gpu.count]
+    if "gpus" in offer.options:
+        counts = [count for _, count in offer.options["gpus"].choices]
+    return max(
+        request_for(profile, flavor, units_per_server(flavor, count)).gpus
+        for flavor in flavors
+        for count in counts
+    )
+
+
+_CAP_WORDS = {"CPUs": "CPU", "memory": "memory", "servers": "server"}
+
+
+def _tightest(
+    policy: Policy,
+    ledger: Ledger,
+    group: Group,
+    user: str | None,
+    request: Request,
+    most: Fraction,
+) -> tuple[Fraction, str] | None:
+    """The GPUs the tightest cap other than the group's own GPU limit lets servers like
+    ``request`` (each taking up to ``most`` GPUs) use now, and why in words (None: no
+    such cap). CPU, memory and servers fit a number of servers; a parent's GPU limit
+    and the user's own leave a number of GPUs."""
+    found: tuple[Fraction, str] | None = None
+    levels = [
+        (level.limit, ledger.usage(level.name), f"the {{}} limit of {level.display_name}")
+        for level in policy.ancestors(group.name)
+        if not level.unlimited
+    ]
+    if user is not None:
+        usage = ledger.user_usage(user, group.name)
+        levels.append((group.per_user, usage, f"your own {{}} limit in {group.display_name}"))
+    for n, (caps, used, words_for) in enumerate(levels):
+        dims = [
+            ("CPUs", caps.cpu, used.cpu, request.cpu),
+            ("memory", caps.memory, used.memory, request.memory),
+            ("servers", caps.servers, used.servers, request.servers),
+        ]
+        for unit, cap, held, need in dims:
+            if cap is None or not need:
+                continue
+            fits = max(int((cap - held) // need), 0)
+            if found is None or fits * most < found[0]:
+                more = words.count(fits, "more server") if fits else "no more servers"
+                why = f"{words_for.format(_CAP_WORDS[unit])} leaves room for {more} like this"
+                found = (fits * most, why)
+        # a parent's GPU limit, or the user's own
+        if n > 0 and caps.gpus is not None:
+            left = max(caps.gpus - used.gpus, Fraction(0))
+            if found is None or left < found[0]:
+                leaves = words.gpus(left) if left else "no GPUs"
+                found = (left, f"{words_for.format('GPU')} leaves {leaves}")
+    return found
 
 
 def capacity_line(capacity: Mapping[str, FlavorCapacity] | None, flavor: str) -> str:
     known = capacity.get(flavor) if capacity is not None else None
     if known is None or known.free is None:
         return "cluster capacity unknown"
-    return f"cluster: {known.free} of {known.allocatable} {known.unit} free"
+    whole = words.count(known.allocatable, known.one_unit, known.unit)
+    return f"cluster: {known.free} of {whole} free"
 
 
 def _cores(millicores: int) -> str:

@@ -257,11 +257,13 @@ def _choice(offer: Offer, name: str, raw: Any, default: Any) -> tuple[Any, str |
             if bounded is None or key not in dict(bounded.choices):
                 raise Refused(
                     f"{name}={key} is more than {offer.group.display_name} allows for "
-                    f"{offer.profile.display_name}"
+                    f"{offer.profile.display_name}: choose another"
                 )
             return value, key
     allowed = ", ".join(k for k, _ in (bounded or option).choices)
-    raise Refused(f"{name}={shown(chosen)} is not a choice of {offer.slug} (choices: {allowed})")
+    raise Refused(
+        f"{name}={shown(chosen)} is not a choice of {offer.slug}: choose one of {allowed}"
+    )
 
 
 def _interface(offer: Offer, raw: Any) -> tuple[Interface | None, str | None]:
@@ -314,7 +316,9 @@ def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Sel
     else:
         chosen = next((o for o in available if o.slug == slug), None)
         if chosen is None:
-            raise Refused(f"profile {shown(slug)} is not offered to you")
+            raise Refused(
+                f"profile {shown(slug)} is not offered to you: choose one the spawn form shows"
+            )
     forged = sorted(str(k) for k in options if k not in (*CHOICES, UNLISTED_IMAGE))
     if forged:
         raise Refused(f"unknown option {shown(forged[0])}: only the form's choices are accepted")
@@ -342,6 +346,7 @@ def select(policy: Policy, user_groups: Iterable[str], user_options: Any) -> Sel
     if not _fits_caps(policy, chosen.group, request):
         raise Refused(
             f"{profile.display_name} with {count} x {flavor.display_name if flavor else 'CPU'} "
-            f"is more than {chosen.group.display_name} allows"
+            f"is more than {chosen.group.display_name} allows: choose fewer GPUs or another "
+            "profile"
         )
     return Selection(chosen.group, profile, flavor, count, image, request, canonical, interface)

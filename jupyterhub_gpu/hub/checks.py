@@ -173,12 +173,27 @@ async def refuse_missing_claims(
                     f"could not be read in namespace {namespace}: {exception_message(e)}",
                     503 if e.status >= 500 else 500,
                 ) from None
-            raise SpawnRefused(
-                f"the dataset {dataset.display_name} needs the PersistentVolumeClaim {claim} "
-                f"in namespace {namespace}, and there is none: nothing was started; an admin "
-                "must create the claim (or remove the dataset from the group)",
-                kind=REFUSED_DATASET_CLAIM,
-            ) from None
+            raise missing_claim(dataset.display_name, claim, namespace) from None
+
+
+def missing_claim(dataset: str, claim: str, namespace: str) -> SpawnRefused:
+    """A group's dataset whose claim does not exist where the server would run."""
+    return SpawnRefused(
+        f"the dataset {dataset} needs the PersistentVolumeClaim {claim} in namespace "
+        f"{namespace}, and there is none: nothing was started; an admin must create the "
+        "claim, or remove the dataset from the group",
+        kind=REFUSED_DATASET_CLAIM,
+    )
+
+
+def kubernetes_refused(message: str) -> SpawnRefused:
+    """The API server refused the server's pod (a namespace's ResourceQuota, a missing
+    PriorityClass): its words, and what to do."""
+    return SpawnRefused(
+        f"Kubernetes refused the server: {message}; nothing was started: try again later, "
+        "and tell an admin if it persists",
+        kind=REFUSED_KUBERNETES,
+    )
 
 
 def unreachable(error: Exception) -> SpawnRefused:

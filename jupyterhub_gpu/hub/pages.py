@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from traitlets.config import Config
 
 from ..accounting.events import EventStore
 from ..accounting.store import AccountingUnavailable, UsageStore
+from ..core import words
 
 log = logging.getLogger("jupyterhub_gpu.hub.pages")
 
@@ -182,7 +182,7 @@ class LastStops:
                     "label": f"Your server {server!r}" if server else "Your server",
                     "reason": row.reason,
                     "text": row.message,
-                    "at": datetime.fromtimestamp(row.at, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "at": words.moment(row.at),
                     "epoch": row.at,
                 }
             )

@@ -47,7 +47,13 @@ async def offered_profiles(
             states = per_group[group.name] = budgets(policy, spawner.user.name, group)
             usable_again[group.name] = spawner.admission.usable_again(states)
         entry = profile_entry(
-            policy, ledger, offer, capacity, per_group[group.name], usable_again[group.name]
+            policy,
+            ledger,
+            offer,
+            capacity,
+            per_group[group.name],
+            usable_again[group.name],
+            user=spawner.user.name,
         )
         if offer.profile.gpu and policy.fair_share is not None:
             if group.name not in standings:

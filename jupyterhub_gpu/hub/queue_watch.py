@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client import ApiException, CustomObjectsApi
 
+from ..core import words
 from ..core.model import PolicyError
 from ..core.schedulers import Resource, Scheduler, scheduler_for
 from ..kube.client import exception_message
@@ -127,10 +128,12 @@ class QueueWatch:
                     # 429, a handled rejection (a busy cluster, not a broken hub): it
                     # never counts towards the hub's consecutive_failure_limit
                     raise SpawnRefused(
-                        f"the server waited {duration(now - queued_since)} in {label} queue "
-                        f"{scheduler.queue_of(pod)} without being admitted (the hub's "
-                        f"queue_timeout is {duration(spawner.queue_timeout)}); it was not "
-                        "started: try again later, or ask an admin about the queue",
+                        queue_timeout_refusal(
+                            now - queued_since,
+                            label,
+                            scheduler.queue_of(pod),
+                            spawner.queue_timeout,
+                        ),
                         429,
                     )
             else:
@@ -241,15 +244,14 @@ class QueueWatch:
 
 
 def duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3 h 20 min``, ``2 d 4 h``."""
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    if minutes < 120:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
+    """``45 seconds``, ``12 minutes``, ``3 hours 20 minutes``: as every message says it."""
+    return words.duration(seconds)
+
+
+def queue_timeout_refusal(waited: float, scheduler: str, queue: str, timeout: float) -> str:
+    """A start given up after waiting ``timeout`` in its scheduler's queue."""
+    return (
+        f"the server waited {duration(waited)} in {scheduler} queue {queue} without being "
+        f"admitted, and this hub lets a server wait at most {duration(timeout)}: it was not "
+        "started; try again later, or ask an admin about the queue"
+    )

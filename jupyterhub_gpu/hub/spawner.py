@@ -54,10 +54,10 @@ from ..core.shaping import (
 from ..kube.client import exception_message
 from .admission import SpawnAdmission, register_hub_metrics
 from .checks import (
-    REFUSED_KUBERNETES,
     SpawnRefused,
     checked_policy,
     kubernetes_reachable,
+    kubernetes_refused,
     not_a_hub_failure,
     refuse_a_site_profile_list,
     refuse_missing_claims,
@@ -499,10 +499,7 @@ class GPUKubeSpawner(KubeSpawner):
             await self._release_reservation()
             if e.status == 403:
                 # e.g. a namespace ResourceQuota or a missing PriorityClass: say which
-                raise SpawnRefused(
-                    f"Kubernetes refused the server: {exception_message(e)}",
-                    kind=REFUSED_KUBERNETES,
-                ) from None
+                raise kubernetes_refused(exception_message(e)) from None
             raise
         except (aiohttp.ClientError, OSError) as e:
             await self._release_reservation()

@@ -36,8 +36,9 @@ from ..core.shaping import usage_record_from_pod
 
 #: what a GPU spawn of a group with a budget is told while budgets cannot be checked
 BUDGETS_UNCHECKED = (
-    "GPU-hour budgets cannot be checked now (the usage database is unavailable); "
-    "GPU servers of groups with a budget start again once it is back"
+    "GPU-hour budgets cannot be checked now, as the usage database is unavailable, so "
+    "GPU servers of groups with a budget cannot start: try again in a few minutes, or "
+    "start one without GPUs"
 )
 
 

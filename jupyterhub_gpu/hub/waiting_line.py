@@ -10,9 +10,11 @@ import itertools
 from collections import defaultdict, deque
 from collections.abc import Callable
 
+from ..core import words
 from ..core.fairshare import Place, Waiter, why_placed
 from ..core.line import Line
 from ..core.model import Group, Policy
+from ..core.pending import STARTS_BY_ITSELF
 
 #: seconds between two workings-out of every waiting server's standing (standings
 #: move slowly: a half-life is days), all for one moment, off any spawn's path; a
@@ -108,10 +110,17 @@ class WaitingLine:
 def wait_message(
     policy: Policy, group: Group, me: Waiter, where: Place, reason: str | None, now: float
 ) -> str:
-    """What the spawn page says of a waiting server's place, and why."""
-    head = f"Waiting for {group.display_name}: position {where.position} of {where.of}"
+    """What the spawn page says of a server waiting in its group's line: its place, why
+    (fair share's order, what the group holds), and that it starts by itself."""
+    text = f"Waiting for {group.display_name}: position {where.position} of {where.of}"
     fair = policy.fair_share
-    if fair is None or where.of == 1:
-        return f"{head} ({reason or f'{where.position - 1} spawns ahead of you'})"
-    why = why_placed(me, where, now, fair.max_wait)
-    return f"{head}: {why}" + (f" ({reason})" if reason else "")
+    why = []
+    if fair is not None and where.of > 1:
+        why.append(why_placed(me, where, now, fair.max_wait))
+    elif where.position > 1:
+        text += f", {words.count(where.position - 1, 'spawn')} ahead of you"
+    if reason:
+        why.append(reason)
+    if why:
+        text += ": " + "; ".join(why)
+    return f"{text}. {STARTS_BY_ITSELF}"

@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from ..accounting.events import BudgetToldStore, ToldRow
+from ..core import words
 from ..core.budgets import BudgetKey, Told, UsedUp, budget_notices, earliest_stop, used_line
 from ..core.model import Policy
-from ..core.quantities import format_duration
 from .gpu_time import GPUTime
 from .runtime_rules import StopServer
 from .state import ServerPod, ServiceState
@@ -92,7 +92,7 @@ def pod_id(pod: ServerPod) -> str:
 
 
 def clock_text(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
+    return words.moment(epoch)
 
 
 class BudgetRule:
@@ -264,36 +264,64 @@ class BudgetRule:
 
     def _tell(self, pod: ServerPod, used_up: UsedUp, told: Told, first: Told | None) -> None:
         """The notice of one used-up budget: its numbers, and what it does to the server."""
-        whose = f"{server_label(pod.user or '', pod.servername)}'s server"
-        used = used_line(used_up.owner, used_up.used, used_up.budget)
         other = first if first is not None and first.key != told.key else None
-        if told.stop_at is None:
-            then = "new GPU servers are refused until room returns; "
-            if other is not None and other.stop_at is not None:
-                then += (
-                    f"this budget does not stop {whose} (it stops at "
-                    f"{clock_text(other.stop_at)}, as {self.owner(other.key)}'s used-up "
-                    "budget said)"
-                )
-            else:
-                then += f"{whose} keeps running"
-        else:
-            grace = round(told.stop_at - told.at)
-            then = f"{whose} stops at {clock_text(told.stop_at)} (in {format_duration(grace)})"
-            if other is not None and other.stop_at is not None and other.stop_at < told.stop_at:
-                then += (
-                    f"; it already stops earlier, at {clock_text(other.stop_at)}, as "
-                    f"{self.owner(other.key)}'s used-up budget said"
-                )
-        self._notice(pod, f"GPU budget used up: {used}; {then}", "budget", told.stop_at)
+        earlier = None
+        if other is not None and other.stop_at is not None:
+            earlier = (other.stop_at, self.owner(other.key))
+        text = budget_notice_text(
+            server_label(pod.user or "", pod.servername),
+            used_line(used_up.owner, used_up.used, used_up.budget),
+            told,
+            earlier,
+        )
+        self._notice(pod, text, "budget", told.stop_at)
 
     def _say_stop(self, pod: ServerPod, used_up: UsedUp, stop: Told) -> None:
-        whose = f"{server_label(pod.user or '', pod.servername)}'s server"
-        used = used_line(used_up.owner, used_up.used, used_up.budget)
-        grace = round((stop.stop_at or stop.at) - stop.at)
         self._notice(
             pod,
-            f"Stopping {whose}: {used}, and the {format_duration(grace)} grace after "
-            f"its notice at {clock_text(stop.at)} is over",
+            budget_stop_text(
+                server_label(pod.user or "", pod.servername),
+                used_line(used_up.owner, used_up.used, used_up.budget),
+                stop,
+            ),
             "budget_stop",
         )
+
+
+# ---- what users are told ------------------------------------------------------------
+
+
+def budget_notice_text(
+    server: str, used: str, told: Told, other: tuple[float, str] | None = None
+) -> str:
+    """The notice of a used-up budget a running server counts against: ``used`` (its
+    numbers, ``used_line``), and what it does to the server; ``other``: the stop another
+    used-up budget announced for it already (when, and whose budget)."""
+    whose = f"{server}'s server"
+    if told.stop_at is None:
+        then = "new GPU servers are refused until some of it is free again; "
+        if other is not None:
+            then += (
+                f"this budget does not stop {whose}, which stops at {words.moment(other[0])} "
+                f"as the used-up budget of {other[1]} said"
+            )
+        else:
+            then += f"{whose} keeps running"
+    else:
+        grace = words.duration(told.stop_at - told.at)
+        then = f"{whose} stops at {words.moment(told.stop_at)}, in {grace}: save your work"
+        if other is not None and other[0] < told.stop_at:
+            then += (
+                f"; it already stops earlier, at {words.moment(other[0])}, as the used-up "
+                f"budget of {other[1]} said"
+            )
+    return f"GPU budget used up: {used}; {then}"
+
+
+def budget_stop_text(server: str, used: str, stop: Told) -> str:
+    """The notice of a server stopped for a used-up budget, its grace over."""
+    grace = words.duration((stop.stop_at or stop.at) - stop.at)
+    return (
+        f"Stopping {server}'s server: {used}, and the {grace} it had after the notice at "
+        f"{words.moment(stop.at)} are over"
+    )

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from ..core import words
 from ..core.budgets import UsageRecord
 from ..core.fairshare import (
     FairShareBook,
     Standing,
     Waiter,
-    format_duration_days,
     format_usage,
     line_key,
     line_order,
@@ -192,7 +192,7 @@ def fair_share_section(view: dict[str, Any] | None) -> str:
     admins, the groups and users by standing and how each changed over a day."""
     if not view:
         return ""
-    half_life = format_duration_days(view["half_life_seconds"])
+    half_life = words.duration(view["half_life_seconds"])
     head = (
         '<th class="num">Recent GPU-hours</th><th class="num">Share</th>'
         '<th class="num">Standing</th><th class="num">Change (1 day)</th></tr>'

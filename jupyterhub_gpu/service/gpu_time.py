@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
+from ..core import words
 from ..core.budgets import HOUR, UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
@@ -114,8 +114,8 @@ class GPUTimeSnapshot:
 
 
 def clock_time(epoch: float) -> str:
-    """A moment as the log and task statuses show it (``14:03:27 UTC``)."""
-    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC")
+    """A moment as the log and task statuses show it (``2026-12-01 14:03 UTC``)."""
+    return words.moment(epoch)
 
 
 def hours_view(

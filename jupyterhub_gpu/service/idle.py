@@ -50,9 +50,9 @@ from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from ..core import words
 from ..core.dra import DraInventory, attribute
 from ..core.model import Flavor, Idle, Policy
-from ..core.quantities import format_duration
 from .state import ServerPod, ServiceState
 from .views import Notice, Server
 
@@ -291,14 +291,14 @@ def judge(
     activity (a silent training run makes none).
     """
     rule, server = candidate.rule, candidate.server
-    after = format_duration(rule.after)
+    after = words.duration(rule.after)
     assert server.started is not None
     if (now - server.started).total_seconds() < rule.after:
         return Reading(False, "running for less than the idle time")
     if candidate.metric is None:
-        why = "GPU use of a shared GPU cannot be attributed"
+        why = "a shared GPU's use cannot be measured per server"
     elif not prometheus:
-        why = "no GPU metrics configured"
+        why = "no GPU metrics are configured"
     elif utilization is None:
         return Reading(None, "Prometheus did not answer")
     else:
@@ -310,11 +310,11 @@ def judge(
         idle = seen.highest < rule.gpu_utilization_below
         below = f"{rule.gpu_utilization_below:g}%"
         if idle:
-            return Reading(True, f"GPU utilisation below {below} for {after} (DCGM)", dcgm=True)
-        return Reading(False, f"GPU utilisation reached {seen.highest:g}% (DCGM)", dcgm=True)
+            return Reading(True, f"GPU utilisation below {below} for {after}", dcgm=True)
+        return Reading(False, f"GPU utilisation reached {seen.highest:g}%", dcgm=True)
     since = _since(server)
     idle = since is not None and (now - since).total_seconds() >= rule.after
-    return Reading(idle, f"no notebook activity for {after} ({why})")
+    return Reading(idle, f"no notebook activity for {after}, and {why}")
 
 
 class NoDCGMSeries(Exception):
@@ -469,8 +469,7 @@ class IdleServers:
                     self._notice(
                         now,
                         server,
-                        f"{server.label}'s server in {server.group} is in "
-                        "use again: it will not be stopped",
+                        idle_cancelled_text(server.label, self._group_name(server)),
                         "idle_cancelled",
                     )
                 continue
@@ -481,9 +480,13 @@ class IdleServers:
                 self._notice(
                     now,
                     server,
-                    f"{server.label}'s server in {server.group} is idle: {reading.signal}; "
-                    f"it will be stopped at {stop_at:%H:%M:%S} UTC "
-                    f"(in {format_duration(int(self.notice_period))}) unless it is used",
+                    idle_notice_text(
+                        server.label,
+                        self._group_name(server),
+                        reading.signal,
+                        stop_at.timestamp(),
+                        self.notice_period,
+                    ),
                     "idle",
                     stop_at,
                 )
@@ -495,9 +498,9 @@ class IdleServers:
                 self._notice(
                     now,
                     server,
-                    f"Stopping {server.label}'s server in {server.group}: still idle "
-                    f"{format_duration(int(self.notice_period))} after the notice "
-                    f"({reading.signal})",
+                    idle_stop_text(
+                        server.label, self._group_name(server), reading.signal, self.notice_period
+                    ),
                     "idle_stop",
                 )
             error = await self.stop(server.user, server.name, "idle", candidate.pod)
@@ -541,6 +544,10 @@ class IdleServers:
             nodes=tuple(sorted(nodes)),
         )
 
+    def _group_name(self, server: Server) -> str:
+        group = self.policy.find_group(server.group)
+        return group.display_name if group is not None else server.group or ""
+
     def _notice(
         self, now: datetime, server: Server, text: str, kind: str, stop_at: datetime | None = None
     ) -> None:
@@ -555,3 +562,27 @@ class IdleServers:
                 stop_at=stop_at,
             )
         )
+
+
+# ---- what users are told ------------------------------------------------------------
+
+
+def idle_notice_text(server: str, group: str, signal: str, stop_at: float, notice: float) -> str:
+    """The notice of a server found idle: why, and when it stops unless used."""
+    return (
+        f"{server}'s server in {group} is idle: {signal}; it stops at "
+        f"{words.moment(stop_at)}, in {words.duration(notice)}, unless it is used"
+    )
+
+
+def idle_cancelled_text(server: str, group: str) -> str:
+    """A server told it is idle that is in use again."""
+    return f"{server}'s server in {group} is in use again: it will not be stopped"
+
+
+def idle_stop_text(server: str, group: str, signal: str, notice: float) -> str:
+    """The notice of a server stopped for idling, its notice over."""
+    return (
+        f"Stopping {server}'s server in {group}: still idle {words.duration(notice)} after "
+        f"the notice; {signal}"
+    )

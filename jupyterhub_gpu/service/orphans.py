@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ..core.quantities import format_duration
+from ..core import words
 from .state import ServerPod, ServiceState
 from .views import Notice
 
@@ -139,29 +139,17 @@ class OrphanPods:
                 errors.append(error)
                 continue
             self._notice(
-                pod,
-                now,
-                f"Deleted pod {pod.key}: {pod.user} has had no server "
-                f"{pod.servername or '(default)'} in the hub for "
-                f"{format_duration(int(self.grace or 0))}",
+                pod, now, orphan_deleted_text(pod.key, pod.user, pod.servername, self.grace or 0)
             )
         if errors:
             raise RuntimeError(f"{len(errors)} orphaned pod(s) not deleted; first: {errors[0]}")
         return f"{len(orphans)} orphaned server pod(s), {len(due)} deleted"
 
     def _announce(self, pod: ServerPod, now: float) -> None:
-        if self.grace is None:
-            then = "it is only reported (no orphan_grace, or a dry run)"
-        else:
-            at = datetime.fromtimestamp(now + self.grace, UTC).strftime("%H:%M:%S UTC")
-            then = f"it is deleted at {at} unless the hub owns it again"
-        self._notice(
-            pod,
-            now,
-            f"Pod {pod.key} is labelled as {pod.user}'s server "
-            f"{pod.servername or '(default)'}, which the hub does not have: it stays "
-            f"charged to {pod.charge.group if pod.charge else '?'} while it runs, and {then}",
-        )
+        group = pod.charge.group if pod.charge else "?"
+        deletes_at = None if self.grace is None else now + self.grace
+        text = orphan_found_text(pod.key, pod.user or "", pod.servername, group, deletes_at)
+        self._notice(pod, now, text)
 
     def _notice(self, pod: ServerPod, now: float, text: str) -> None:
         self.state.notice(
@@ -172,3 +160,29 @@ class OrphanPods:
                 user=pod.user,
             )
         )
+
+
+# ---- what users are told ------------------------------------------------------------
+
+
+def orphan_found_text(
+    pod: str, user: str, server: str, group: str, deletes_at: float | None
+) -> str:
+    """A server pod the hub does not have: charged while it runs, deleted at
+    ``deletes_at`` (None: only reported)."""
+    if deletes_at is None:
+        then = "it is only reported (no orphan_grace, or a dry run)"
+    else:
+        then = f"it is deleted at {words.moment(deletes_at)} unless the hub owns it again"
+    return (
+        f"Pod {pod} is labelled as {user}'s server {server or '(default)'}, which the hub "
+        f"does not have: it stays charged to {group} while it runs, and {then}"
+    )
+
+
+def orphan_deleted_text(pod: str, user: str | None, server: str, grace: float) -> str:
+    """A server pod the hub did not have for ``grace``, deleted."""
+    return (
+        f"Deleted pod {pod}: {user} has had no server {server or '(default)'} in the hub "
+        f"for {words.duration(grace)}"
+    )

@@ -1,8 +1,11 @@
 """The dashboard page, rendered on the server from the view model (pure, no assets).
 
 One self-contained HTML document: inline CSS, bars as sized ``div``s, charts
-as inline SVG, no scripts, no fonts or images from anywhere. It refreshes
-itself every 30 s.
+as inline SVG, no fonts or images from anywhere. Its one inline script says every
+moment on the page (written ``2026-12-01 14:05 UTC``, as ``core.words.moment``
+writes them, in notices too) in the reader's time zone, the same way the
+JupyterLab extension does; without it they stay in UTC. It refreshes itself every
+30 s.
 """
 
 from __future__ import annotations
@@ -11,8 +14,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from ..core.budgets import format_hours, format_period
-from ..core.quantities import format_duration
+from ..core import words
 from .fair_share import fair_share_section
 
 _CSS = """
@@ -52,7 +54,43 @@ RANGES = {"day": 86400, "week": 7 * 86400, "month": 30 * 86400}
 
 
 def _duration(seconds: int | None) -> str:
-    return "" if seconds is None else format_duration(seconds)
+    return "" if seconds is None else words.duration(seconds)
+
+
+#: ``localMoments(text)``: every ``YYYY-MM-DD HH:MM UTC`` in ``text`` in the browser's
+#: time zone, in the same format (``2026-12-01 15:05 CET``); what the JupyterLab
+#: extension's ``localTimes`` does (``jupyterlab-gpu/src/words.ts``: tested together)
+LOCAL_MOMENTS_JS = r"""
+function localMoments(text) {
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  return text.replace(/(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}) UTC/g,
+    function (found, y, mo, d, h, mi) {
+      var t = new Date(Date.UTC(+y, +mo - 1, +d, +h, +mi));
+      var zone = "";
+      try {
+        new Intl.DateTimeFormat("en-US", {timeZoneName: "short"}).formatToParts(t)
+          .forEach(function (part) { if (part.type === "timeZoneName") zone = part.value; });
+      } catch (e) { return found; }
+      if (!zone) return found;
+      return t.getFullYear() + "-" + two(t.getMonth() + 1) + "-" + two(t.getDate()) + " " +
+        two(t.getHours()) + ":" + two(t.getMinutes()) + " " + zone;
+    });
+}
+"""
+
+#: the page's script: every moment in its text, in the reader's time zone
+_SCRIPT = (
+    "<script>"
+    + LOCAL_MOMENTS_JS
+    + """(function () {
+  var walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT), node;
+  while ((node = walk.nextNode())) {
+    var local = localMoments(node.nodeValue);
+    if (local !== node.nodeValue) node.nodeValue = local;
+  }
+})();
+</script>"""
+)
 
 
 def bar(title: str, amount: dict[str, Any], unit: str) -> str:
@@ -163,8 +201,11 @@ def capacity_section(capacity: dict[str, Any]) -> str:
             "limit": flavor["allocatable"],
             "text": f"{flavor['allocated']} of {flavor['allocatable']}",
         }
-        rows.append(bar(flavor["display_name"], amount, f"{flavor['unit']} in use"))
-        note = f"{flavor['free']} free on {flavor['nodes']} node(s)"
+        unit = words.noun(
+            str(flavor["allocatable"]), flavor["unit"].removesuffix("s"), flavor["unit"]
+        )
+        rows.append(bar(flavor["display_name"], amount, f"{unit} in use"))
+        note = f"{flavor['free']} free on {words.count(flavor['nodes'], 'node')}"
         if flavor["note"]:
             note += f"; {flavor['note']}"
         rows.append(f'<div class="muted">{escape(note)}</div>')
@@ -207,7 +248,9 @@ def servers_section(servers: list[dict[str, Any]], admin: bool) -> str:
 
 
 def _time(iso: str | None) -> str:
-    return f"{iso[:19].replace('T', ' ')} UTC" if iso else ""
+    if not iso:
+        return ""
+    return words.moment(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
 
 
 def tasks_section(tasks: list[dict[str, Any]]) -> str:
@@ -242,8 +285,9 @@ def lease_section(lease: dict[str, Any], waiting: int) -> str:
         ("Changes of holder", str(lease["transitions"])),
         (
             "Timings",
-            f"lease {lease['duration_seconds']:g} s, renew deadline "
-            f"{lease['renew_deadline_seconds']:g} s, retry {lease['retry_period_seconds']:g} s",
+            f"lease {_setting(lease['duration_seconds'])}, renew deadline "
+            f"{_setting(lease['renew_deadline_seconds'])}, "
+            f"retry {_setting(lease['retry_period_seconds'])}",
         ),
         ("This replica", f"{lease['identity']}: {me}"),
     ]
@@ -253,6 +297,14 @@ def lease_section(lease: dict[str, Any], waiting: int) -> str:
         rows.append(("Stops waiting for the hub", str(waiting)))
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
+
+
+def _setting(seconds: float) -> str:
+    """A timing setting in words: ``15 seconds``, ``1 minute 30 seconds``; a fraction of
+    a second as set (``0.4 seconds``), where whole seconds would hide it."""
+    if float(seconds).is_integer():
+        return words.duration(seconds)
+    return words.count(seconds, "second")
 
 
 def orphans_section(orphans: list[dict[str, Any]]) -> str:
@@ -286,7 +338,7 @@ def foreign_section(pods: list[dict[str, Any]]) -> str:
 
 
 def _epoch(epoch: float | None) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S UTC") if epoch else "never"
+    return words.moment(epoch) if epoch else "never"
 
 
 def _short_time(epoch: float, span: float) -> str:
@@ -390,16 +442,17 @@ def gpu_time_section(view: dict[str, Any]) -> str:
         )
     if accounting.get("behind"):
         age = accounting.get("oldest_unwritten_age_seconds") or 0
+        unwritten = accounting["unwritten"]
         behind = (
-            f"GPU-hour accounting is behind: {accounting['unwritten']} server(s)' usage not "
-            f"written yet (the oldest {format_duration(int(age))} ago); last written "
+            f"GPU-hour accounting is behind: the usage of {words.count(unwritten, 'server')} "
+            f"is not written yet, the oldest from {words.duration(age)} ago; last written "
             f"{_epoch(accounting.get('last_write'))}; GPU-hours shown as of "
             f"{_epoch(accounting.get('numbers_from'))}"
         )
         if accounting.get("dropped"):
             behind += (
-                f"; {accounting['dropped']} event(s) were dropped because too many were kept "
-                "(see the service's log)"
+                f"; {words.count(accounting['dropped'], 'event')} dropped because too many "
+                "were kept: see the service's log"
             )
         parts.append(f'<p class="err">{escape(behind)}.</p>')
     current = view.get("range", "day")
@@ -414,12 +467,14 @@ def gpu_time_section(view: dict[str, Any]) -> str:
         hours = gpu_hours["groups"].get(chart["group"])
         note = ""
         if hours:
-            window = format_period(hours["period_seconds"])
-            note = f"{format_hours(hours['used'], grouped=True)} GPU-hours in the last {window}"
+            window = words.period(hours["period_seconds"])
             if hours["budget"] is not None:
-                note += f" of a {hours['budget']:g} GPU-hour budget"
+                used, budget = words.numbers([hours["used"], hours["budget"]], grouped=True)
+                note = f"{used} of {budget} GPU-hours used in the last {window}"
                 if hours["exhausted"]:
-                    note += " (used up)"
+                    note += ": used up"
+            else:
+                note = f"{words.gpu_hours(hours['used'])} used in the last {window}"
         cards.append(
             f'<div class="card chart" data-chart="{escape(chart["group"])}">'
             f"<h3>{escape(chart['title'])}</h3>{chart_svg(chart)}"
@@ -451,24 +506,27 @@ def showback_section(showback: dict[str, Any] | None) -> str:
     per_flavor: dict[str, list[str]] = {}
     for item in showback["flavors"]:
         per_flavor.setdefault(item["group"], []).append(
-            f"{item['flavor']} {format_hours(item['gpu_hours'], grouped=True)}"
+            f"{item['flavor']} {words.number(item['gpu_hours'], grouped=True)}"
         )
     for item in showback["groups"]:
         budget = item.get("budget")
-        cap = f"{budget['budget']:g}" if budget else ""
+        cap = words.number(budget["budget"], grouped=True) if budget else ""
         busy = ""
         if item.get("measured_gpu_hours"):
-            utilised = format_hours(item["utilised_gpu_hours"], grouped=True)
-            busy = f"{utilised} of {format_hours(item['measured_gpu_hours'], grouped=True)}"
+            busy = "{} of {}".format(
+                *words.numbers(
+                    [item["utilised_gpu_hours"], item["measured_gpu_hours"]], grouped=True
+                )
+            )
         rows.append(
             f"<tr><td>{escape(item['group'])}</td>"
-            f'<td class="num">{format_hours(item["gpu_hours"], grouped=True)}</td>'
+            f'<td class="num">{words.number(item["gpu_hours"], grouped=True)}</td>'
             f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
             f'<td class="num">{busy}</td><td class="num">{cap}</td></tr>'
         )
     users = [
         f"<tr><td>{escape(u['group'])}</td><td>{escape(u['user'])}</td>"
-        f'<td class="num">{format_hours(u["gpu_hours"], grouped=True)}</td></tr>'
+        f'<td class="num">{words.number(u["gpu_hours"], grouped=True)}</td></tr>'
         for u in sorted(showback["users"], key=lambda u: -u["gpu_hours"])[:50]
     ]
     link = f"api/showback?month={month}&amp;format=csv"
@@ -540,5 +598,6 @@ def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:
         '<meta http-equiv="refresh" content="30">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
         + "".join(body)
+        + _SCRIPT
         + "</body></html>"
     )

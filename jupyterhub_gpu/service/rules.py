@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from ..core.admission import Charge, Ledger
+from ..core.admission import Charge, Ledger, amount
 from ..core.model import Amounts, Policy
 from .views import Server
 
@@ -41,18 +41,21 @@ def over_limit(policy: Policy, ledger: Ledger) -> dict[str, str]:
     for group in policy.all_groups:
         if group.unlimited:
             continue
-        reason = _over(group.display_name, ledger, group.name, group.limit)
+        reason = _over(policy, group.display_name, ledger, group.name, group.limit)
         if reason:
             result[group.name] = reason
     return result
 
 
-def _over(name: str, ledger: Ledger, group: str, limit: Amounts) -> str | None:
+def _over(policy: Policy, name: str, ledger: Ledger, group: str, limit: Amounts) -> str | None:
     # the group's whole usage as the need: which cap does it pass on its own
     passed = limit.first_passed(ledger.usage(group))
     if passed is None:
         return None
-    return f"{name} uses {passed.need} {passed.unit}, over its limit of {passed.cap}"
+    return (
+        f"{name} uses {amount(policy, passed.need, passed.unit)}, over its limit of "
+        f"{amount(policy, passed.cap, passed.unit)}"
+    )
 
 
 def to_stop_for_limit(
@@ -71,7 +74,7 @@ def to_stop_for_limit(
     trial = Ledger.from_charges(policy, ledger.charges.values())
     chosen = []
     for charge in charges:
-        if _over(group, trial, group, limit) is None:
+        if _over(policy, group, trial, group, limit) is None:
             break
         trial.release(policy, charge.key)
         chosen.append(charge)

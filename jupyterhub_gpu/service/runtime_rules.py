@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Mapping
 from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any, Protocol
 
+from ..core import words
 from ..core.model import Policy
-from ..core.quantities import format_duration, format_gpus
 from . import rules
 from .state import ServerPod, ServiceState
 from .views import Notice, server_label
@@ -100,6 +101,28 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
+def over_limit_text(reason: str) -> str:
+    """The notice of a group found over its limit (``rules.over_limit``'s reason)."""
+    return f"Over limit: {reason}"
+
+
+def max_runtime_stop_text(server: str, group: str, limit: float) -> str:
+    """The notice of a server stopped at its group's ``max_runtime``."""
+    return (
+        f"Stopping {server}'s server in {group}: it has run for {words.duration(limit)}, the "
+        f"longest {group} allows; start a new server to go on"
+    )
+
+
+def over_limit_stop_text(server: str, group: str, gpus: Fraction, after: float) -> str:
+    """The notice of a server stopped because its group stayed over its limit."""
+    return (
+        f"Stopping {server}'s server in {group}, which holds "
+        f"{words.gpus(gpus)}: {group} stayed over its limit for "
+        f"{words.duration(after)}; start it again once {group} has room"
+    )
+
+
 class RuntimeRules:
     def __init__(
         self,
@@ -133,7 +156,7 @@ class RuntimeRules:
             if group not in self.over_limit_since:
                 self.over_limit_since[group] = now
                 state.notice(
-                    Notice(at=now, text=f"Over limit: {reason}", group=group, kind="over_limit")
+                    Notice(at=now, text=over_limit_text(reason), group=group, kind="over_limit")
                 )
         for group in list(self.over_limit_since):
             if group not in over:
@@ -157,13 +180,13 @@ class RuntimeRules:
             if (server.user, server.name, server.started) in self.announced:
                 continue
             self.announced.add((server.user, server.name, server.started))
-            runtime = int((now - server.started).total_seconds()) if server.started else 0
+            group = self.policy.find_group(server.group)
             state.notice(
                 Notice(
                     at=now,
-                    text=f"Stopping {server.label}'s server in {server.group}: it ran "
-                    f"{format_duration(runtime)}, past the group's max_runtime of "
-                    f"{format_duration(limit)}",
+                    text=max_runtime_stop_text(
+                        server.label, group.display_name if group else server.group or "", limit
+                    ),
                     group=server.group,
                     user=server.user,
                     server=server.name,
@@ -199,14 +222,15 @@ class RuntimeRules:
                     continue  # gone, or started before the policy: never stopped for it
                 if charge.key not in self.announced_pods:
                     self.announced_pods.add(charge.key)
-                    grace = format_duration(int(self.stop_over_limit_after or 0))
                     state.notice(
                         Notice(
                             at=now,
-                            text=f"Stopping {server_label(pod.user, pod.servername)}'s "
-                            f"server in {group} "
-                            f"({format_gpus(charge.request.gpus)} GPUs): the group stayed over "
-                            f"its limit for {grace}",
+                            text=over_limit_stop_text(
+                                server_label(pod.user, pod.servername),
+                                self.policy.group(group).display_name,
+                                charge.request.gpus,
+                                self.stop_over_limit_after or 0,
+                            ),
                             group=group,
                             user=pod.user,
                             server=pod.servername,

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from ..core import words
 from ..core.model import Budget, Group, Policy
-from ..core.quantities import format_duration, format_gpus
+from ..core.quantities import format_gpus
 from ..core.shaping import label_value
 from .gpu_time import HoursView
 from .state import ServerPod
@@ -32,9 +33,17 @@ NOTICES = 20
 
 #: what avoids each kind of scheduled stop, in words for the user
 AVOID = {
-    "idle": "use the GPU (run a cell that uses it) before then",
+    "idle": "use the GPU before then: run a cell that uses it",
     "budget": "nothing in this server: the stop comes unless the budget frees or is raised",
     "max_runtime": "save your work; start a new server afterwards to go on",
+}
+
+
+#: why each kind of scheduled stop comes, in words for the user
+STOP_WHY = {
+    "budget": "the GPU budget of {owner} is used up",
+    "idle": "the GPU is idle: {signal}",
+    "max_runtime": "servers in {group} run at most {runtime}",
 }
 
 
@@ -75,10 +84,8 @@ WHAT_TO_DO = {
 
 
 def period_text(seconds: int) -> str:
-    """A budget's window as people say it: 7d, 1d, 12h, 90m."""
-    if seconds % 86400 == 0:
-        return f"{seconds // 86400}d"
-    return format_duration(seconds)
+    """A budget's window as people say it: 7 days, 1 day, 12 hours, 1 hour 30 minutes."""
+    return words.duration(seconds)
 
 
 def _stamp(moment: datetime | None) -> float | None:
@@ -229,7 +236,7 @@ def scheduled_stops(
             {
                 "kind": "budget",
                 "at": at,
-                "why": f"the GPU budget of {owner} is used up",
+                "why": STOP_WHY["budget"].format(owner=owner),
                 "avoid": AVOID["budget"],
             }
         )
@@ -240,7 +247,7 @@ def scheduled_stops(
                 {
                     "kind": "idle",
                     "at": warning.stop_at.timestamp(),
-                    "why": f"the GPU is idle: {warning.signal}",
+                    "why": STOP_WHY["idle"].format(signal=warning.signal),
                     "avoid": AVOID["idle"],
                 }
             )
@@ -253,8 +260,9 @@ def scheduled_stops(
                 {
                     "kind": "max_runtime",
                     "at": server.started.timestamp() + group.max_runtime,
-                    "why": f"{group.display_name}'s servers run at most "
-                    f"{format_duration(group.max_runtime)}",
+                    "why": STOP_WHY["max_runtime"].format(
+                        group=group.display_name, runtime=words.duration(group.max_runtime)
+                    ),
                     "avoid": AVOID["max_runtime"],
                 }
             )

@@ -381,7 +381,14 @@ def usage_view(
         server_view(policy, s, now, positions.get((s.user, s.name)), snapshot.dra) for s in page
     ]
     notices = [
-        {"at": n.at.isoformat(), "text": n.text, "group": n.group, "user": n.user}
+        {
+            "at": n.at.isoformat(),
+            "text": n.text,
+            "group": n.group,
+            "user": n.user,
+            # the stop it announces, to the second (its text says it to the minute)
+            "stop_at": n.stop_at.isoformat() if n.stop_at is not None else None,
+        }
         for n in snapshot.notices
         if admin or n.user == viewer.name
     ]

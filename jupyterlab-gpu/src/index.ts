@@ -21,78 +21,35 @@ import { ServerConnection, ServiceManager } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
+import {
+  announcedStopWords,
+  budgetLowText,
+  budgetRow,
+  budgetUsedUpText,
+  gpuText,
+  hubReasonWords,
+  idleText,
+  noticeItem,
+  quotaText,
+  runtimeText,
+  savedText,
+  STALE_NOTE,
+  Settings,
+  statusLine,
+  Stop,
+  StatusReply,
+  ServiceAnswer,
+  STOPPED_TITLE,
+  stopItem,
+  UNANNOUNCED_TITLE,
+  UNANNOUNCED_WORDS,
+  unreachableText
+} from './messages';
+
+export { statusLine };
+
 const PLUGIN = 'jupyterhub-gpu-jupyterlab:plugin';
 const CONNECTION_LOST = 'jupyterhub-gpu-jupyterlab:connection-lost';
-
-interface Budget {
-  owner: 'group' | 'user';
-  name: string;
-  limit_gpu_hours: number;
-  used_gpu_hours: number | null;
-  left_gpu_hours: number | null;
-  period: string;
-  exhausted: boolean;
-  when_exhausted: string;
-}
-
-interface Stop {
-  kind: 'idle' | 'budget' | 'max_runtime';
-  at: number;
-  why: string;
-  avoid: string;
-}
-
-interface LastStop {
-  at: number;
-  reason: string;
-  text: string;
-  what_to_do: string;
-}
-
-interface ServiceAnswer {
-  user: string;
-  server: string;
-  now: number;
-  running: boolean;
-  group: { name: string; display_name: string } | null;
-  profile: string | null;
-  flavor: { name: string; display_name: string; units: number } | null;
-  gpus: number;
-  gpus_text: string;
-  budgets: Budget[];
-  budgets_current: boolean;
-  quota: {
-    group: string;
-    gpus_used_text: string;
-    quota_gpus: number | null;
-    limit_gpus: number | null;
-    servers: number;
-  } | null;
-  stops: Stop[];
-  notices: { at: number; text: string }[];
-  last_stop: LastStop | null;
-  // when the server running now started: a last stop before it is an earlier run's
-  started: number | null;
-  dashboard_url: string;
-  hub_url: string;
-  rule_interval: number;
-  /** the policy changed while the server ran: its profile (or group) is gone */
-  policy_change: string | null;
-}
-
-interface Settings {
-  budget_low_fraction: number;
-  runtime_warnings: number[];
-  save_before: number;
-  poll_interval: number;
-}
-
-interface StatusReply {
-  service: ServiceAnswer | null;
-  error: string | null;
-  service_url: string;
-  settings: Settings;
-}
 
 /** What the last answers said, shared by the status bar and the connection-lost handler. */
 class Model {
@@ -114,74 +71,6 @@ class Model {
 
 const model = new Model();
 
-function clock(epoch: number): string {
-  return new Date(epoch * 1000).toLocaleTimeString([], {
-    hour: '2-digit',
-    minute: '2-digit'
-  });
-}
-
-function duration(seconds: number): string {
-  const s = Math.max(0, Math.round(seconds));
-  if (s < 60) {
-    return `${s}s`;
-  }
-  const m = Math.floor(s / 60);
-  if (m < 60) {
-    return `${m}m ${String(s % 60).padStart(2, '0')}s`;
-  }
-  const h = Math.floor(m / 60);
-  return h < 48 ? `${h}h ${String(m % 60).padStart(2, '0')}m` : `${Math.floor(h / 24)}d`;
-}
-
-function hours(value: number | null): string {
-  if (value === null) {
-    return '?';
-  }
-  return value >= 10 ? value.toFixed(0) : value >= 1 ? value.toFixed(1) : value.toFixed(2);
-}
-
-const STOP_WORDS: { [kind: string]: string } = {
-  idle: 'idle stop',
-  budget: 'budget stop',
-  max_runtime: 'max runtime'
-};
-
-function gpuText(a: ServiceAnswer): string {
-  if (!a.flavor) {
-    return 'no GPU';
-  }
-  return `${a.flavor.display_name} ×${a.gpus_text}`;
-}
-
-/** The one line the status bar shows. */
-export function statusLine(reply: StatusReply | null, serverGone: boolean): string {
-  if (serverGone) {
-    return 'GPU: this server is not reachable';
-  }
-  if (!reply) {
-    return 'GPU: …';
-  }
-  const a = reply.service;
-  if (!a) {
-    return 'GPU: service unreachable';
-  }
-  if (!a.group) {
-    return 'GPU: not charged to a group';
-  }
-  const parts = [a.group.display_name, gpuText(a)];
-  for (const b of a.budgets) {
-    const who = b.owner === 'user' ? 'you' : 'group';
-    parts.push(`${hours(b.left_gpu_hours)} GPU-h left (${who}, ${b.period})`);
-  }
-  const next = a.stops[0];
-  if (next) {
-    const now = Date.now() / 1000;
-    parts.push(`${STOP_WORDS[next.kind] ?? next.kind} in ${duration(next.at - now)}`);
-  }
-  return 'GPU: ' + parts.join(' · ');
-}
-
 function el(tag: string, text?: string, cls?: string): HTMLElement {
   const node = document.createElement(tag);
   if (text !== undefined) {
@@ -198,13 +87,7 @@ function detailsBody(reply: StatusReply | null): Widget {
   const body = el('div', undefined, 'jp-GPUStatus-details');
   const a = reply?.service;
   if (!reply || !a) {
-    body.appendChild(
-      el(
-        'p',
-        `The GPU service cannot be reached (${reply?.error ?? 'no answer yet'}). ` +
-          'Your notebook works on; the numbers come back when it answers.'
-      )
-    );
+    body.appendChild(el('p', unreachableText(reply?.error ?? null)));
     return new Widget({ node: body });
   }
   const table = el('table');
@@ -220,21 +103,13 @@ function detailsBody(reply: StatusReply | null): Widget {
     row('Profile', a.profile);
   }
   for (const b of a.budgets) {
-    const who = b.owner === 'user' ? `your budget (${b.name})` : `budget of ${b.name}`;
-    row(
-      who,
-      `${hours(b.used_gpu_hours)} of ${hours(b.limit_gpu_hours)} GPU-hours used in the last ` +
-        `${b.period}; ${hours(b.left_gpu_hours)} left` +
-        (b.exhausted ? ` — used up (${b.when_exhausted === 'stop' ? 'servers stop' : 'new GPU servers refused'})` : '')
-    );
+    row(...budgetRow(b));
   }
   if (a.quota) {
-    const of = a.quota.quota_gpus !== null ? ` of a ${a.quota.quota_gpus} GPU quota` : '';
-    const lim = a.quota.limit_gpus !== null ? `, limit ${a.quota.limit_gpus}` : '';
-    row('Group use', `${a.quota.gpus_used_text} GPUs in use${of}${lim} (${a.quota.servers} servers)`);
+    row('Group use', quotaText(a.quota));
   }
   if (!a.budgets_current && a.budgets.length) {
-    row('Note', 'GPU-hours could not be refreshed lately; the numbers may be behind');
+    row('Note', STALE_NOTE);
   }
   body.appendChild(table);
   body.appendChild(el('h3', 'Scheduled stops'));
@@ -244,7 +119,7 @@ function detailsBody(reply: StatusReply | null): Widget {
     const ul = el('ul');
     for (const s of a.stops) {
       ul.appendChild(
-        el('li', `${clock(s.at)} (in ${duration(s.at - Date.now() / 1000)}): ${s.why}. To avoid it: ${s.avoid}.`)
+        el('li', stopItem(s))
       );
     }
     body.appendChild(ul);
@@ -253,7 +128,7 @@ function detailsBody(reply: StatusReply | null): Widget {
     body.appendChild(el('h3', 'Notices'));
     const ul = el('ul');
     for (const n of a.notices.slice(-5).reverse()) {
-      ul.appendChild(el('li', `${clock(n.at)}: ${n.text}`));
+      ul.appendChild(el('li', noticeItem(n)));
     }
     body.appendChild(ul);
   }
@@ -334,38 +209,26 @@ function notify(seen: Seen, a: ServiceAnswer, settings: Settings): void {
   };
   const budgetStop = a.stops.find(s => s.kind === 'budget');
   for (const b of a.budgets) {
-    const label = b.owner === 'user' ? `Your GPU budget (${b.name})` : `The GPU budget of ${b.name}`;
     if (b.exhausted && b.when_exhausted === 'stop' && !budgetStop) {
       // the service has not scheduled the stop yet: told with its time at the next poll
       live.add(`budget-exhausted:${b.owner}:${b.name}`);
     } else if (b.exhausted) {
-      const then = budgetStop
-        ? ` This server stops at ${clock(budgetStop.at)} (in ${duration(budgetStop.at - now)}); save your work.`
-        : b.when_exhausted === 'stop'
-          ? ''
-          : ' This server keeps running; new GPU servers are refused until it frees.';
       once(`budget-exhausted:${b.owner}:${b.name}`, () =>
-        Notification.error(`${label} is used up: ${hours(b.used_gpu_hours)} of ${hours(b.limit_gpu_hours)} GPU-hours in the last ${b.period}.${then}`, {
+        Notification.error(budgetUsedUpText(b, budgetStop, now), {
           autoClose: false,
           actions: [{ label: 'Details', callback: () => window.open(a.dashboard_url, '_blank') }]
         })
       );
     } else if (b.used_gpu_hours !== null && b.used_gpu_hours >= settings.budget_low_fraction * b.limit_gpu_hours) {
       once(`budget-low:${b.owner}:${b.name}`, () =>
-        Notification.warning(
-          `${label} is running low: ${hours(b.left_gpu_hours)} of ${hours(b.limit_gpu_hours)} GPU-hours left (${b.period} window).`,
-          { autoClose: false }
-        )
+        Notification.warning(budgetLowText(b), { autoClose: false })
       );
     }
   }
   for (const s of a.stops) {
     if (s.kind === 'idle') {
       once(`idle:${Math.round(s.at)}`, () =>
-        Notification.warning(
-          `Your GPU is idle (${s.why.replace(/^the GPU is idle: /, '')}). This server stops at ${clock(s.at)} (in ${duration(s.at - now)}) unless you ${s.avoid.replace(/^use/, 'use')}.`,
-          { autoClose: false }
-        )
+        Notification.warning(idleText(s, now), { autoClose: false })
       );
     } else if (s.kind === 'max_runtime') {
       // the tightest warning crossed: the settings list them longest first, so the
@@ -374,10 +237,7 @@ function notify(seen: Seen, a: ServiceAnswer, settings: Settings): void {
       for (const before of crossed) {
         if (s.at - now <= before && s.at > now) {
           once(`runtime:${before}:${Math.round(s.at)}`, () =>
-            Notification.warning(
-              `This server reaches its maximum runtime at ${clock(s.at)} (in ${duration(s.at - now)}) and will be stopped. Save your work.`,
-              { autoClose: false }
-            )
+            Notification.warning(runtimeText(s, now), { autoClose: false })
           );
           break;
         }
@@ -415,9 +275,6 @@ async function saveAll(app: JupyterFrontEnd, docManager: IDocumentManager): Prom
   return saved;
 }
 
-/** the after-stop title while nobody has said why */
-const UNANNOUNCED_TITLE = 'Your server has stopped';
-
 function afterStopMessage(): { title: string; text: string; what: string } {
   const service = model.reply?.service;
   const last = service?.last_stop;
@@ -426,28 +283,14 @@ function afterStopMessage(): { title: string; text: string; what: string } {
   // the last answer came while this server ran: a stop recorded before its start is
   // the previous run's, and says nothing about this one
   if (last && service?.started && last.at >= service.started) {
-    return { title: 'Your server was stopped', text: last.text, what: last.what_to_do };
+    return { title: STOPPED_TITLE, text: last.text, what: last.what_to_do };
   }
   if (stop && stop.at <= now + 90) {
-    const words: { [k: string]: [string, string] } = {
-      idle: [
-        'The GPU service stopped this server: its GPU was idle past the group\'s idle time.',
-        'Start it again from the hub when you need the GPU.'
-      ],
-      budget: [
-        `The GPU service stopped this server: ${stop.why}.`,
-        'Start a GPU server again when the budget frees, or a CPU-only one now.'
-      ],
-      max_runtime: [`This server reached its maximum runtime: ${stop.why}.`, 'Start a new server from the hub to go on.']
-    };
-    const [text, what] = words[stop.kind] ?? [stop.why, 'Start it again from the hub.'];
-    return { title: 'Your server was stopped', text, what };
+    const [text, what] = announcedStopWords(stop);
+    return { title: STOPPED_TITLE, text, what };
   }
-  return {
-    title: UNANNOUNCED_TITLE,
-    text: 'This server is no longer running (stopped from the hub, by an admin, or by the cluster).',
-    what: "The hub's home page says why, and starts it again."
-  };
+  const [text, what] = UNANNOUNCED_WORDS;
+  return { title: UNANNOUNCED_TITLE, text, what };
 }
 
 /** how long the hub's page is asked for the reason of a stop nobody announced (ms) */
@@ -498,9 +341,8 @@ async function showAfterStop(): Promise<void> {
   if (title === UNANNOUNCED_TITLE) {
     const reason = await reasonFromHub();
     if (reason) {
-      title = 'Your server was stopped';
-      text = `${reason}.`;
-      what = 'Start it again from the hub when you need it.';
+      title = STOPPED_TITLE;
+      [text, what] = hubReasonWords(reason);
     }
   }
   const hub = model.reply?.service?.hub_url ?? PageConfig.getOption('hubPrefix') + 'home';
@@ -581,10 +423,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const saved = await saveAll(app, docManager);
         savedBeforeStop = saved;
         if (saved.length) {
-          Notification.info(
-            `Saved ${saved.join(', ')} before this server stops at ${clock(stop.at)} (${stop.why}).`,
-            { autoClose: false }
-          );
+          Notification.info(savedText(saved, stop), { autoClose: false });
         }
       }
     };

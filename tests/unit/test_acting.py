@@ -61,7 +61,7 @@ async def test_admins_see_who_acts_and_the_leases_timings_members_do_not(elector
     assert "<h2>Service replicas</h2>" in html
     assert "Lease jhub/jupyterhub-gpu-service" in html
     assert "<th>Acting replica</th><td>replica-a_9876</td>" in html
-    assert "lease 15 s, renew deadline 10 s, retry 2 s" in html
+    assert "lease 15 seconds, renew deadline 10 seconds, retry 2 seconds" in html
     assert "replica-b_1234: stands by (answers the dashboard and the API)" in html
     member = usage_view(POLICY, snapshot, Viewer("ann", groups=frozenset({"lab"})), NOW)
     assert member["lease"] is None

@@ -143,7 +143,8 @@ def test_tier_is_over_quota_between_quota_and_limit_and_wait_beyond():
     assert tiers == [IN_QUOTA] * 4 + [OVER_QUOTA] * 2
     seventh = ledger.admit(POLICY, "ns/p7", "u7", lab, request("h200", 1))
     assert seventh.outcome == "wait"  # when_full: wait
-    assert seventh.reason == "lab-b has 6 of 6 GPUs in use; this server needs 1"
+    # waiting: the numbers alone (the spawn page adds its place in line)
+    assert seventh.reason == "lab-b already uses 6 of its 6 GPUs, and this server needs 1"
     assert "ns/p7" not in ledger.charges
 
 
@@ -161,20 +162,43 @@ def test_parent_caps_the_sum_of_its_children():
     assert ledger.usage("dept").gpus == Fraction(15, 7) + 3
 
 
-def test_per_user_cap_refuses_and_names_the_user():
+def test_per_user_cap_refuses_with_the_numbers_and_what_to_stop():
     ledger = Ledger()
     lab = POLICY.group("lab-a")
     assert ledger.admit(POLICY, "ns/1", "ann", lab, request("shared", 1)).admitted
     assert ledger.admit(POLICY, "ns/2", "ann", lab, request("shared", 1)).admitted
     third = ledger.admit(POLICY, "ns/3", "ann", lab, request("shared", 1))
     assert third.outcome == "refuse"
-    assert third.reason == "ann in lab-a has 2 of 2 servers in use; this server needs 1"
+    assert third.reason == (
+        "you already run 2 of the 2 servers lab-a allows each member: stop one of them first"
+    )
+    one = parse_policy(
+        flavors={"h200": {"kind": "gpu"}},
+        profiles={"p": {"gpu": {"flavor": "h200"}}},
+        groups={
+            "lab": {
+                "display_name": "Lab",
+                "quota": {"gpus": 4},
+                "per_user": {"servers": 1},
+                "profiles": ["p"],
+            }
+        },
+    )
+    ledger = Ledger()
+    assert ledger.admit(one, "ns/1", "ann", one.group("lab"), request("h200", 1)).admitted
+    second = ledger.admit(one, "ns/2", "ann", one.group("lab"), request("h200", 1))
+    assert (
+        second.reason == "you already run your one Lab server: stop it first, then start this one"
+    )
 
 
 def test_a_request_larger_than_the_limit_is_refused_even_when_waiting_is_on():
     decision = Ledger().decide(POLICY, "u", POLICY.group("lab-b"), request("h200", 7))
     assert decision.outcome == "refuse"
-    assert "lab-b allows less than this server needs" in decision.reason
+    assert decision.reason == (
+        "this server needs 7 GPUs, and lab-b may use at most 6 in all: choose a smaller "
+        "profile or fewer GPUs"
+    )
 
 
 def test_releasing_frees_exactly_what_was_charged():

@@ -165,6 +165,6 @@ def test_the_line_is_first_come_first_served_without_fair_share_and_says_so():
         "lab": ["ns/jupyter-ann", "ns/jupyter-bob"]
     }
     message = wait_message(POLICY, LAB, second, where, None, NOW + 2)
-    assert message == "Waiting for lab: position 2 of 2 (1 spawns ahead of you)"
+    assert message.startswith("Waiting for lab: position 2 of 2, 1 spawn ahead of you. ")
     line.line.leave(first)
     assert line.place(POLICY, second, NOW + 3).position == 1

@@ -83,13 +83,13 @@ def test_an_open_record_counts_to_now_while_running_else_to_when_last_seen():
 
 def test_gpu_hours_read_alike_in_messages_and_on_the_dashboard_but_for_thousands():
     """One formatter: refusals and the profile list write 12345.6, the dashboard's
-    tables 12,345.6 (``grouped``); below a thousand the two are the same, and below one
-    GPU-hour both keep three digits."""
+    tables 12,345.6 (``grouped``); below a thousand the two are the same, whole numbers
+    have no ".0", and below one GPU-hour both keep three digits."""
     assert format_hours(12345.64) == "12345.6"
     assert format_hours(12345.64, grouped=True) == "12,345.6"
-    assert format_hours(2000) == "2000.0"
-    assert format_hours(2000, grouped=True) == "2,000.0"
-    for value, shown in ((0, "0.0"), (1, "1.0"), (12.34, "12.3"), (0.5, "0.5"), (0.0125, "0.0125")):
+    assert format_hours(2000) == "2000"
+    assert format_hours(2000, grouped=True) == "2,000"
+    for value, shown in ((0, "0"), (1, "1"), (12.34, "12.3"), (0.5, "0.5"), (0.0125, "0.0125")):
         assert format_hours(value) == format_hours(value, grouped=True) == shown
 
 
@@ -104,9 +104,11 @@ def test_exhausted_group_budget_refuses_with_the_numbers_and_when_room_returns()
     reason = budget_refusal(p, book, "alice", p.groups["research"], 1.0, NOW)
     # the old usage leaves the 30-day window from 1 day - 10 h from now, in full a day from now
     assert reason is not None
-    assert reason.startswith("research used 80.0 of 80 GPU-hours in the last 30 days; ")
+    assert reason.startswith("research used 80 of 80 GPU-hours in the last 30 days: ")
     # a day from now the old usage has wholly left the window
-    assert reason.endswith("; 40.0 free again by 2026-11-24 12:00 UTC")
+    assert "can start again at 2026-11-24 12:00 UTC, when 40 GPU-hours are free again" in reason
+    # and what to do meanwhile
+    assert reason.endswith("start one without GPUs, or ask an admin to raise the budget")
     # a CPU-only server is never refused for GPU time
     assert budget_refusal(p, book, "alice", p.groups["research"], 0.0, NOW) is None
     # the window moves: a day later 40 GPU-hours are free
@@ -128,7 +130,7 @@ def test_a_parents_budget_caps_the_sum_of_its_childrens_use():
     # teaching has no budget of its own; the department's 100 are used by both together
     reason = budget_refusal(p, book, "tom", p.groups["teaching"], 1.0, NOW)
     assert reason is not None
-    assert reason.startswith("department used 100.0 of 100 GPU-hours in the last 30 days")
+    assert reason.startswith("department used 100 of 100 GPU-hours in the last 30 days")
 
 
 def test_a_members_own_budget_applies_to_them_alone():
@@ -138,7 +140,7 @@ def test_a_members_own_budget_applies_to_them_alone():
     assert p.groups["research"].user_budget.when_exhausted == "warn"
     reason = budget_refusal(p, book, "alice", p.groups["research"], 1.0, NOW)
     assert reason is not None
-    assert reason.startswith("alice in research used 10.0 of 10 GPU-hours in the last 7 days")
+    assert reason.startswith("alice in research used 10 of 10 GPU-hours in the last 7 days")
     assert budget_refusal(p, book, "bob", p.groups["research"], 1.0, NOW) is None
 
 
@@ -172,9 +174,9 @@ def test_the_profile_list_shows_each_budget_left_beside_the_quota():
     (offer,) = [o for o in offers(p, ["research"]) if o.profile.name == "gpu"]
     entry = profile_entry(p, Ledger(), offer, None, states)
     assert entry["description"].split(" · ")[2:5] == [
-        "research: 78.0 of 80 GPU-hours left (last 30 days)",
-        "department: 98.0 of 100 GPU-hours left (last 30 days)",
-        "alice in research: 8.0 of 10 GPU-hours left (last 7 days)",
+        "research: 78 of 80 GPU-hours left in the last 30 days",
+        "department: 98 of 100 GPU-hours left in the last 30 days",
+        "alice in research: 8 of 10 GPU-hours left in the last 7 days",
     ]
     (cpu,) = [o for o in offers(p, ["research"]) if o.profile.name == "cpu"]
     assert "GPU-hours" not in profile_entry(p, Ledger(), cpu, None, states)["description"]
@@ -207,8 +209,10 @@ def test_a_stop_budget_admits_only_as_many_gpus_as_its_remainder_gives_their_gra
     ledger.admit(p, "ns/second", "bob", course, request)
     # with two running, a third would need 0.75 of the 0.6 left
     assert budget_refusal(p, book, "cat", course, 1.0, NOW, ledger) == (
-        "course has 0.6 of 1 GPU-hours left in the last 1 hour; its servers' 2 GPUs and "
-        "this server's 1 need 0.75 for the 15 minutes each may run once it is used up"
+        "course has 0.6 of 1 GPU-hour left in the last hour, less than the 0.75 GPU-hours "
+        "its servers' 2 GPUs and this server's 1 would use in the 15 minutes each may still "
+        "run once they are used up: try again when one of its servers stops, or choose "
+        "fewer GPUs"
     )
 
 

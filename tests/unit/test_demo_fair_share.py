@@ -46,7 +46,7 @@ def test_the_built_in_examples_research_members_have_different_standings(tmp_pat
 
 def test_the_walkthrough_says_where_standings_show_and_how_to_see_the_line():
     standings, line = _fair_share_step(plan_demo([]))
-    assert standings.startswith("Fair share (half-life 1d): research-1 held a GPU 2 hours")
+    assert standings.startswith("Fair share (half-life 1 day): research-1 held a GPU 2 hours")
     assert "Research fair share: you used ... x your share" in standings
     # the line the demo test walks through (test_demo.py), with the flavor research
     # may hold one of at a time and the profile that offers it

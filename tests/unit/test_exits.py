@@ -64,16 +64,18 @@ def test_the_log_tail_is_plain_bounded_and_keeps_the_end():
 
 def test_the_message_names_the_code_the_reason_and_the_log():
     exited = ContainerExit(1, "Error", None)
+    fix = "Fix what its log shows, or tell an admin if the image is at fault, then start it again."
     assert exit_message(exited, ["Traceback", "ValueError: <bad>"]) == (
-        "The server's process exited with code 1 at start. Last lines of its log:\n"
+        f"The server's process exited with code 1 at start. {fix} Last lines of its log:\n"
         "Traceback\nValueError: <bad>"
     )
     assert exit_message(ContainerExit(137, "OOMKilled", None), []) == (
         "The server's process exited with code 137 (OOMKilled) at start. "
+        "It ran out of memory: choose a profile with more memory. "
         "It wrote nothing to its log."
     )
     assert exit_message(exited, [], "the API server answered 403: forbidden") == (
-        "The server's process exited with code 1 at start. "
+        f"The server's process exited with code 1 at start. {fix} "
         "Its log could not be read: the API server answered 403: forbidden."
     )
     assert "must keep running" in exit_message(ContainerExit(0, "Completed", None), ["done"])

@@ -97,7 +97,8 @@ async def test_the_member_who_used_less_starts_first_though_they_asked_second(co
     await in_line(
         cy,
         "Waiting for Lab: position 1 of 2: you used less GPU time recently than others "
-        "waiting (Lab has 1 of 1 GPUs in use; this server needs 1)",
+        "waiting; Lab already uses 1 of its 1 GPU, and this server needs 1. The server "
+        "starts by itself as soon as there is room; stop it to give up.",
     )
     await in_line(
         bob,
@@ -124,7 +125,7 @@ async def test_a_sibling_group_that_used_less_goes_first_under_a_full_parent(con
     await in_line(dee, "position 1 of 1")
     eve_waits = asyncio.create_task(eve.load_user_options())
     await in_line(
-        eve, "position 1 of 2: you used less GPU time recently than others waiting (Research"
+        eve, "position 1 of 2: you used less GPU time recently than others waiting; Research"
     )
     await in_line(
         dee,
@@ -148,8 +149,8 @@ async def test_a_server_that_waited_max_wait_goes_first_whatever_its_standing(co
     cy_waits = asyncio.create_task(cy.load_user_options())
     await in_line(cy, "position 1 of 2: you used less GPU time recently")
     CLOCK[0] += 2 * 60  # bob has waited 11 minutes: past max_wait (10m)
-    await in_line(bob, "position 1 of 2: you have waited longer than 10m, so you go first")
-    await in_line(cy, "position 2 of 2: ahead of you: 1 waited longer than 10m")
+    await in_line(bob, "position 1 of 2: you have waited longer than 10 minutes, so you go first")
+    await in_line(cy, "position 2 of 2: ahead of you: 1 waited longer than 10 minutes")
     await ann._release()
     await asyncio.wait_for(bob_waits, 5)
     assert not cy_waits.done()
@@ -190,10 +191,10 @@ async def test_the_spawn_form_shows_the_users_and_groups_standing(config):
     used(cy, "lab", 1, hours_ago=0, hours=1)
     (entry,) = await bob._gpu_profile_list(bob)
     # bob used 3 of Lab's 4 GPU-hours (2.16 decayed: ∫ 3 · 2^(-t/1h) over the last
-    # hour) with one of two members' shares: 1.5 x; Lab used all the top level's GPU time
-    # with a third of its shares (lab, research and everyone): 3 x
+    # hour, said as 2.2) with one of two members' shares: 1.5 x; Lab used all the top
+    # level's GPU time with a third of its shares (lab, research and everyone): 3 x
     assert (
-        "Lab fair share: you used 2.16 GPU-hours recently (half-life 1h), 1.50 x your "
+        "Lab fair share: you used 2.2 GPU-hours recently (half-life 1 hour), 1.50 x your "
         in (entry["description"])
     )
     assert entry["description"].endswith("Lab 3.00 x its share")

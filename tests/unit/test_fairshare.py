@@ -200,10 +200,10 @@ def test_why_a_server_is_where_it_is():
     old = waiter("old", (1.0, 9.0), 0, arrived=NOW - 3600)
     ordered = line_order([old, light], NOW, 1800)
     assert why_placed(old, place(old, ordered), NOW, 1800) == (
-        "you have waited longer than 30m, so you go first"
+        "you have waited longer than 30 minutes, so you go first"
     )
     assert why_placed(light, place(light, ordered), NOW, 1800) == (
-        "ahead of you: 1 waited longer than 30m"
+        "ahead of you: 1 waited longer than 30 minutes"
     )
     same = waiter("same", (1.0, 0.5), 5)
     ordered = line_order([light, same], NOW, 1800)
@@ -253,6 +253,6 @@ def test_the_service_shows_standings_now_and_how_they_changed_in_a_day():
     assert admin["groups"]["lab"]["change"] == pytest.approx(lab.standing - 1.5, abs=1e-4)
     page = fair_share_section(admin)
     assert '<table class="fair-share-users">' in page
-    assert "counting half after 7d" in page
+    assert "counting half after 7 days" in page
     assert "bio: you used" not in page  # the admin has no servers of their own
     assert "bio: you used" in fair_share_section(view)

@@ -96,9 +96,9 @@ def test_whole_gpus_and_mig_slices_are_judged_by_dcgm_shared_gpus_by_activity():
 
 def test_dcgm_below_the_threshold_for_the_whole_window_is_idle():
     reading = judged("h200", 9000, seen=Utilization(highest=4.9, covered=True))
-    assert (reading.idle, reading.signal) == (True, "GPU utilisation below 5% for 2h (DCGM)")
+    assert (reading.idle, reading.signal) == (True, "GPU utilisation below 5% for 2 hours")
     reading = judged("h200", 9000, seen=Utilization(highest=5, covered=True))
-    assert (reading.idle, reading.signal) == (False, "GPU utilisation reached 5% (DCGM)")
+    assert (reading.idle, reading.signal) == (False, "GPU utilisation reached 5%")
 
 
 def test_not_idle_without_enough_samples_or_before_the_idle_time():
@@ -113,13 +113,13 @@ def test_activity_where_utilisation_cannot_be_attributed_or_is_not_configured():
     reading = judged("shared", 9000, active_ago=7300, seen=Utilization(0, True))
     assert reading.idle is True
     assert reading.signal == (
-        "no notebook activity for 2h (GPU use of a shared GPU cannot be attributed)"
+        "no notebook activity for 2 hours, and a shared GPU's use cannot be measured per server"
     )
     assert judged("shared", 9000, active_ago=60).idle is False
     # Prometheus answered without a series for the shared device's pod: activity as before
     assert judged("shared", 9000, active_ago=7300).idle is True
     assert judged("h200", 9000, active_ago=7300, prom=False).signal.endswith(
-        "(no GPU metrics configured)"
+        ", and no GPU metrics are configured"
     )
 
 

@@ -83,7 +83,10 @@ async def test_spawns_after_a_hub_start_share_one_rebuild_and_go_on_together(con
     assert all(s.done() for s in spawns)
     outcomes = [s.result() for s in spawns]
     assert outcomes.count("admitted") == 10
-    assert set(outcomes) - {"admitted"} == {"lab has 10 of 10 GPUs in use; this server needs 1"}
+    assert set(outcomes) - {"admitted"} == {
+        "lab already uses 10 of its 10 GPUs, and this server needs 1: try again when one of "
+        "its servers stops"
+    }
     assert listing.calls == 1
 
 

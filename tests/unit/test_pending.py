@@ -115,11 +115,11 @@ def test_kueue_position_is_fifo_by_priority_within_the_local_queue():
 def test_kueue_queue_line_has_the_position_and_kueues_reason():
     queued = workload("bob", "2026-01-01T10:01:00Z")
     assert kueue_queue_line("lab", queued, 1) == (
-        f"waiting in Kueue queue lab: position 1. Kueue: {NO_QUOTA}. "
+        f"Waiting in Kueue queue lab: position 1. Kueue: {NO_QUOTA}. "
         "The server starts by itself when Kueue admits it; stop it to give up."
     )
     assert kueue_queue_line("lab", None, None).startswith(
-        "waiting in Kueue queue lab: Kueue has not taken the server into its queue yet."
+        "Waiting in Kueue queue lab: Kueue has not taken the server into its queue yet."
     )
 
 
@@ -173,12 +173,12 @@ def test_volcano_position_counts_pending_podgroups_of_the_queue_by_priority_then
 def test_volcano_queue_line_and_a_pods_podgroup():
     cy = podgroup("cy", "2026-01-01T10:01:00Z")
     assert volcano_queue_line("lab", cy, 2) == (
-        "waiting in Volcano queue lab: position 2. Volcano: the queue has no room for it "
+        "Waiting in Volcano queue lab: position 2. Volcano: the queue has no room for it "
         "yet (PodGroup Pending, NotEnoughResources). The server starts by itself when "
         "Volcano lets it in; stop it to give up."
     )
     assert volcano_queue_line("lab", cy, 2, "Closed") == (
-        "waiting in Volcano queue lab: position 2. Volcano: the queue is Closed: it lets "
+        "Waiting in Volcano queue lab: position 2. Volcano: the queue is Closed: it lets "
         "nothing in until an admin opens it. The server starts by itself when Volcano "
         "lets it in; stop it to give up."
     )

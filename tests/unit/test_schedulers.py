@@ -139,7 +139,7 @@ def test_kueue_holds_a_gated_pod_and_places_it_among_its_local_queues_workloads(
     assert place == QueuePlace("lab", bob, 2)
     assert kueue.queue_line(place) == kueue_queue_line("lab", bob, 2)
     assert kueue.queue_line(place).startswith(
-        f"waiting in Kueue queue lab: position 2. Kueue: {NO_QUOTA}"
+        f"Waiting in Kueue queue lab: position 2. Kueue: {NO_QUOTA}"
     )
     # no Workload yet: held all the same, and the line says so
     place = kueue.place(kueue_pod(), [ann])
@@ -177,7 +177,7 @@ def test_volcano_holds_a_pod_while_its_podgroup_is_pending_and_places_it_by_prio
     inqueue = podgroup("cy", "2026-01-01T10:01:00Z", phase="Inqueue")
     assert volcano.place(volcano_pod(), [inqueue]) is None
     assert volcano.unread_line("lab") == (
-        "waiting in Volcano queue lab. The server starts by itself when Volcano lets it in; "
+        "Waiting in Volcano queue lab. The server starts by itself when Volcano lets it in; "
         "stop it to give up."
     )
 

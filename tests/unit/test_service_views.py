@@ -181,7 +181,7 @@ def test_page_renders_bars_and_escapes_names():
     assert 'style="width:25.0%"' in html  # 2 of 8
     assert 'class="quota" style="left:50.0%"' in html  # quota 4 of limit 8
     assert "0 of 8 GPUs in use" in html  # cluster capacity
-    assert "8 free on 1 node(s)" in html
+    assert "8 free on 1 node" in html
     assert "http" not in html.lower().replace('http-equiv="refresh"', "")  # no external assets
 
 
@@ -211,7 +211,7 @@ def test_over_limit_after_a_policy_change_and_who_to_stop():
         ],
     )
     over = rules.over_limit(POLICY, ledger)
-    assert over == {"beta": "Beta Lab uses 3 GPUs, over its limit of 2"}
+    assert over == {"beta": "Beta Lab uses 3 GPUs, over its limit of 2 GPUs"}
     created = {f"ns/b{i}": NOW - timedelta(minutes=10 - i) for i in (1, 2, 3)}
     victims = rules.to_stop_for_limit(POLICY, ledger, "beta", created)
     assert [v.key for v in victims] == ["ns/b3"]  # the youngest, and only as many as needed

@@ -50,10 +50,14 @@ async def test_full_group_queues_in_order_and_admits_when_a_server_stops(config)
     await eventually(lambda: _message(second), "bob to be in line", within=5)
     waiting_third = asyncio.create_task(third.load_user_options())
     await eventually(lambda: _message(third), "cy to be in line", within=5)
+    then = "The server starts by itself as soon as there is room; stop it to give up."
     assert second._gpu_wait_message == (
-        "Waiting for Lab: position 1 of 2 (Lab has 1 of 1 GPUs in use; this server needs 1)"
+        "Waiting for Lab: position 1 of 2: Lab already uses 1 of its 1 GPU, and this server "
+        f"needs 1. {then}"
     )
-    assert third._gpu_wait_message == "Waiting for Lab: position 2 of 2 (1 spawns ahead of you)"
+    assert third._gpu_wait_message == (
+        f"Waiting for Lab: position 2 of 2, 1 spawn ahead of you. {then}"
+    )
     progress = second.progress()
     assert (await progress.__anext__())["message"] == second._gpu_wait_message
     await progress.aclose()

@@ -119,6 +119,6 @@ class Scheduler:
     def unread_line(self, queue: str) -> str:
         """The line while the scheduler's objects cannot be read: where, not which place."""
         return (
-            f"waiting in {self.display_name} queue {queue}. The server starts by itself "
+            f"Waiting in {self.display_name} queue {queue}. The server starts by itself "
             f"when {self.display_name} lets it in; stop it to give up."
         )
