@@ -241,16 +241,20 @@ async def test_a_stop_judged_on_a_pod_no_longer_seen_spares_the_server_started_s
         await asyncio.sleep(max(0.0, due - time.time()))
         # the rule runs, judging A past its max_runtime each time
         await runs_of(hub, root, "runtime rules", 3)
-        # B is still the server: not stopped, not stopping, and not yet due itself
+        # B is still the server, not stopped and not stopping, if it is not yet due itself
+        # (on a loaded machine the restart and three runs may outlast B's own
+        # max_runtime: B may then be stopped for its own, which the end of this test
+        # holds to never come before B's own due time)
+        b_due = second.status.start_time.timestamp() + MAX_RUNTIME
         now = await server(hub, "carl")
-        assert now is not None, "carl's new server was stopped for the old one's runtime:\n" + (
-            "\n".join(line for line in hub.log_path.read_text().splitlines() if "carl" in line)
-        )
-        assert now["started"] == restarted["started"]
-        assert now["pending"] is None
-        (still,) = await carls_pods()
-        assert still.metadata.uid == second.metadata.uid
-        assert time.time() < second.status.start_time.timestamp() + MAX_RUNTIME
+        if time.time() < b_due:
+            assert now is not None, "carl's new server was stopped for the old one's runtime:\n" + (
+                "\n".join(line for line in hub.log_path.read_text().splitlines() if "carl" in line)
+            )
+            assert now["started"] == restarted["started"]
+            assert now["pending"] is None
+            (still,) = await carls_pods()
+            assert still.metadata.uid == second.metadata.uid
         said = (
             "Not stopping carl's server (max_runtime): the hub's server started at "
             f"{restarted['started'][11:19]} UTC, the judged pod "
