@@ -411,15 +411,21 @@ class LocalCluster(SchedulerStarts):
         from kubernetes_asyncio.client import ApiException
 
         async with self.api() as api:
-            resource = client.ResourceV1Api(api)
+            # as custom objects: the oldest supported hub's kubernetes_asyncio (31) has no
+            # ResourceV1Api, and its tests start this cluster too
+            objects = client.CustomObjectsApi(api)
             for device_class in classes:
                 try:
-                    await resource.create_device_class(device_class)
+                    await objects.create_cluster_custom_object(
+                        "resource.k8s.io", "v1", "deviceclasses", device_class
+                    )
                 except ApiException as e:
                     if e.status != 409:
                         raise
             for resource_slice in slices:
-                await resource.create_resource_slice(resource_slice)
+                await objects.create_cluster_custom_object(
+                    "resource.k8s.io", "v1", "resourceslices", resource_slice
+                )
 
     @staticmethod
     async def _not_ready(core, nodes: list[dict]) -> str:
