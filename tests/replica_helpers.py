@@ -2,8 +2,9 @@
 local cluster's real API server: their config, their logs, what they wrote.
 
 Each replica is ``python -m jupyterhub_gpu.service`` with ``GPUService.form:
-deployment`` and short Lease timings, all sharing one usage database (sqlite), as the
-replicas of a Deployment share the site's database.
+deployment`` and short Lease timings, all sharing one usage database (PostgreSQL, as
+a Deployment's replicas must: a sqlite file's lock is held for as long as a suspended
+writer is), as the replicas of a Deployment share the site's database.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rbac_helpers import apply_rendered_rbac, token_kubeconfig
+from sqlalchemy import create_engine, inspect
 
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu_dev.localcluster.hub import LocalHub
@@ -70,10 +71,12 @@ _ACTS = re.compile(r": (\S+) acts as the leader from (\S+)")
 _STOPPED = re.compile(r": (\S+) stopped acting as the leader at (\S+):")
 
 
-def write_config(directory: Path, namespace: str, hub_api: str, **settings) -> Path:
+def write_config(
+    directory: Path, namespace: str, hub_api: str, accounting_url: str, **settings
+) -> Path:
     """The hub's config as the replicas read it: the policy, the service's settings."""
     config = directory / "jupyterhub_config.py"
-    policy = {**POLICY, "accounting_url": f"sqlite:///{directory / 'usage.sqlite'}"}
+    policy = {**POLICY, "accounting_url": accounting_url}
     config.write_text(
         "c = get_config()  # noqa\n"
         f"c.KubeSpawner.namespace = {namespace!r}\n"
@@ -258,24 +261,33 @@ async def delete_pod(core, namespace: str, name: str) -> float:
     return at
 
 
-def usage_rows(database: Path) -> dict[str, list[tuple]]:
+def _rows(database: Path | str, query: str, table: str) -> list[tuple]:
+    """The rows ``query`` reads from ``table`` of ``database`` (a sqlite file's path or an
+    SQLAlchemy URL); none while the table is not created yet."""
+    url = database if isinstance(database, str) else f"sqlite:///{database}"
+    engine = create_engine(url)
+    try:
+        if table not in inspect(engine).get_table_names():
+            return []
+        with engine.connect() as db:
+            return [tuple(row) for row in db.exec_driver_sql(query)]
+    finally:
+        engine.dispose()
+
+
+def usage_rows(database: Path | str) -> dict[str, list[tuple]]:
     """Each pod's usage rows: (started, ended, last_seen), by the pod's key."""
-    with sqlite3.connect(database) as db:
-        rows = db.execute("SELECT key, started, ended, last_seen FROM jupyterhub_gpu_usage")
-        result: dict[str, list[tuple]] = {}
-        for key, started, ended, seen in rows:
-            result.setdefault(key, []).append((started, ended, seen))
-        return result
-
-
-def stop_rows(database: Path) -> dict[str, list[tuple]]:
-    """The stops recorded for each pod (by uid): (reason, at)."""
-    with sqlite3.connect(database) as db:
-        try:
-            rows = db.execute("SELECT uid, reason, at FROM jupyterhub_gpu_stops").fetchall()
-        except sqlite3.OperationalError:  # no stop written yet
-            return {}
     result: dict[str, list[tuple]] = {}
-    for uid, reason, at in rows:
+    query = "SELECT key, started, ended, last_seen FROM jupyterhub_gpu_usage"
+    for key, started, ended, seen in _rows(database, query, "jupyterhub_gpu_usage"):
+        result.setdefault(key, []).append((started, ended, seen))
+    return result
+
+
+def stop_rows(database: Path | str) -> dict[str, list[tuple]]:
+    """The stops recorded for each pod (by uid): (reason, at)."""
+    result: dict[str, list[tuple]] = {}
+    query = "SELECT uid, reason, at FROM jupyterhub_gpu_stops"
+    for uid, reason, at in _rows(database, query, "jupyterhub_gpu_stops"):
         result.setdefault(uid, []).append((reason, at))
     return result

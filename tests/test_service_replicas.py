@@ -4,7 +4,8 @@ they wrote matches the pods' lives (one usage row and one recorded end per pod).
 
 The replicas run without a hub (pods are created as the spawner labels them, so the
 service records them from their own start); their Lease is 3 s with a 2 s renew
-deadline and passes every half second (``replica_helpers``).
+deadline and passes every half second, and they share a PostgreSQL database
+(``replica_helpers``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import sqlite3
 import time
 
 import pytest
@@ -28,6 +28,7 @@ from replica_helpers import (
     wait_acting,
     write_config,
 )
+from sqlalchemy import create_engine
 
 from jupyterhub_gpu_dev.localcluster.ports import free_port
 from kube_helpers import eventually
@@ -40,12 +41,22 @@ END_ERROR = SETTINGS["usage_interval"] + 1.0
 YOUNG = 10.0
 
 
+@pytest.fixture(scope="module")
+def postgres():
+    """The site's database the replicas share (each test its own database in it)."""
+    from jupyterhub_gpu_dev.postgres import postgres_server
+
+    with postgres_server("replicas") as server:
+        yield server
+
+
 @pytest.fixture
-async def replicas(local_cluster, namespace, tmp_path):
+async def replicas(local_cluster, namespace, tmp_path, postgres):
     """``await replicas("a", "b")``: started replicas, first one acting."""
     # the hub's API: a port nobody listens on (these replicas run without a hub)
     hub_api = f"http://127.0.0.1:{free_port()}/hub/api"
-    config = write_config(tmp_path, namespace, hub_api)
+    database = await asyncio.to_thread(postgres.create_database, namespace.replace("-", "_"))
+    config = write_config(tmp_path, namespace, hub_api, database)
     made: list[Replica] = []
 
     async def start(*names: str) -> list[Replica]:
@@ -57,7 +68,7 @@ async def replicas(local_cluster, namespace, tmp_path):
                 await wait_acting(replica)
         return made
 
-    start.database = tmp_path / "usage.sqlite"  # type: ignore[attr-defined]
+    start.database = database  # type: ignore[attr-defined]
     try:
         yield start
     finally:
@@ -89,15 +100,15 @@ async def test_the_leader_killed_mid_pass_is_replaced_within_the_lease_and_nothi
     await asyncio.sleep(YOUNG)
     ends = {"brief": await delete_pod(core, namespace, "brief")}
     await row_of(database, namespace, "brief", ended=True)
-    # the leader is mid-pass: its write waits on the database, which the test holds
-    holder = sqlite3.connect(database, isolation_level=None, timeout=30)
-    holder.execute("BEGIN IMMEDIATE")
+    # the leader is mid-pass: its write waits for the revision counter, which the test holds
+    holder = create_engine(database).connect()
+    holder.exec_driver_sql("SELECT value FROM jupyterhub_gpu_usage_revision FOR UPDATE")
     try:
         await asyncio.sleep(3 * SETTINGS["usage_interval"])
         a.signal(signal.SIGKILL)
         killed = time.time()
     finally:
-        holder.execute("ROLLBACK")
+        holder.rollback()
         holder.close()
     a.process.wait()
     # a server that starts while nobody acts

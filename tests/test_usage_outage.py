@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import sys
 import time
 from datetime import UTC, datetime
 from fractions import Fraction
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from jupyterhub_gpu.accounting.backlog import Backlog
-from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.accounting.store import HELD_WRITE_LIMIT, UsageStore
 from jupyterhub_gpu.core.budgets import UsageRecord
 from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.selection import Request
@@ -392,3 +395,59 @@ async def test_the_service_pass_keeps_its_pace_while_a_write_hangs(store):
         await task.stop()
         await service._writing
     assert rows(store)["a"].last_seen > time.time() - 3.5
+
+
+#: a writer that suspends itself inside its write transaction, at the last step before
+#: the commit (the fence), as a replica stopped, frozen or paused mid-write does
+FROZEN_WRITER = """
+import os, signal, sys
+from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.core.usage import UsageRecord
+
+store = UsageStore(sys.argv[1])
+store.fence = lambda: os.kill(os.getpid(), signal.SIGSTOP)
+try:
+    store.open([UsageRecord("frozen", "ns/frozen", "ann", "lab", "gpu", "a100", 1.0, 1, 1)])
+except Exception as e:
+    print(type(e).__name__, e)
+else:
+    print("written")
+"""
+
+
+def _suspended(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def test_a_writer_frozen_mid_write_holds_the_database_back_no_longer_than_its_limit(store):
+    """A process suspended inside its write transaction holds the revision counter; the
+    other writers (the hub, the replica acting after it) wait for it no longer than
+    PostgreSQL's limit on an idle transaction, and what it meant to write is not
+    written behind them when it resumes: it is told its write failed and keeps it."""
+    store.open([record("before", time.time() - 60)])
+    frozen = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        FROZEN_WRITER,
+        store.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        await eventually(
+            lambda: asyncio.sleep(0, _suspended(frozen.pid)), "the writer to freeze", 30
+        )
+        began = time.monotonic()
+        written = await asyncio.wait_for(
+            asyncio.to_thread(store.open, [record("after", time.time())]),
+            HELD_WRITE_LIMIT + 20,
+        )
+        waited = time.monotonic() - began
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        output = (await asyncio.wait_for(frozen.communicate(), 30))[0].decode()
+    assert written == 1
+    # it waited for the frozen writer (the counter was held), then no longer than the limit
+    assert 0.5 < waited < HELD_WRITE_LIMIT + 10, waited
+    assert output.startswith("AccountingUnavailable"), output
+    assert "frozen" not in rows(store)

@@ -59,6 +59,12 @@ class LocalPostgres:
         )
         self.running = True
 
+    def create_database(self, name: str) -> str:
+        """Create the database ``name``; its SQLAlchemy URL."""
+        address = ["-h", "127.0.0.1", "-p", str(self.port)]
+        self.run(self.bin_dir / "createdb", *address, "-U", "postgres", name)
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{name}"
+
     def stop(self) -> None:
         """Stop at once: open connections are cut, as when the server goes down."""
         self.run(self.bin_dir / "pg_ctl", "-D", self.data / "db", "-m", "fast", "-w", "stop")
@@ -82,9 +88,7 @@ def postgres_server(database: str = "hub") -> Iterator[LocalPostgres]:
         server.run(bin_dir / "initdb", "-D", data / "db", "-A", "trust", "-U", "postgres")
         server.start()
         try:
-            address = ["-h", "127.0.0.1", "-p", str(server.port)]
-            server.run(bin_dir / "createdb", *address, "-U", "postgres", database)
-            server.url = f"postgresql+psycopg2://postgres@127.0.0.1:{server.port}/{database}"
+            server.url = server.create_database(database)
             yield server
         finally:
             if server.running:

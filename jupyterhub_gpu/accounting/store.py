@@ -22,6 +22,9 @@ it on the rows it writes (``revision``). Taking it locks the counter until the
 transaction commits, so writers take their numbers in the order they commit: a
 reader that has seen every row up to revision N has seen every write numbered N
 or less, whatever times those writes carry, and asks for what is newer.
+On PostgreSQL a write transaction that sits idle for ``HELD_WRITE_LIMIT`` (its
+process suspended or frozen mid-write) is ended by the server, so the counter is
+never held longer than that by a writer that no longer moves.
 
 A write the database refuses is not lost: the hub and the service keep it
 (``backlog.Backlog``) and write it later with ``write``, which applies each pod's
@@ -177,6 +180,11 @@ def _greatest(*values: Any) -> Any:
 
 #: how long a connection to a sqlite file waits for the other writer, in seconds
 _SQLITE_BUSY_WAIT = 10.0
+#: how long PostgreSQL lets a write transaction sit idle before it ends its session, in
+#: seconds. A writer holds the revision counter until it commits: one whose process is
+#: suspended, frozen or cut off mid-write would otherwise keep every other writer (the
+#: hub, the replica acting after it) waiting for as long as its connection stays open
+HELD_WRITE_LIMIT = 10.0
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
@@ -397,6 +405,12 @@ class UsageStore:
         begins the write), so revisions are committed in order."""
 
         def numbered(connection: Connection) -> Any:
+            if connection.dialect.name == "postgresql":
+                # for this transaction only: a read may rightly take longer than this
+                limit = int(HELD_WRITE_LIMIT * 1000)
+                connection.exec_driver_sql(
+                    f"SET LOCAL idle_in_transaction_session_timeout = {limit}"
+                )
             connection.execute(
                 update(revisions).where(revisions.c.id == 1).values(value=revisions.c.value + 1)
             )
