@@ -274,10 +274,20 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub, 
         "measured_gpu_hours",
         "utilised_gpu_hours",
         "utilised_coverage",
+        "account",
+        "billed_units",
+        "cost",
+        "currency",
     ]
     assert sum(float(r["gpu_hours"]) for r in table) == pytest.approx(
         mine["groups"][0]["gpu_hours"], abs=1e-3
     )
+    # a site that bills nothing: a unit per GPU-hour, no price, no account
+    for row in table:
+        assert (row["billed_units"], row["cost"], row["account"]) == (row["gpu_hours"], "", "")
+    assert mine["currency"] is None
+    assert mine["groups"][0]["billed_units"] == mine["groups"][0]["gpu_hours"]
+    assert mine["groups"][0]["cost"] is None
     status, bad = await get_json(time_hub, amy, "api/showback?month=November")
     assert (status, bad["message"]) == (
         400,

@@ -55,6 +55,9 @@ class GPUPolicy(Configurable):
         # traitlets would make an unset Dict {}: unset is off, {} is on with the defaults
         return _default("egress")
 
+    currency = Unicode(_default("currency"), allow_none=True, help=trait_help("currency")).tag(
+        config=True
+    )
     extra_labels = Dict(help=trait_help("extra_labels")).tag(config=True)
     adopted_servers_group = Unicode(
         _default("adopted_servers_group"),

@@ -14,9 +14,13 @@ from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, tzinfo
+from typing import TYPE_CHECKING
 
 from .usage import HOUR, UsageRecord, open_end
 from .utilisation import Coverage, Session
+
+if TYPE_CHECKING:
+    from .billing import Billing
 
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 #: the most points one history answer has (a year at one-hour steps is 8,760)
@@ -125,6 +129,10 @@ class Showback:
     utilised: dict[tuple[str, str, str], float] = field(default_factory=dict)
     #: which part of the range the utilisation covers (None: none was read)
     coverage: Coverage | None = None
+    #: of ``detail``, the billed units (every row) and the cost (the rows of priced
+    #: flavors only), each hour at the rate in force then (``billing``)
+    units: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    cost: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
 
 def showback(
@@ -134,16 +142,21 @@ def showback(
     now: float,
     running: Container[str] = (),
     utilisation: Mapping[str, float] | None = None,
+    billing: Billing | None = None,
 ) -> Showback:
     """GPU-hours used from ``since`` to ``until`` by group, by user and by flavor.
 
     ``utilisation``: each measured session's mean GPU utilisation (percent) in the
     range, by its record's uid (one pod's life: two pods of one name, one after the
     other, are two sessions); those sessions' hours are also counted as measured,
-    and as utilised in proportion."""
+    and as utilised in proportion. ``billing``: the rates the hours are billed at
+    (None: a unit per GPU-hour, no price)."""
     measured: dict[tuple[str, str, str], float] = {}
     utilised: dict[tuple[str, str, str], float] = {}
     detail: dict[tuple[str, str, str], float] = {}
+    units: dict[tuple[str, str, str], float] = {}
+    cost: dict[tuple[str, str, str], float] = {}
+    billed = billing.billed if billing is not None and billing.rates else None
     # ``budgets.used_seconds`` inlined, and each record's key made once: this loop runs
     # over every record of the month (~155,000 at 5,000 servers), where a call and
     # repeated lookups per record were most of the time. The arithmetic is the same,
@@ -167,12 +180,17 @@ def showback(
         key = (r.group, r.user, r.flavor or NO_FLAVOR)
         hours = seconds / HOUR
         detail[key] = get(key, 0.0) + hours
+        if billed is not None:
+            bill, price = billed(key[2], r.gpus, start, end)
+            units[key] = units.get(key, 0.0) + bill
+            if billing.priced(key[2]):  # type: ignore[union-attr]
+                cost[key] = cost.get(key, 0.0) + price
         if busy_of is not None:
             busy = busy_of(r.uid)
             if busy is not None:
                 measured[key] = measured.get(key, 0.0) + hours
                 utilised[key] = utilised.get(key, 0.0) + busy_hours(hours, busy)
-    return showback_of(since, until, detail, measured, utilised)
+    return showback_of(since, until, detail, measured, utilised, units if billed else None, cost)
 
 
 def busy_hours(hours: float, busy: float) -> float:
@@ -209,9 +227,11 @@ def showback_of(
     detail: dict[tuple[str, str, str], float],
     measured: dict[tuple[str, str, str], float],
     utilised: dict[tuple[str, str, str], float],
+    units: dict[tuple[str, str, str], float] | None = None,
+    cost: dict[tuple[str, str, str], float] | None = None,
 ) -> Showback:
     """The showback of GPU-hours by (group, user, flavor): with each group's, user's and
-    flavor's totals."""
+    flavor's totals; ``units`` None: a unit per GPU-hour."""
     groups: dict[str, float] = defaultdict(float)
     users: dict[tuple[str, str], float] = defaultdict(float)
     flavors: dict[tuple[str, str], float] = defaultdict(float)
@@ -220,7 +240,16 @@ def showback_of(
         users[(group, user)] += hours
         flavors[(group, flavor)] += hours
     return Showback(
-        since, until, dict(groups), dict(users), dict(flavors), detail, measured, utilised
+        since,
+        until,
+        dict(groups),
+        dict(users),
+        dict(flavors),
+        detail,
+        measured,
+        utilised,
+        units=dict(detail) if units is None else units,
+        cost=cost or {},
     )
 
 
@@ -231,5 +260,7 @@ def of_groups(result: Showback, groups: Container[str]) -> Showback:
     detail = {k: v for k, v in result.detail.items() if k[0] in groups}
     measured = {k: v for k, v in result.measured.items() if k[0] in groups}
     utilised = {k: v for k, v in result.utilised.items() if k[0] in groups}
-    part = showback_of(result.since, result.until, detail, measured, utilised)
+    units = {k: v for k, v in result.units.items() if k[0] in groups}
+    cost = {k: v for k, v in result.cost.items() if k[0] in groups}
+    part = showback_of(result.since, result.until, detail, measured, utilised, units, cost)
     return replace(part, coverage=result.coverage)

@@ -20,6 +20,7 @@ from collections.abc import Collection, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
 
+from .billing import Billing
 from .showback import (
     NO_FLAVOR,
     Showback,
@@ -48,8 +49,8 @@ def _previous_month(month: str) -> str:
 @dataclass(slots=True)
 class _MonthTally:
     """The closed records of one billing month: their GPU-hours, each entry ``[hours,
-    records]`` (the count says when an entry is empty again, whatever the rounding of
-    adding and taking away left), and their utilisation."""
+    billed units, cost, records]`` (the count says when an entry is empty again,
+    whatever the rounding of adding and taking away left), and their utilisation."""
 
     #: by group, then row: a member's answer reads its groups' only
     detail: dict[str, dict[Row, list]] = field(default_factory=dict)
@@ -81,8 +82,14 @@ class ShowbackTally:
     sees it ended).
     """
 
-    def __init__(self, zone: tzinfo = UTC, shared: Collection[str] = ()) -> None:
+    def __init__(
+        self, zone: tzinfo = UTC, shared: Collection[str] = (), billing: Billing | None = None
+    ) -> None:
         self.zone = zone
+        #: the rates hours are billed at: a record's units and cost are worked out as it
+        #: is summed, so the rates must not change while the tally lives (a new policy
+        #: is a new service, and a new tally)
+        self.billing = billing if billing is not None else Billing()
         #: the flavors whose GPUs are shared: a device's utilisation is all its sharers',
         #: so their sessions are never measured
         self.shared = frozenset(shared)
@@ -171,10 +178,11 @@ class ShowbackTally:
             self._closed[record.uid] = record
             self._add(record, 1)
 
-    def _months_of(self, record: UsageRecord) -> Iterator[tuple[str, float]]:
-        """Each month a closed record has GPU-hours in (not pruned), with those hours:
-        the arithmetic of ``showback``, step for step, so the hours added are the hours
-        taken away, and those ``showback`` adds."""
+    def _months_of(self, record: UsageRecord) -> Iterator[tuple[str, float, float, float]]:
+        """Each month a closed record has GPU-hours in (not pruned), with those hours,
+        their billed units and cost: the arithmetic of ``showback``, step for step, so
+        what is added is what is taken away, and what ``showback`` adds."""
+        billed = self.billing.billed if self.billing.rates else None
         end, start = record.ended, record.started
         if end is None or not end > start:
             return
@@ -190,20 +198,24 @@ class ShowbackTally:
                 hi = end if end < until else until
                 seconds = record.gpus * (hi - lo) if hi > lo else 0.0
                 if seconds > 0:
-                    yield month, seconds / HOUR
+                    hours = seconds / HOUR
+                    if billed is None:
+                        yield month, hours, hours, 0.0
+                    else:
+                        yield month, hours, *billed(record.flavor or NO_FLAVOR, record.gpus, lo, hi)
             month = _next_month(month)
 
     def _add(self, record: UsageRecord, sign: int) -> None:
         """Add (``sign`` 1) or take away (-1) a closed record in each month it has
         GPU-hours in: its hours, and its measured hours if its mean was final."""
         row = None
-        for month, hours in self._months_of(record):
+        for month, hours, units, cost in self._months_of(record):
             if row is None:
                 row = self._row(record)
             tally = self._months.get(month)
             if tally is None:
                 tally = self._months[month] = _MonthTally()
-            _count(tally.detail, row, sign, month, record, hours)
+            _count(tally.detail, row, sign, month, record, hours, units, cost)
             if sign > 0:
                 if (record.flavor or NO_FLAVOR) in self.shared:
                     tally.final[record.uid] = None  # never measured
@@ -330,18 +342,24 @@ class ShowbackTally:
         self._settle(now)
         tally = self._months.get(month)
         detail: dict[Row, float] = {}
+        units: dict[Row, float] = {}
+        cost: dict[Row, float] = {}
         measured: dict[Row, float] = {}
         utilised: dict[Row, float] = {}
         final: Container[str] = ()
+        priced = self.billing.priced
         if tally is not None:
             final = tally.final
-            for index, into in ((tally.detail, detail), (tally.measured, None)):
-                for entries in index.values() if groups is None else _owned(index, groups):
-                    for row, entry in entries.items():
-                        if into is not None:
-                            into[row] = entry[0]
-                        else:
-                            measured[row], utilised[row] = entry[0], entry[1]
+            index = tally.detail
+            for entries in index.values() if groups is None else _owned(index, groups):
+                for row, entry in entries.items():
+                    detail[row], units[row] = entry[0], entry[1]
+                    if priced(row[2]):
+                        cost[row] = entry[2]
+            index = tally.measured
+            for entries in index.values() if groups is None else _owned(index, groups):
+                for row, entry in entries.items():
+                    measured[row], utilised[row] = entry[0], entry[1]
         # the open records (the running servers, a few thousand at most): ``showback``
         # of them, their sessions measured with their means as given
         opens = [
@@ -358,9 +376,11 @@ class ShowbackTally:
             for r in opens
             if utilisation and r.uid in utilisation and (r.flavor or NO_FLAVOR) not in self.shared
         }
-        running_part = showback(opens, since, until, now, running, busy_open)
+        running_part = showback(opens, since, until, now, running, busy_open, self.billing)
         for into, part in (
             (detail, running_part.detail),
+            (units, running_part.units),
+            (cost, running_part.cost),
             (measured, running_part.measured),
             (utilised, running_part.utilised),
         ):
@@ -379,7 +399,7 @@ class ShowbackTally:
                 continue
             measured[row] = measured.get(row, 0.0) + hours
             utilised[row] = utilised.get(row, 0.0) + busy_hours(hours, busy)
-        return showback_of(since, until, detail, measured, utilised)
+        return showback_of(since, until, detail, measured, utilised, units, cost)
 
     def _summed(
         self,
@@ -399,7 +419,7 @@ class ShowbackTally:
             # the sessions that held a shared flavor
             sharing = {r.uid for r in records if (r.flavor or NO_FLAVOR) in self.shared}
             utilisation = {k: v for k, v in utilisation.items() if k not in sharing}
-        return showback(records, since, until, now, running, utilisation)
+        return showback(records, since, until, now, running, utilisation, self.billing)
 
 
 def _count(

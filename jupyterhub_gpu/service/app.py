@@ -406,6 +406,8 @@ class GPUService(ServiceViews, Application, service_settings.GPUService):
             (url_path_join(prefix, "api/capacity"), handlers.CapacityHandler),
             (url_path_join(prefix, "api/history"), handlers.HistoryHandler),
             (url_path_join(prefix, "api/showback"), handlers.ShowbackHandler),
+            (url_path_join(prefix, "api/invoice"), handlers.InvoiceHandler),
+            (url_path_join(prefix, "invoice"), handlers.InvoicePageHandler),
             (url_path_join(prefix, r"api/servers/([^/]+)/?([^/]*)"), handlers.ServerStatusHandler),
             (url_path_join(prefix, "metrics"), handlers.MetricsHandler),
             (url_path_join(prefix, "oauth_callback"), handlers.OAuthCallbackHandler),

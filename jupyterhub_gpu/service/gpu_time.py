@@ -412,7 +412,7 @@ class GPUTime:
         def build_books() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
             records, revision = self.store.snapshot(since, now)
             book = UsageBook(horizon=self.book.horizon)
-            tally = ShowbackTally(self.zone, shared_flavors(self.policy))
+            tally = ShowbackTally(self.zone, shared_flavors(self.policy), self.months.billing)
             fair = FairShareBook(self.policy) if self.policy.fair_share else None
             self._take(book, fair, records, now)
             put_rows(tally, records, now, now - book.horizon)

@@ -12,6 +12,9 @@
   service) reads ``api/usage``, ``api/history`` and ``api/showback`` as an admin
   does: every group. It counts for these JSON/CSV answers only, not for the
   dashboard page.
+- ``api/invoice?month=YYYY-MM[&format=csv]`` and the page ``invoice?month=``: a
+  month's GPU-hours, billed units and cost by account, group and flavor; for admins
+  and a token with ``custom:gpu-usage:read`` only.
 - ``metrics``: Prometheus text; needs a token with ``read:metrics`` unless
   ``GPUService.metrics_require_auth`` is false (the usage scope does not open it:
   the hub's own scope for metrics does, as for ``/hub/metrics``).
@@ -36,12 +39,13 @@ from ..accounting.store import AccountingUnavailable
 from ..core.quantities import QuantityError, parse_duration
 from ..core.selection import shown
 from ..core.showback import ShowbackError, month_bounds
+from .invoice_views import invoice_csv, invoice_json, invoice_page
 from .page import render_page
 from .readers import TooManyReads
 from .server_status import may_read
 from .tasks import redact_credentials
 from .time_views import showback_csv
-from .views import DATABASE_UNAVAILABLE, Viewer
+from .views import DATABASE_UNAVAILABLE, Viewer, is_policy_admin
 
 access_log = logging.getLogger("jupyterhub_gpu.service.access")
 
@@ -269,11 +273,7 @@ class ShowbackHandler(APIHandler):
         self.require_user()
         service = self.service
         viewer = self.viewer()
-        month = self.get_argument("month", None)
-        if month is None:
-            month = service.gpu_time.month_of(service.gpu_time.clock())
-        else:
-            month = month_argument(month, service.gpu_time.zone)
+        month = requested_month(self)
         output = self.get_argument("format", "json")
         if output not in ("json", "csv"):
             raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")
@@ -292,7 +292,7 @@ class ShowbackHandler(APIHandler):
         rendered = gpu_time.rendered.get((month, output)) if admin else None
         if rendered is None:
             if output == "csv":
-                rendered = showback_csv(month, result, viewer, admin, groups)
+                rendered = showback_csv(month, result, viewer, admin, groups, service.policy)
             else:
                 rendered = json.dumps(view)
             if admin:
@@ -306,6 +306,73 @@ class ShowbackHandler(APIHandler):
             self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.finish(rendered)
+
+
+def requested_month(handler: BaseHandler) -> str:
+    """The billing month a request asks for (``month``), else this one."""
+    gpu_time = handler.service.gpu_time
+    month = handler.get_argument("month", None)
+    if month is None:
+        return gpu_time.month_of(gpu_time.clock())
+    return month_argument(month, gpu_time.zone)
+
+
+async def month_showback(handler: BaseHandler, groups: set[str] | None) -> tuple[str, Any]:
+    """The month a request asks for and its showback of ``groups`` (None: all), or the
+    HTTP error that says what went wrong."""
+    month = requested_month(handler)
+    try:
+        return month, await handler.service.gpu_time.showback(month, groups)
+    except ShowbackError as e:
+        raise web.HTTPError(400, str(e)) from None
+    except AccountingUnavailable as e:
+        raise unavailable(e, handler.viewer()) from None
+
+
+def require_invoice_reader(handler: BaseHandler) -> None:
+    """Invoices are every account's: for admins (and a token with the usage scope)."""
+    if not is_policy_admin(handler.service.policy, handler.viewer()):
+        raise web.HTTPError(
+            403,
+            "invoices are for admins: log in as a hub or policy admin, or send a token "
+            "with the custom:gpu-usage:read scope",
+        )
+
+
+class InvoiceHandler(APIHandler):
+    """A month's GPU-hours, billed units and cost by account, group and flavor: JSON, or
+    ``format=csv``."""
+
+    async def get(self) -> None:
+        self.require_user()
+        output = self.get_argument("format", "json")
+        if output not in ("json", "csv"):
+            raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")
+        require_invoice_reader(self)
+        month, result = await month_showback(self, None)
+        service = self.service
+        self.set_header("Cache-Control", "no-store")
+        if output == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header(
+                "Content-Disposition", f'attachment; filename="gpu-invoice-{month}.csv"'
+            )
+            self.finish(invoice_csv(month, result, service.policy))
+        else:
+            zone = service.gpu_time.months.billing_timezone
+            self.write_json(invoice_json(month, zone, result, service.policy))
+
+
+class InvoicePageHandler(BaseHandler):
+    """The month's invoice as a printable page (one page per account)."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        require_invoice_reader(self)
+        month, result = await month_showback(self, None)
+        zone = self.service.gpu_time.months.billing_timezone
+        self.set_header("Cache-Control", "no-store")
+        self.finish(invoice_page(month, zone, result, self.service.policy))
 
 
 class ServerStatusHandler(APIHandler):

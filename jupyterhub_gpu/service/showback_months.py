@@ -32,6 +32,7 @@ from concurrent.futures import Executor
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from ..core.billing import Billing
 from ..core.budgets import UsageRecord
 from ..core.model import Policy
 from ..core.showback import Showback, month_bounds, of_groups, sessions_of, showback
@@ -135,7 +136,8 @@ class ShowbackMonths:
         self.shared = shared_flavors(policy)
         #: the book's records summed by billing month; changed and read on threads only,
         #: one step at a time (``_step``)
-        self.tally = ShowbackTally(self.zone, self.shared)
+        self.billing = Billing.of(policy)
+        self.tally = ShowbackTally(self.zone, self.shared, self.billing)
         #: the tally holds the records in memory (their first read is done)
         self.ready = False
         self._lock = asyncio.Lock()
@@ -314,7 +316,15 @@ class ShowbackMonths:
             utilisation, coverage = await self.utilisation(since, until, sessions, self.readers)
         # no session of a shared flavor was measured (``sessions_of``)
         result = await loop.run_in_executor(
-            self.readers, showback, records, since, until, now, running, utilisation
+            self.readers,
+            showback,
+            records,
+            since,
+            until,
+            now,
+            running,
+            utilisation,
+            self.billing,
         )
         if coverage is not None:
             result = dataclasses.replace(result, coverage=coverage)
@@ -363,6 +373,7 @@ class ShowbackMonths:
             budgets,
             self.policy.charged_groups,
             self.billing_timezone,
+            self.policy,
         )
         if admin and changes == self._changes:
             self.rendered[key] = view

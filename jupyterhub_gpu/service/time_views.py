@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from ..core.model import Policy
 from ..core.showback import Showback
 from .views import Viewer
 
@@ -23,15 +24,21 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
 
 
+#: the figures of a showback row, in order: GPU-hours, measured GPU-hours, utilised
+#: GPU-hours, billed units, cost
+FIGURES = 5
+
+
 def showback_rows(
     result: Showback, viewer: Viewer, admin: bool, groups: set[str] | None
-) -> list[tuple[str, str, str, float, float, float]]:
-    """(group, user, flavor, GPU-hours, measured GPU-hours, utilised GPU-hours) rows
-    this viewer may see."""
+) -> list[tuple]:
+    """(group, user, flavor, GPU-hours, measured GPU-hours, utilised GPU-hours, billed
+    units, cost) rows this viewer may see."""
     # one pass in the records' order, then sorted: an admin's month has a row per user
     # and flavor (10,000 at 5,000 users), so no per-row function calls or inner loops
     rows: dict[tuple[str, str, str], list[float]] = {}
     measured, utilised = result.measured.get, result.utilised.get
+    units, cost = result.units.get, result.cost.get
     name = viewer.name
     for key, hours in result.detail.items():
         group, user, flavor = key
@@ -39,12 +46,12 @@ def showback_rows(
             continue
         shown = key if admin or user == name else (group, OTHERS, flavor)
         row = rows.get(shown)
+        figures = (hours, measured(key, 0.0), utilised(key, 0.0), units(key, hours), cost(key, 0.0))
         if row is None:
-            rows[shown] = [0.0 + hours, 0.0 + measured(key, 0.0), 0.0 + utilised(key, 0.0)]
+            rows[shown] = [0.0 + figure for figure in figures]
         else:
-            row[0] += hours
-            row[1] += measured(key, 0.0)
-            row[2] += utilised(key, 0.0)
+            for i, figure in enumerate(figures):
+                row[i] += figure
     return [(*key, *rows[key]) for key in sorted(rows)]
 
 
@@ -55,35 +62,38 @@ def _sums(rows, first: int, second: int) -> dict:
         key = (row[first], row[second])
         total = sums.get(key)
         if total is None:
-            sums[key] = [0.0 + row[3], 0.0 + row[4], 0.0 + row[5]]
+            sums[key] = [0.0 + figure for figure in row[3:]]
         else:
-            total[0] += row[3]
-            total[1] += row[4]
-            total[2] += row[5]
+            for i, figure in enumerate(row[3:]):
+                total[i] += figure
     return sums
 
 
-def _hours(values: list[float]) -> dict[str, float | None]:
-    used, measured, utilised = values
+def _hours(values: list[float], currency: str | None) -> dict[str, float | None]:
+    used, measured, utilised, units, cost = values
     return {
         "gpu_hours": round(used, 4),
         # allocated versus utilised, where the GPUs' utilisation was measured (DCGM)
         "measured_gpu_hours": round(measured, 4) if measured else None,
         "utilised_gpu_hours": round(utilised, 4) if measured else None,
+        # each hour at its flavor's rate in force then
+        "billed_units": round(units, 4),
+        "cost": round(cost, 2) if currency is not None else None,
     }
 
 
 def group_totals(
     result: Showback, groups: set[str] | None, charged: Callable[[str], Iterable[str]]
 ) -> dict[str, list[float]]:
-    """Each visible group's (GPU-hours, measured, utilised), its children's included:
+    """Each visible group's figures (``FIGURES``), its children's included:
     a server counts for its group and every parent above it (``charged``), as budgets
     and history count it. A parent's member sees the parent's total even where the
     children's rows are not theirs to read."""
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * FIGURES)
     # the groups a group's use counts for, worked out once per group, not per row
     targets: dict[str, list[list[float]]] = {}
     measured, utilised = result.measured.get, result.utilised.get
+    units, cost = result.units.get, result.cost.get
     for key, hours in result.detail.items():
         into = targets.get(key[0])
         if into is None:
@@ -91,11 +101,14 @@ def group_totals(
                 sums[g] for g in charged(key[0]) if groups is None or g in groups
             ]
         if into:
-            m, u = measured(key, 0.0), utilised(key, 0.0)
+            figures = (hours, measured(key, 0.0), utilised(key, 0.0), units(key, hours))
+            spent = cost(key, 0.0)
             for total in into:
-                total[0] += hours
-                total[1] += m
-                total[2] += u
+                total[0] += figures[0]
+                total[1] += figures[1]
+                total[2] += figures[2]
+                total[3] += figures[3]
+                total[4] += spent
     return {g: v for g, v in sums.items()}
 
 
@@ -128,23 +141,36 @@ def showback_json(
     budgets: dict[str, Any],
     charged: Callable[[str], Iterable[str]] = lambda group: (group,),
     timezone: str = "UTC",
+    policy: Policy | None = None,
 ) -> dict[str, Any]:
     rows = showback_rows(result, viewer, admin, groups)
     by_group = group_totals(result, groups, charged)
     by_user = _sums(rows, 0, 1)
     by_flavor = _sums(rows, 0, 2)
+    currency = policy.currency if policy is not None else None
     return {
         "month": month,
         # the billing time zone the month's bounds are taken in
         "timezone": timezone,
         "from": _iso(result.since),
         "to": _iso(result.until),
+        # what ``cost`` is in (None: the site prices no flavor)
+        "currency": currency,
         "groups": [
-            {"group": g, **_hours(by_group[g]), "budget": budgets.get(g)} for g in sorted(by_group)
+            {
+                "group": g,
+                "account": account_of(policy, g),
+                **_hours(by_group[g], currency),
+                "budget": budgets.get(g),
+            }
+            for g in sorted(by_group)
         ],
-        "users": [{"group": g, "user": u, **_hours(by_user[g, u])} for g, u in sorted(by_user)],
+        "users": [
+            {"group": g, "user": u, **_hours(by_user[g, u], currency)} for g, u in sorted(by_user)
+        ],
         "flavors": [
-            {"group": g, "flavor": f, **_hours(by_flavor[g, f])} for g, f in sorted(by_flavor)
+            {"group": g, "flavor": f, **_hours(by_flavor[g, f], currency)}
+            for g, f in sorted(by_flavor)
         ],
         # a utilised figure with holes in its data says so, instead of under-reporting
         "utilised_coverage": coverage_json(result),
@@ -161,11 +187,25 @@ def _cell(text: str) -> str:
     return f"'{text}" if text.startswith(_FORMULA_STARTS) else text
 
 
+def account_of(policy: Policy | None, group: str) -> str | None:
+    """The account a group's use is billed to (its own or a parent's); None for none,
+    or for a group the policy no longer has."""
+    if policy is None or policy.find_group(group) is None:
+        return None
+    return policy.account_of(group)
+
+
 def showback_csv(
-    month: str, result: Showback, viewer: Viewer, admin: bool, groups: set[str] | None
+    month: str,
+    result: Showback,
+    viewer: Viewer,
+    admin: bool,
+    groups: set[str] | None,
+    policy: Policy | None = None,
 ) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    currency = policy.currency if policy is not None else None
     writer.writerow(
         [
             "month",
@@ -176,15 +216,24 @@ def showback_csv(
             "measured_gpu_hours",
             "utilised_gpu_hours",
             "utilised_coverage",
+            # added after the others: a spreadsheet reading the first columns reads on
+            "account",
+            "billed_units",
+            "cost",
+            "currency",
         ]
     )
     coverage = result.coverage
     # every row carries it: a spreadsheet's filtered rows still say what they cover
     covers = "" if coverage is None else (coverage.note() or "complete")
-    for group, user, flavor, hours, measured, utilised in showback_rows(
+    accounts: dict[str, str] = {}
+    for group, user, flavor, hours, measured, utilised, units, cost in showback_rows(
         result, viewer, admin, groups
     ):
         known = measured > 0
+        account = accounts.get(group)
+        if account is None:
+            account = accounts[group] = account_of(policy, group) or ""
         writer.writerow(
             [
                 month,
@@ -195,6 +244,10 @@ def showback_csv(
                 f"{measured:.4f}" if known else "",
                 f"{utilised:.4f}" if known else "",
                 covers if known else "",
+                _cell(account),
+                f"{units:.4f}",
+                f"{cost:.2f}" if currency is not None else "",
+                currency or "",
             ]
         )
     return out.getvalue()

@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jupyterhub_gpu.core.model import parse_policy
+from jupyterhub_gpu.core.billing import Billing
+from jupyterhub_gpu.core.model import Rate, parse_policy
 from jupyterhub_gpu.core.showback import (
     NO_FLAVOR,
     month_bounds,
@@ -43,7 +44,7 @@ FAMILIES = [None, {"faculty", "lab", "course"}, {"lab"}, {"course"}, {"other"}]
 ZONES = ["UTC", "Europe/Berlin", "America/Sao_Paulo", "Australia/Lord_Howe", "America/Santiago"]
 
 
-def expected(records, month, zone, now, running, busy, groups, shared):
+def expected(records, month, zone, now, running, busy, groups, shared, billing=None):
     """What the service answers from the usage database's records: ``showback`` over
     every record, the sessions of a shared flavor unmeasured."""
     since, until = month_bounds(month, zone)
@@ -54,16 +55,31 @@ def expected(records, month, zone, now, running, busy, groups, shared):
     if busy and shared:
         sharing = {r.uid for r in records if (r.flavor or NO_FLAVOR) in shared}
         busy = {k: v for k, v in busy.items() if k not in sharing}
-    return showback(records, since, until, now, running, busy)
+    return showback(records, since, until, now, running, busy, billing)
 
 
 def same(got, want) -> None:
     assert (got.since, got.until) == (want.since, want.until)
-    for name in ("groups", "users", "flavors", "detail", "measured", "utilised"):
+    for name in ("groups", "users", "flavors", "detail", "measured", "utilised", "units", "cost"):
         mine, theirs = getattr(got, name), getattr(want, name)
         assert mine.keys() == theirs.keys(), name
         for key, value in theirs.items():
             assert mine[key] == pytest.approx(value, rel=1e-9, abs=1e-9), (name, key)
+
+
+def rates_changing(begin: float) -> Billing:
+    """a100 at three rates (changing 10 and 40 days after ``begin``), mig at one."""
+    return Billing(
+        {
+            "a100": (
+                Rate(weight=2.0, price=3.5),
+                Rate(since=begin + 10 * DAY, weight=2.5, price=4.25),
+                Rate(since=begin + 40 * DAY, weight=1.5, price=2.0),
+            ),
+            "mig": (Rate(weight=0.2, price=0.5),),
+        },
+        "EUR",
+    )
 
 
 def months_around(start: float, end: float, zone) -> list[str]:
@@ -83,7 +99,11 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
     begin = datetime(2026, rng.randrange(1, 12), rng.randrange(1, 28), tzinfo=zone).timestamp()
     now = begin
     shared = rng.choice(((), {"mig"}))  # the policy's shared flavors
-    book, tally = UsageBook(horizon=400 * DAY), ShowbackTally(zone, shared)
+    # odd seeds: rates that change twice inside the quarter (a server's hours across a
+    # change are billed at each rate in force then); even: none (a unit per GPU-hour)
+    billing = Billing() if seed % 2 == 0 else rates_changing(begin)
+    book = UsageBook(horizon=400 * DAY)
+    tally = ShowbackTally(zone, shared, billing)
     pods = [f"ns/jupyter-{i}" for i in range(12)]
     serial = 0
     #: each session's mean utilisation (None: no samples), as the chunks would give it
@@ -150,7 +170,7 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
             groups = rng.choice(FAMILIES)
             for month in months_around(begin, now, zone):
                 args = (month, now, running, busy, groups)
-                want = expected(every, month, zone, *args[1:], shared)
+                want = expected(every, month, zone, *args[1:], shared, billing)
                 same(tally.showback(*args), want)
                 # the sessions still to measure: those showback uses, less the final ones
                 since, until = month_bounds(month, zone)
@@ -170,7 +190,7 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
                 same(tally.showback(*args), want)
                 # the clock gone back: every record summed
                 back = now - rng.uniform(1, 5 * DAY)
-                want = expected(every, month, zone, back, running, busy, groups, shared)
+                want = expected(every, month, zone, back, running, busy, groups, shared, billing)
                 same(tally.showback(month, back, running, busy, groups), want)
                 want_sessions = sessions_of(mine, since, min(until, back), back, running, shared)
                 unmeasured = tally.unmeasured(month, back, groups)

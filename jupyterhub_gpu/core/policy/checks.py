@@ -10,6 +10,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Mapping
+from datetime import UTC, date, datetime
 from typing import Any
 
 from .schema import Errors
@@ -146,6 +147,31 @@ def cidrs(e: Errors, path: str, raw: Any) -> tuple[str, ...]:
         else:
             networks.append(str(network))
     return tuple(networks)
+
+
+def moment(e: Errors, path: str, raw: Any) -> float | None:
+    """A moment, as epoch seconds: an ISO 8601 date and time with its offset
+    (``2026-12-01T00:00:00+01:00``), or a date alone (midnight UTC)."""
+    value = raw
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            # a date alone is a date (fromisoformat would make it a time without offset)
+            value = date.fromisoformat(text) if len(text) == 10 else datetime.fromisoformat(text)
+        except ValueError:
+            value = None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            e.add(path, f"give the time's offset, e.g. {value.isoformat()}+01:00 or Z, got {raw!r}")
+            return None
+        return value.timestamp()
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC).timestamp()
+    e.add(
+        path,
+        f"expected a date like 2026-12-01 or a time like 2026-12-01T00:00:00+01:00, got {raw!r}",
+    )
+    return None
 
 
 # ---- after a key's type: Key(check=f), f(e, path, value, written) -----------------

@@ -180,7 +180,34 @@ FLAVOR = section(
     _DISPLAY_NAME,
     Key("node_selector", Labels(), "node labels its servers' pods must run on (merged)", {}),
     Key("runtime_class_name", Text(), "the RuntimeClass its servers' pods run with"),
+    Key(
+        "billing",
+        KeyType(doc="mapping, or list of mappings"),
+        "what an hour of it is billed: `{weight, price}`, or such rates each `from` a date",
+        null_unset=True,
+    ),
     help="Every flavor's keys, whatever its kind.",
+)
+RATE = section(
+    "flavors.<name>.billing",
+    Key(
+        "weight",
+        Quantity(parse=parse_number, doc="number > 0"),
+        "billed units per GPU-equivalent-hour",
+        1,
+        check=checks.positive,
+    ),
+    Key(
+        "price",
+        Quantity(parse=parse_number, doc="number ≥ 0"),
+        "money per GPU-equivalent-hour, in `GPUPolicy.currency`",
+    ),
+    Key(
+        "from",
+        Checked(check=checks.moment, doc="date, or date and time with offset"),
+        "when the rate begins (every rate of a list but the first)",
+    ),
+    help="A list of rates bills each hour at the rate in force then, never again at a later one.",
 )
 
 # ---- profiles ---------------------------------------------------------------------
@@ -375,6 +402,12 @@ GROUP = section(
     Key("max_runtime", DURATION, "servers are stopped after this long", null_unset=True),
     Key("queue", Text(), "its scheduler queue", Derived("the group's name")),
     Key("parent", Text(), "the group whose quota, limit and budget cap it and its siblings"),
+    Key(
+        "account",
+        Text(),
+        "the cost centre or grant code its use is billed to",
+        Derived("its parent's"),
+    ),
     _DISPLAY_NAME,
     Key(
         "priority_class",
@@ -497,6 +530,7 @@ __all__ = [
     "OPTIONS",
     "PER_USER",
     "PROFILE",
+    "RATE",
     "SCHEDULER",
     "SCHEDULERS",
     "UNLISTED_CHOICE",

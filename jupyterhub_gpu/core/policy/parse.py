@@ -31,6 +31,7 @@ from .types import (
     Dataset,
     Egress,
     FairShare,
+    Flavor,
     Group,
     Interface,
     Policy,
@@ -129,6 +130,8 @@ def parse_policy(*, prefix: str = PREFIX, **settings: Any) -> Policy:
         )
     adopted_servers_preemptible = r["adopted_servers_preemptible"]
     parsed_fair_share = parse_fair_share(e, r["fair_share"])
+    currency = r["currency"]
+    _check_prices(e, currency, parsed_flavors)
     _check_dataset_mounts(e, parsed_groups, every, parsed_datasets)
     _check_interfaces(e, parsed_interfaces, parsed_profiles, [*parsed_groups.values(), every])
     if e.items:
@@ -150,7 +153,26 @@ def parse_policy(*, prefix: str = PREFIX, **settings: Any) -> Policy:
         datasets=parsed_datasets,
         adopt_namespaces=adopted,
         egress=parsed_egress,
+        currency=currency,
     )
+
+
+def _check_prices(e: Errors, currency: str | None, flavors: Mapping[str, Flavor]) -> None:
+    """Prices need their currency, and once one flavor has a price every flavor needs
+    one: an hour without a price would cost nothing on the invoice."""
+    priced = [n for n, f in flavors.items() if f.billing and f.billing[0].price is not None]
+    if priced and currency is None:
+        e.add(
+            f"flavors.{priced[0]}.billing.price",
+            "a price needs its currency: set GPUPolicy.currency (e.g. EUR)",
+        )
+    for name in flavors if priced else ():
+        if name not in priced:
+            e.add(
+                f"flavors.{name}.billing",
+                f"every flavor needs a price once one has ({priced[0]} has): add "
+                "billing: {price: ...}",
+            )
 
 
 _SCHEDULER_DEFAULTS = {

@@ -29,6 +29,7 @@ from .keys import (
     OPTIONS,
     PER_USER,
     PROFILE,
+    RATE,
     SCHEDULER,
     UNLISTED_CHOICE,
 )
@@ -38,7 +39,7 @@ from .settings import SETTINGS
 #: the sections inside each setting, in the order the reference shows them
 SECTIONS: dict[str, tuple[Section, ...]] = {
     "scheduler": (SCHEDULER,),
-    "flavors": (FLAVOR, *FLAVOR_KINDS.values()),
+    "flavors": (FLAVOR, RATE, *FLAVOR_KINDS.values()),
     "profiles": (PROFILE, GPU_REQUEST, OPTIONS, OPTION, UNLISTED_CHOICE),
     "groups": (GROUP, AMOUNTS, PER_USER, BUDGET, IDLE),
     "fair_share": (FAIR_SHARE,),

@@ -10,6 +10,7 @@ why). Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +31,7 @@ from .keys import (
     OPTION,
     OPTIONS,
     PROFILE,
+    RATE,
     UNLISTED_CHOICE,
 )
 from .schema import Errors, Reader
@@ -44,6 +46,7 @@ from .types import (
     Interface,
     Option,
     Profile,
+    Rate,
 )
 
 # what a group's name must be to serve as a label value, a queue and a namespace suffix
@@ -67,6 +70,7 @@ def parse_flavor(e: Errors, name: str, raw: Any, scheduler: str) -> Flavor | Non
         "display_name": r["display_name"] or name,
         "node_selector": r["node_selector"],
         "runtime_class_name": r["runtime_class_name"],
+        "billing": parse_billing(e, f"{path}.billing", r["billing"]),
     }
     if kind == "gpu":
         # a DeviceClass whose extendedResourceName is this resource: a DRA driver serves
@@ -117,6 +121,57 @@ def parse_flavor(e: Errors, name: str, raw: Any, scheduler: str) -> Flavor | Non
         dra_equivalents=r["gpu_equivalents"],
         **common,
     )
+
+
+def parse_billing(e: Errors, path: str, raw: Any) -> tuple[Rate, ...]:
+    """A flavor's rates, oldest first: one mapping (in force always), or a list whose
+    every rate but the first begins ``from`` a moment later than the one before."""
+    if raw is None:
+        return ()
+    listed = isinstance(raw, list)
+    if not listed and not isinstance(raw, Mapping):
+        e.add(
+            path,
+            f"expected a mapping like {{weight: 2, price: 3.5}} or a list of them, got {raw!r}",
+        )
+        return ()
+    if listed and not raw:
+        e.add(path, "expected at least one rate, e.g. [{weight: 2, price: 3.5}]")
+        return ()
+    rates: list[Rate] = []
+    for i, item in enumerate(raw if listed else [raw]):
+        where = f"{path}[{i}]" if listed else path
+        r = Reader(e, where, item, RATE)
+        since = r["from"]
+        if i == 0:
+            if "from" in r:
+                e.add(
+                    f"{where}.from",
+                    "the first rate is in force from the start: remove from, or list "
+                    "the rate before it first",
+                )
+            since = -math.inf
+        elif "from" not in r:
+            e.add(f"{where}.from", "required: when this rate begins (e.g. 2026-12-01)")
+            continue
+        if since is None:
+            continue
+        if rates and since <= rates[-1].since:
+            e.add(
+                f"{where}.from",
+                "expected a moment after the rate before it: list rates oldest first",
+            )
+            continue
+        weight, price = r["weight"], r["price"]
+        if weight is None:
+            continue
+        rates.append(
+            Rate(since=since, weight=float(weight), price=None if price is None else float(price))
+        )
+    priced = {rate.price is not None for rate in rates}
+    if len(priced) > 1:
+        e.add(path, "give every rate a price, or none: an hour without one would cost nothing")
+    return tuple(rates)
 
 
 def _mig(e: Errors, path: str, r: Reader, common: dict[str, Any]) -> Flavor | None:
@@ -386,6 +441,7 @@ def parse_group(
         ),
         datasets=parse_names(e, f"{path}.datasets", r["datasets"], datasets or {}, "dataset") or (),
         when_full=r["when_full"],
+        account=r["account"],
     )
 
 

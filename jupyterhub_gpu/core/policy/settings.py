@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import checks
 from .keys import WHEN_FULL
-from .schema import Choice, Flag, Key, KeyType, Labels, section
+from .schema import Choice, Flag, Key, KeyType, Labels, Text, section
 
 _MAPPING = "mapping: name → {}"
 
@@ -113,6 +113,20 @@ SETTINGS = section(
         arrival order breaks ties, and a server that has waited longer than
         ``max_wait`` goes first whatever its standing, so nobody waits for ever.
         Unset (the default): the line is first come, first served.
+        """,
+    ),
+    Key(
+        "currency",
+        Text(),
+        "the currency of the flavors' prices, e.g. `EUR`",
+        details="""
+        Required once a flavor has a ``price``. A flavor's ``billing`` gives what an
+        hour of one GPU-equivalent of it is billed: ``weight`` billed units (1
+        unless set, so a site that bills nothing sees billed units equal to
+        GPU-hours) and a ``price`` in this currency. Showback and the invoice give
+        each group's GPU-hours, billed units and cost, and bill each hour at the
+        rate in force then: a list of rates, each ``from`` a date, changes the
+        rate for the hours after it and never the hours before.
         """,
     ),
     Key(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,17 @@ def selected_mig_slices(selectors: Iterable[str]) -> int | None:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """What an hour of a flavor is billed from ``since`` (epoch seconds; -inf: always)
+    until the flavor's next rate: ``weight`` billed units and ``price`` (in
+    ``GPUPolicy.currency``; None: not priced) per GPU-equivalent-hour."""
+
+    since: float = -math.inf
+    weight: float = 1.0
+    price: float | None = None
+
+
+@dataclass(frozen=True)
 class Flavor:
     name: str
     kind: str
@@ -94,6 +106,9 @@ class Flavor:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     runtime_class_name: str | None = None
+    #: what an hour of it is billed, oldest rate first (empty: 1 unit per
+    #: GPU-equivalent-hour, no price)
+    billing: tuple[Rate, ...] = ()
 
     @property
     def node_resource(self) -> str | None:
@@ -356,6 +371,9 @@ class Group:
     #: what its members' spawns do when a cap (its own or a parent's) is reached:
     #: "refuse" or "wait"; None: its parent's setting, else ``GPUPolicy.when_full``
     when_full: str | None = None
+    #: the cost centre or grant code its use is billed to (None: its parent's, else
+    #: none)
+    account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -447,6 +465,8 @@ class Policy:
     adopt_namespaces: tuple[str, ...] = ()
     #: what servers in group namespaces may connect to (None: not restricted)
     egress: Egress | None = None
+    #: the currency flavors' prices are in (None: no flavor is priced)
+    currency: str | None = None
     #: what selection.offers computes per (group, profile): a pure function of the
     #: policy, kept with it (not an init field: dataclasses.replace starts afresh)
     offer_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -482,6 +502,14 @@ class Policy:
             chain.append(group)
             current = group.parent
         return chain
+
+    def account_of(self, name: str) -> str | None:
+        """The cost centre group ``name``'s use is billed to: its own ``account`` or
+        its nearest parent's; None: none is set."""
+        for group in self.ancestors(name):
+            if group.account is not None:
+                return group.account
+        return None
 
     def when_full_of(self, name: str) -> str:
         """What a spawn charged to group ``name`` does when a cap is reached, its own
