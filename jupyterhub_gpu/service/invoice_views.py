@@ -18,8 +18,8 @@ from ..core.model import Policy
 from ..core.showback import Showback
 from .time_views import _cell, _iso, account_of
 
-#: how an invoice names the use of groups that name no account
-NO_ACCOUNT = "(no account)"
+#: the heading of the use of groups that name no account (nor do their parents)
+NO_ACCOUNT = "Groups without an account"
 
 
 def invoice_lines(result: Showback, policy: Policy) -> list[AccountLines]:
@@ -131,10 +131,10 @@ def invoice_page(month: str, timezone: str, result: Showback, policy: Policy) ->
             f'<td class="num">{total.billed_units:,.2f}</td>'
             f'<td class="num">{escape(_money(total.cost, currency))}</td></tr>'
         )
-        title = lines.account if lines.account is not None else NO_ACCOUNT
+        title = f"Account {lines.account}" if lines.account is not None else NO_ACCOUNT
         sections.append(
             f'<section data-account="{escape(lines.account or "")}">'
-            f"<h2>Account {escape(title)}</h2>"
+            f"<h2>{escape(title)}</h2>"
             "<table><thead><tr><th>Group</th><th>GPU type</th>"
             '<th class="num">GPU-hours</th><th class="num">Billed units</th>'
             f'<th class="num">Cost</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'

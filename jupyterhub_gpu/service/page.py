@@ -16,6 +16,7 @@ from typing import Any
 
 from ..core import words
 from .fair_share import fair_share_section
+from .showback_page import showback_section
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem;color:#1d2430;
@@ -494,65 +495,8 @@ def gpu_time_section(view: dict[str, Any]) -> str:
             f'<p class="muted">and {view["charts_hidden"]} more groups: '
             "api/history?group=NAME gives any of them</p>"
         )
-    parts.append(showback_section(view.get("showback")))
+    parts.append(showback_section(view.get("showback"), view.get("admin", False)))
     return "".join(parts)
-
-
-def showback_section(showback: dict[str, Any] | None) -> str:
-    if not showback:
-        return ""
-    month = showback["month"]
-    rows = []
-    per_flavor: dict[str, list[str]] = {}
-    for item in showback["flavors"]:
-        per_flavor.setdefault(item["group"], []).append(
-            f"{item['flavor']} {words.number(item['gpu_hours'], grouped=True)}"
-        )
-    for item in showback["groups"]:
-        budget = item.get("budget")
-        cap = words.number(budget["budget"], grouped=True) if budget else ""
-        busy = ""
-        if item.get("measured_gpu_hours"):
-            busy = "{} of {}".format(
-                *words.numbers(
-                    [item["utilised_gpu_hours"], item["measured_gpu_hours"]], grouped=True
-                )
-            )
-        rows.append(
-            f"<tr><td>{escape(item['group'])}</td>"
-            f'<td class="num">{words.number(item["gpu_hours"], grouped=True)}</td>'
-            f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
-            f'<td class="num">{busy}</td><td class="num">{cap}</td></tr>'
-        )
-    users = [
-        f"<tr><td>{escape(u['group'])}</td><td>{escape(u['user'])}</td>"
-        f'<td class="num">{words.number(u["gpu_hours"], grouped=True)}</td></tr>'
-        for u in sorted(showback["users"], key=lambda u: -u["gpu_hours"])[:50]
-    ]
-    link = f"api/showback?month={month}&amp;format=csv"
-    coverage = showback.get("utilised_coverage") or {}
-    note = (
-        f'<p class="muted coverage">{escape(coverage["note"])}</p>' if coverage.get("note") else ""
-    )
-    return (
-        f"<h2>Showback for {escape(month)}</h2>"
-        f'<p><a href="{link}" download>Download CSV</a> (GPU-hours by group, user and flavor)</p>'
-        + note
-        + (
-            '<table class="showback"><tr><th>Group</th><th class="num">GPU-hours</th>'
-            '<th>By flavor</th><th class="num" title="GPU-hours the GPUs were busy, of those '
-            'whose utilisation was measured (DCGM)">Busy GPU-hours</th>'
-            '<th class="num">Budget</th></tr>' + "".join(rows) + "</table>"
-            if rows
-            else '<p class="muted">No GPU use this month.</p>'
-        )
-        + (
-            '<h3>By user</h3><table class="showback-users"><tr><th>Group</th><th>User</th>'
-            '<th class="num">GPU-hours</th></tr>' + "".join(users) + "</table>"
-            if users
-            else ""
-        )
-    )
 
 
 def render_page(view: dict[str, Any], title: str = "GPU usage") -> str:

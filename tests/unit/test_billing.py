@@ -265,7 +265,7 @@ def test_the_printable_invoice_has_a_section_per_account_with_its_total():
     page = invoice_page(MONTH, "Europe/Berlin", month_showback(), POLICY)
     assert page.count("<section") == 3
     assert "<h2>Account CC-100</h2>" in page
-    assert "<h2>Account (no account)</h2>" in page
+    assert "<h2>Groups without an account</h2>" in page
     assert "1,230.00 EUR" in page  # CC-100's total
     assert "H200" in page  # flavors by the names users see
     assert "billing time zone Europe/Berlin" in page
