@@ -40,7 +40,7 @@ from jupyterhub_gpu.core.capacity import FlavorCapacity, flavor_capacity  # noqa
 from jupyterhub_gpu.core.dra import DraInventory, pod_allocation  # noqa: E402
 from jupyterhub_gpu.core.exits import ContainerExit, exit_message  # noqa: E402
 from jupyterhub_gpu.core.fairshare import Standing, Waiter, place, standing_line  # noqa: E402
-from jupyterhub_gpu.core.model import Idle, PolicyError, parse_policy  # noqa: E402
+from jupyterhub_gpu.core.model import Budget, Idle, PolicyError, parse_policy  # noqa: E402
 from jupyterhub_gpu.core.pending import (  # noqa: E402
     explain_unschedulable,
     kueue_queue_line,
@@ -201,6 +201,12 @@ DRA = parse_policy(
 )
 
 
+#: a budget of 500 billed units a month (each hour at its flavor's weight)
+IN_UNITS = Budget(
+    gpu_hours=None, units=Fraction(500), period=30 * 86400, when_exhausted="stop", grace=900
+)
+
+
 def _dra_claim(pod_uid: str, *devices: str) -> dict[str, Any]:
     """A claim of the pod ``pod_uid``, allocated ``devices`` of the H200 node."""
     results = [
@@ -342,6 +348,14 @@ def spawn_refusals() -> Section:
         (
             "a `stop` budget too low for every server's grace",
             grace_refusal("Research", budget, 0.5, 2.0, 1.0),
+        ),
+        (
+            "a used-up budget in billed units",
+            used_up_refusal("Research", 500.0, IN_UNITS, (NOW + 86400 + 600, 37.5)),
+        ),
+        (
+            "a `stop` budget in billed units too low for every server's grace",
+            grace_refusal("Research", IN_UNITS, 1.25, 2.0, 1.0, 1.875),
         ),
         ("the usage database unavailable", BUDGETS_UNCHECKED),
     ]

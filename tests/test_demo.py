@@ -10,6 +10,8 @@ listening sockets).
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -184,6 +187,70 @@ async def test_the_service_shows_the_course_groups_gpu_hours_and_budget(demo):
     assert hours["budget"] == 0.025
     assert hours["period_seconds"] == 3600
     assert hours["used"] >= 0
+
+
+@pytest.mark.k8s
+@pytest.mark.hub
+async def test_the_demo_bills_its_priced_flavors_and_prints_the_admins_invoice(browser, demo):
+    """The demo's flavors are priced (an H200 above an A100 and its MIG slices) and its
+    groups name accounts: the admin's showback bills each row at its flavor's rate, the
+    dashboard gives each group's account, billed units and cost, and the invoice prints
+    one page per account."""
+    from jupyterhub_gpu.accounting.store import UsageStore
+    from jupyterhub_gpu.core.usage import UsageRecord
+
+    policy = plan_demo().policy
+    rates = {name: f.billing[-1] for name, f in policy.flavors.items()}
+    assert rates["h200"].price > rates["a100"].price > rates["mig-1g5"].price
+    assert rates["h200"].weight > rates["a100"].weight > rates["mig-1g5"].weight
+    words = " ".join(demo.output.split())
+    assert "Chargeback: an hour of one GPU-equivalent is billed NVIDIA H200 NVL 2.5" in words
+    # an hour of research-2 on an A100 this month, written as the hub would have
+    now = time.time()
+    month_start = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0).timestamp()
+    started = max(month_start, now - 3600)
+    store = UsageStore(f"sqlite:///{demo.cluster_dir / 'jupyterhub-gpu-usage.sqlite'}")
+    record = UsageRecord(
+        "demo-billing-test", "demo-billing/jupyter-research-2", "research-2", "research",
+        "research", "a100", 1.0, started, now - 60, now - 60,
+    )  # fmt: skip
+    await asyncio.to_thread(store.open, [record])
+    store.dispose()
+    token = printed(demo, r"^\s+export JUPYTERHUB_API_TOKEN=(\w+)$")
+
+    async def billed_rows():
+        request = urllib.request.Request(
+            f"{demo.url}/services/gpu/api/showback?format=csv",
+            headers={"Authorization": f"token {token}"},
+        )
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=30).read())
+        rows = list(csv.DictReader(io.StringIO(text.decode())))
+        mine = [r for r in rows if (r["user"], r["flavor"]) == ("research-2", "a100")]
+        return mine and rows
+
+    rows = await eventually(billed_rows, "research-2's A100 hour in the showback", within=60)
+    for row in rows:  # every row at its flavor's rate (one rate each, in the demo)
+        rate, hours = rates[row["flavor"]], float(row["gpu_hours"])
+        assert float(row["billed_units"]) == pytest.approx(hours * rate.weight, abs=2e-4), row
+        assert float(row["cost"]) == pytest.approx(hours * rate.price, abs=0.01), row
+        assert row["currency"] == "EUR"
+        assert row["account"] == (policy.account_of(row["group"]) or "")
+    async with logged_in(browser, demo, "admin") as page:
+        await page.goto(f"{demo.url}/services/gpu/")
+        research = page.locator("table.showback tr", has_text="CC-4410")
+        await research.wait_for(timeout=PAGE_TIMEOUT_MS)
+        cells = (await research.inner_text()).split()
+        assert cells[0] == "research"
+        assert cells[-1] == "EUR"
+        await page.click("a[href^='invoice?']")
+        section = page.locator("section[data-account=CC-4410]")
+        await section.wait_for(timeout=PAGE_TIMEOUT_MS)
+        assert "Account CC-4410" in await section.inner_text()
+        assert "NVIDIA A100 40GB" in await section.inner_text()
+        total = (await section.locator("tr.total").inner_text()).split()
+        assert (total[0], total[-1]) == ("Total", "EUR")
+        await asyncio.to_thread(SCREENSHOTS.mkdir, parents=True, exist_ok=True)
+        await page.screenshot(path=str(SCREENSHOTS / "demo-invoice.png"), full_page=True)
 
 
 @asynccontextmanager

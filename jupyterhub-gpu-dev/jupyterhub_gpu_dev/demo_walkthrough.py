@@ -267,6 +267,27 @@ def _waiting_line(plan: DemoPlan, group: Group) -> tuple[Profile, Flavor] | None
     return None
 
 
+def _billing_step(plan: DemoPlan, hub: LocalHub) -> list | None:
+    """Chargeback: what the priced flavors cost, and where the invoice is."""
+    policy = plan.policy
+    if policy.currency is None:
+        return None
+    priced = sorted(
+        ((f.billing[-1].price or 0.0, f) for f in policy.flavors.values() if f.billing),
+        key=lambda pair: -pair[0],
+    )
+    rates = "; ".join(
+        f"{f.display_name} {f.billing[-1].weight:g} billed units and {price:.2f} {policy.currency}"
+        for price, f in priced
+    )
+    return [
+        f"Chargeback: an hour of one GPU-equivalent is billed {rates}. The dashboard's "
+        "showback gives each group's account, billed units and cost; as admin, its "
+        f"Invoice link ({hub.service_url}invoice) prints a month's invoice, one page per "
+        "account."
+    ]
+
+
 def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> str:
     """What to try with GPU time (budgets, showback, idle reclaim), for this policy."""
     steps = [
@@ -280,6 +301,8 @@ def walkthrough(plan: DemoPlan, hub: LocalHub, metrics: GPUMetrics | None) -> st
         steps.append(fair)
     if (dra := _dra_step(plan)) is not None:
         steps.append(dra)
+    if (bill := _billing_step(plan, hub)) is not None:
+        steps.append(bill)
     if not steps:
         return ""
     steps.append(

@@ -11,7 +11,7 @@ rate, so a change bills only the hours after it. Pure: no I/O; epoch seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .model import Policy, Rate
@@ -75,3 +75,13 @@ class Billing:
             if rate.since <= at:
                 found = rate
         return found
+
+    def hourly_units(self, policy: Policy, devices: Iterable[tuple[str, int]], at: float) -> float:
+        """Billed units an hour of ``devices`` (flavor, units) costs at ``at``: each
+        device's GPU-equivalents times its flavor's weight then."""
+        total = 0.0
+        for name, count in devices:
+            flavor = policy.flavors.get(name)
+            if flavor is not None:
+                total += count * float(flavor.unit_equivalents) * self.rate_at(name, at).weight
+        return total

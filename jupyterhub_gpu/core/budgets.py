@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from . import words
 from .admission import Ledger
+from .billed_book import BilledBook
 from .model import Budget, Group, Policy
 from .room import UsageAfter, first_room
 
@@ -41,19 +42,21 @@ class BudgetState:
 
     owner: str  # "research", or "alice in research"
     budget: Budget
-    used: float  # GPU-equivalent-hours in the window
+    used: float  # GPU-equivalent-hours in the window (billed units, for a budget in units)
     #: the owner's records (a live view of the book, not a copy)
     records: Iterable[UsageRecord] = field(default=(), compare=False, repr=False)
     group: str = ""  # the group whose budget it is (for a member's own: their group)
     user: str | None = None  # the member, for a member's own budget
+    #: the book its use is read from (billed units for a budget in units)
+    book: UsageBook | BilledBook | None = field(default=None, compare=False, repr=False)
 
     @property
     def exhausted(self) -> bool:
-        return self.used >= float(self.budget.gpu_hours)
+        return self.used >= self.budget.amount
 
     @property
     def remaining(self) -> float:
-        return max(float(self.budget.gpu_hours) - self.used, 0.0)
+        return max(self.budget.amount - self.used, 0.0)
 
 
 def budgets_of(
@@ -63,35 +66,33 @@ def budgets_of(
     group: Group,
     now: float,
     running: Container[str] = (),
+    billed: BilledBook | None = None,
 ) -> list[BudgetState]:
     """The budgets a GPU server of ``user`` charged to ``group`` counts against: the
-    group's, each parent's, and the user's own in the group; nearest first."""
+    group's, each parent's, and the user's own in the group; nearest first. A budget in
+    units reads ``billed`` (None: every flavor bills a unit per GPU-hour, so ``book``)."""
+
+    def book_of(budget: Budget) -> UsageBook | BilledBook:
+        return billed if budget.in_units and billed is not None else book
+
     owners = [
-        (level.display_name, level.budget, book.group_records(level.name), level.name, None)
+        (level.display_name, level.budget, level.name, None)
         for level in policy.ancestors(group.name)
         if level.budget is not None and not level.unlimited
     ]
     if group.user_budget is not None:
-        owners.append(
-            (
-                f"{user} in {group.display_name}",
-                group.user_budget,
-                book.user_records(user, group.name),
-                group.name,
-                user,
-            )
+        owners.append((f"{user} in {group.display_name}", group.user_budget, group.name, user))
+    states = []
+    for owner, budget, group_name, member in owners:
+        kept = book_of(budget)
+        records = (
+            kept.group_records(group_name)
+            if member is None
+            else kept.user_records(member, group_name)
         )
-    return [
-        BudgetState(
-            owner,
-            budget,
-            book.used(group_name, member, budget.period, now, running),
-            records,
-            group_name,
-            member,
-        )
-        for owner, budget, records, group_name, member in owners
-    ]
+        used = kept.used(group_name, member, budget.period, now, running)
+        states.append(BudgetState(owner, budget, used, records, group_name, member, kept))
+    return states
 
 
 def room_returns(
@@ -148,30 +149,34 @@ def format_time(epoch: float) -> str:
 
 
 def used_line(owner: str, used: float, budget: Budget) -> str:
-    """``Research used 1999.96 of 2000 GPU-hours in the last 30 days``."""
-    return (
-        f"{owner} used {_hours_of(used, float(budget.gpu_hours))} "
-        f"in the last {words.period(budget.period)}"
-    )
+    """``Research used 1999.96 of 2000 GPU-hours in the last 30 days`` (or billed
+    units, for a budget in units)."""
+    return f"{owner} used {_amount_of(used, budget)} in the last {words.period(budget.period)}"
 
 
-def _hours_of(part: float, whole: float) -> str:
-    """``12.5 of 100 GPU-hours``, ``0.5 of 1 GPU-hour``."""
-    a, b = words.numbers([part, whole])
-    return f"{a} of {b} {words.noun(b, words.GPU_HOUR, words.GPU_HOURS)}"
+def _amount_of(part: float, budget: Budget) -> str:
+    """``12.5 of 100 GPU-hours``, ``0.5 of 1 GPU-hour``, ``40 of 500 billed units``."""
+    a, b = words.numbers([part, budget.amount])
+    return f"{a} of {b} {words.budget_measure(budget.in_units, b)}"
+
+
+def amount_words(value: float, budget: Budget) -> str:
+    """``12.5 GPU-hours``, or ``12.5 billed units`` for a budget in units."""
+    return words.billed_units(value) if budget.in_units else words.gpu_hours(value)
 
 
 def exhausted_reason(
     state: BudgetState,
     now: float,
     running: Container[str] = (),
-    book: UsageBook | None = None,
+    book: UsageBook | BilledBook | None = None,
 ) -> str:
     """``Research used 2000 of 2000 GPU-hours in the last 30 days: GPU servers can start
     again at 2026-12-01 14:00 UTC, when 12.5 GPU-hours are free again; until then, start
     one without GPUs, or ask an admin to raise the budget``. With the ``book`` the
     state's records are in, when room returns is worked out from what the book kept of
     an earlier refusal."""
+    book = state.book if state.book is not None else book
     if book is not None:
         room = book.room_returns(state.group, state.user, state.budget, now, running)
     else:
@@ -188,7 +193,7 @@ def used_up_refusal(
     text = used_line(owner, used, budget)
     if room is not None:
         when, free = room
-        free_text = words.gpu_hours(free)
+        free_text = amount_words(free, budget)
         text += (
             f": GPU servers can start again at {format_time(when)}, when {free_text} "
             f"{'is' if free_text.startswith('1 ') else 'are'} free again"
@@ -198,15 +203,24 @@ def used_up_refusal(
     return text + "; until then, start one without GPUs, or ask an admin to raise the budget"
 
 
-def grace_refusal(owner: str, budget: Budget, remaining: float, held: float, gpus: float) -> str:
+def grace_refusal(
+    owner: str,
+    budget: Budget,
+    remaining: float,
+    held: float,
+    gpus: float,
+    promised: float | None = None,
+) -> str:
     """A GPU spawn refused by a ``when_exhausted: stop`` budget whose rest cannot cover
-    the grace of every GPU its servers hold and this server's."""
-    promised = (held + gpus) * budget.grace / HOUR
-    left, cap, need = words.numbers([remaining, float(budget.gpu_hours), promised])
+    the grace of every GPU its servers hold and this server's (``promised``: what that
+    grace uses in the budget's measure; None: GPU-hours of ``held + gpus``)."""
+    if promised is None:
+        promised = (held + gpus) * budget.grace / HOUR
+    left, cap, need = words.numbers([remaining, budget.amount, promised])
     return (
-        f"{owner} has {left} of {cap} {words.noun(cap, words.GPU_HOUR, words.GPU_HOURS)} "
+        f"{owner} has {left} of {cap} {words.budget_measure(budget.in_units, cap)} "
         f"left in the last {words.period(budget.period)}, less than the {need} "
-        f"{words.noun(need, words.GPU_HOUR, words.GPU_HOURS)} its servers' "
+        f"{words.budget_measure(budget.in_units, need)} its servers' "
         f"{words.gpus(held)} and this server's {words.number(gpus)} would use in the "
         f"{format_period(budget.grace)} each may still run once they are used up: try again "
         "when one of its servers stops, or choose fewer GPUs"
@@ -221,6 +235,8 @@ def budget_refusal(
     gpus: float,
     now: float,
     ledger: Ledger | None = None,
+    billed: BilledBook | None = None,
+    devices: Iterable[tuple[str, int]] = (),
 ) -> str | None:
     """Why a server with ``gpus`` GPU-equivalents may not start now, or None.
 
@@ -234,19 +250,24 @@ def budget_refusal(
     if not gpus:
         return None
     running: Container[str] = ledger.charges if ledger is not None else ()
-    for state in budgets_of(policy, book, user, group, now, running):
+    for state in budgets_of(policy, book, user, group, now, running, billed):
         if state.exhausted:
             return exhausted_reason(state, now, running, book)
         if state.budget.when_exhausted != "stop" or ledger is None:
             continue
-        held = float(
-            ledger.user_usage(state.user, state.group).gpus
+        usage = (
+            ledger.user_usage(state.user, state.group)
             if state.user is not None
-            else ledger.usage(state.group).gpus
+            else ledger.usage(state.group)
         )
-        promised = (held + gpus) * state.budget.grace / HOUR
+        held = float(usage.gpus)
+        hourly = held + gpus
+        if state.budget.in_units and billed is not None:
+            # an hour of each server at its flavor's weight now
+            hourly = billed.billing.hourly_units(policy, (*usage.flavors.items(), *devices), now)
+        promised = hourly * state.budget.grace / HOUR
         if state.remaining < promised:
-            return grace_refusal(state.owner, state.budget, state.remaining, held, gpus)
+            return grace_refusal(state.owner, state.budget, state.remaining, held, gpus, promised)
     return None
 
 

@@ -181,11 +181,13 @@ def profile_option(option: Option) -> dict[str, Any]:
 def budget_line(state: BudgetState) -> str:
     """``Alpha Lab: 12.5 of 100 GPU-hours left in the last 7 days``, or that it is used up."""
     window = words.period(state.budget.period)
-    cap = float(state.budget.gpu_hours)
+    cap = state.budget.amount
+    in_units = state.budget.in_units
     if state.exhausted:
-        return f"{state.owner}: all {words.gpu_hours(cap)} of the last {window} used"
+        amount = words.billed_units(cap) if in_units else words.gpu_hours(cap)
+        return f"{state.owner}: all {amount} of the last {window} used"
     left, whole = words.numbers([state.remaining, cap])
-    unit = words.noun(whole, words.GPU_HOUR, words.GPU_HOURS)
+    unit = words.budget_measure(in_units, whole)
     return f"{state.owner}: {left} of {whole} {unit} left in the last {window}"
 
 

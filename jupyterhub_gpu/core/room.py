@@ -117,7 +117,7 @@ def first_room(parts: list[UsageAfter], budget: Budget, now: float) -> tuple[flo
     """``room_returns`` over the spans of ``parts`` (together): the first moment, an
     end + the period, with room in the budget, rounded up to the minute, and the room."""
     period = float(budget.period)
-    cap = float(budget.gpu_hours)
+    cap = budget.amount
     floor = now - period
     # only spans ending inside the window now can leave it later
     firsts = [bisect_right(part.ends, floor) for part in parts]

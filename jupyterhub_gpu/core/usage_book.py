@@ -403,6 +403,17 @@ class UsageBook:
         if self.open_by_key.get(record.key) is record:
             del self.open_by_key[record.key]
 
+    def discard(self, policy: Policy, uid: str) -> None:
+        """Forget the record with this uid (if any): it no longer counts anywhere."""
+        record = self.records.pop(uid, None)
+        if record is None:
+            return
+        self._unindex(policy, record)
+        for window in self._windows.values():
+            window.remove(uid)
+        for owner in self._owners(policy, record) if self._rooms else ():
+            self._rooms.pop(owner, None)  # summed again when next asked
+
     def end(self, key: str, at: float) -> UsageRecord | None:
         """The open record of server ``key`` ends at ``at``."""
         record = self.open_by_key.pop(key, None)

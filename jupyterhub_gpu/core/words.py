@@ -34,6 +34,8 @@ from .quantities import format_gpus
 #: the unit of GPU time, in every message
 GPU_HOURS = "GPU-hours"
 GPU_HOUR = "GPU-hour"
+BILLED_UNITS = "billed units"
+BILLED_UNIT = "billed unit"
 #: the most decimals a number gets to stay different from another said with it
 MAX_DECIMALS = 4
 
@@ -110,6 +112,17 @@ def gpus(value: Fraction | float) -> str:
 def gpu_hours(value: float) -> str:
     """``12.5 GPU-hours``, ``1 GPU-hour``."""
     return count(value, GPU_HOUR, GPU_HOURS)
+
+
+def billed_units(value: float) -> str:
+    """``12.5 billed units``, ``1 billed unit``."""
+    return count(value, BILLED_UNIT, BILLED_UNITS)
+
+
+def budget_measure(in_units: bool, text: str) -> str:
+    """What a budget's amount ``text`` (a number already written) counts: GPU-hours, or
+    billed units for a budget in units."""
+    return noun(text, BILLED_UNIT, BILLED_UNITS) if in_units else noun(text, GPU_HOUR, GPU_HOURS)
 
 
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))

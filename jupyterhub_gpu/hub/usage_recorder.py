@@ -19,6 +19,7 @@ from typing import Any
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
 from ..core.admission import Charge, Ledger
+from ..core.billed_book import BilledBook, billed_book_for
 from ..core.budgets import (
     BudgetState,
     UsageBook,
@@ -60,6 +61,10 @@ class UsageRecorder:
         #: the usage records budgets are checked against, read from the usage database
         #: (``store``) and kept current by this hub's own starts and stops
         self.usage = UsageBook()
+        #: with budgets in billed units on weighted flavors: the same records in billed
+        #: units (``billed_book``), fed as ``usage`` is
+        self.billed: BilledBook | None = None
+        self._billed_policy: Policy | None = None
         #: with fair share: each group's and member's decayed GPU time, fed the same
         #: records as ``usage``
         self.fair: FairShareBook | None = None
@@ -134,6 +139,8 @@ class UsageRecorder:
                     pending = self.backlog.get(record.uid)
                     self.count_usage(policy, pending.applied(record) if pending else record)
                 self.usage.prune(policy, now)
+                if self.billed is not None:
+                    self.billed.prune(policy, now)
             if self.fair is not None:
                 self.fair.settle(now)
             self._usage_revision = revision
@@ -151,26 +158,32 @@ class UsageRecorder:
         since it started) are put in on the loop, then the rows with events not yet
         written, as a later read does."""
 
-        def build() -> tuple[UsageBook, FairShareBook | None]:
+        def build() -> tuple[UsageBook, FairShareBook | None, BilledBook | None]:
             with collector_paused():
                 return build_book()
 
-        def build_book() -> tuple[UsageBook, FairShareBook | None]:
+        def build_book() -> tuple[UsageBook, FairShareBook | None, BilledBook | None]:
             book = UsageBook.for_policy(policy)
             fair = FairShareBook(policy) if policy.fair_share is not None else None
+            billed = billed_book_for(policy, book.horizon)
             for record in records:
                 earlier = book.open_by_key.get(record.key)
                 book.put(policy, record)
+                if billed is not None:
+                    billed.put(policy, record)
                 if fair is not None:
                     if earlier is not None and earlier is not record and earlier.ended is not None:
                         fair.ended(earlier)  # the book ended the pod this one replaced
                     fair.put(record)
             book.prune(policy, now)
-            return book, fair
+            if billed is not None:
+                billed.prune(policy, now)
+            return book, fair, billed
 
-        book, fair = await asyncio.to_thread(build)
+        book, fair, billed = await asyncio.to_thread(build)
         mine = [r for r in self.usage.records.values() if r.uid not in book.records]
-        self.usage, self.fair = book, fair
+        self.usage, self.fair, self.billed = book, fair, billed
+        self._billed_policy = policy
         for record in mine:
             # this hub's own starts and stops since it started (the database's row of
             # one, where there is one, is the later word, as it always was)
@@ -279,10 +292,24 @@ class UsageRecorder:
             self._write_soon()
         self.count_usage(policy, record)
 
+    def billed_book(self, policy: Policy) -> BilledBook | None:
+        """The book of billed units budgets in units read (None: not needed, see
+        ``billed_book_for``), made for the policy the first time it is asked for."""
+        if policy is not self._billed_policy:
+            self._billed_policy = policy
+            made = billed_book_for(policy, self.usage.horizon)
+            for record in self.usage.records.values() if made is not None else ():
+                made.put(policy, record)
+            self.billed = made
+        return self.billed
+
     def count_usage(self, policy: Policy, record: Any) -> None:
         """Put a usage record in the budgets' book and, with fair share, the standings'."""
         earlier = self.usage.open_by_key.get(record.key)
         self.usage.put(policy, record)
+        billed = self.billed_book(policy)
+        if billed is not None:
+            billed.put(policy, record)
         if policy.fair_share is None:
             return
         fair = self.fair_book(policy)
@@ -315,6 +342,8 @@ class UsageRecorder:
             if inferred:
                 at = max(at, record.last_seen)
             self.usage.end(key, at)
+            if self.billed is not None and self.policy is not None:
+                self.billed.end(self.policy, key, at)
             if self.fair is not None:
                 self.fair.ended(record)
         elif inferred or uid is None or not known:
@@ -347,7 +376,15 @@ class UsageRecorder:
                 return None
             return BUDGETS_UNCHECKED
         return budget_refusal(
-            policy, self.usage, user, group, float(request.gpus), self.clock(), ledger
+            policy,
+            self.usage,
+            user,
+            group,
+            float(request.gpus),
+            self.clock(),
+            ledger,
+            self.billed_book(policy),
+            request.devices,
         )
 
     def budgets(
@@ -357,7 +394,9 @@ class UsageRecorder:
         (none while the usage database cannot be read)."""
         if not self.usage_current or not has_budget(policy, group):
             return []
-        return budgets_of(policy, self.usage, user, group, self.clock(), running=running)
+        return budgets_of(
+            policy, self.usage, user, group, self.clock(), running, self.billed_book(policy)
+        )
 
     def usable_again(
         self, states: list[BudgetState], running: Mapping[str, Charge]
@@ -369,7 +408,8 @@ class UsageRecorder:
         for state in states:
             if not state.exhausted:
                 continue
-            room = self.usage.room_returns(state.group, state.user, state.budget, now, running)
+            book = state.book if state.book is not None else self.usage
+            room = book.room_returns(state.group, state.user, state.budget, now, running)
             if room is None:
                 return None
             times.append(room[0])

@@ -115,8 +115,11 @@ class ServiceViews:
                     },
                     "quota": float(group.quota.gpus) if group.quota.gpus is not None else None,
                     "limit": float(group.limit.gpus) if group.limit.gpus is not None else None,
-                    # the GPUs it allows if used evenly across its window
-                    "budget": float(budget.gpu_hours) * 3600 / budget.period if budget else None,
+                    # the GPUs it allows if used evenly across its window (a budget in
+                    # billed units allows different GPUs by flavor: no line)
+                    "budget": budget.amount * 3600 / budget.period
+                    if budget and not budget.in_units
+                    else None,
                 }
             )
         view["charts_hidden"] = max(len(shown) - MAX_CHARTS, 0)

@@ -39,6 +39,7 @@ from zoneinfo import ZoneInfo
 from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
 from ..core import words
+from ..core.billed_book import BilledBook, billed_book_for
 from ..core.budgets import HOUR, UsageBook, UsageRecord, gpu_hours, longest_period
 from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
@@ -65,12 +66,14 @@ DEFAULT_WINDOW = 30 * 86400
 
 @dataclass(frozen=True)
 class HoursView:
-    """One owner's GPU-hours, as ``api/usage`` shows them."""
+    """One owner's GPU-hours, as ``api/usage`` shows them (billed units, for a budget in
+    units: ``in_units``)."""
 
     used: float
     budget: float | None
     period: int
     exhausted: bool = False
+    in_units: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +81,8 @@ class HoursView:
             "budget": self.budget,
             "period_seconds": self.period,
             "exhausted": self.exhausted,
+            # what ``used`` and ``budget`` count: "GPU-hours", or "billed units"
+            "unit": words.BILLED_UNITS if self.in_units else words.GPU_HOURS,
         }
 
 
@@ -124,7 +129,7 @@ def hours_view(
     """GPU-hours of ``records`` in ``budget``'s window (30 days without one), and the budget."""
     period = budget.period if budget else DEFAULT_WINDOW
     used = gpu_hours(records, now - period, now, running)
-    cap = float(budget.gpu_hours) if budget else None
+    cap = budget.amount if budget else None
     return HoursView(used, cap, period, cap is not None and used >= cap)
 
 
@@ -165,6 +170,9 @@ class GPUTime:
         #: what servers on DRA devices are charged (their claims' allocation)
         self.allocations = AllocationCharges(policy)
         self.book = UsageBook(horizon=max(longest_period(policy), MIN_HORIZON))
+        #: with budgets in billed units on weighted flavors: the book's rows in billed
+        #: units (None: not needed)
+        self.billed = billed_book_for(policy, self.book.horizon)
         #: with fair_share: decayed usage per group and member, fed the book's rows
         self.fair = FairShareBook(policy) if policy.fair_share else None
         #: each month's showback: the book's months from their tally (its records summed
@@ -379,7 +387,7 @@ class GPUTime:
         # every row written since, in the order written (whatever its times)
         records, revision = await asyncio.to_thread(self.store.changed_since, self._revision)
         # a pass's rows (mostly its sightings: the running servers) into the book
-        self._take(self.book, self.fair, records, now)
+        self._take(self.book, self.fair, records, now, self.billed)
         self._revision = revision
         self._read_at = now
         self._failing_since = None
@@ -405,20 +413,24 @@ class GPUTime:
         # the pods' watch changes ``running`` on the loop: the thread sums a copy
         running = frozenset(self.running)
 
-        def build() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
+        def build() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, Any, int, Any]:
             with collector_paused():
                 return build_books()
 
-        def build_books() -> tuple[UsageBook, ShowbackTally, FairShareBook | None, int, Any]:
+        def build_books() -> tuple[
+            UsageBook, ShowbackTally, FairShareBook | None, BilledBook | None, int, Any
+        ]:
             records, revision = self.store.snapshot(since, now)
             book = UsageBook(horizon=self.book.horizon)
             tally = ShowbackTally(self.zone, shared_flavors(self.policy), self.months.billing)
             fair = FairShareBook(self.policy) if self.policy.fair_share else None
-            self._take(book, fair, records, now)
+            billed = billed_book_for(self.policy, book.horizon)
+            self._take(book, fair, records, now, billed)
             put_rows(tally, records, now, now - book.horizon)
-            return book, tally, fair, revision, self._sums(book, fair, now, running)
+            sums = self._sums(book, fair, now, running, billed)
+            return book, tally, fair, billed, revision, sums
 
-        self.book, tally, self.fair, revision, sums = await asyncio.to_thread(build)
+        self.book, tally, self.fair, self.billed, revision, sums = await asyncio.to_thread(build)
         self._revision = revision
         self._read_at = now
         self._failing_since = None
@@ -432,11 +444,15 @@ class GPUTime:
         fair: FairShareBook | None,
         records: list[UsageRecord],
         now: float,
+        billed: BilledBook | None = None,
     ) -> None:
-        """Put rows read into the book and the fair-share standings."""
+        """Put rows read into the book (and the book in billed units) and the fair-share
+        standings."""
         for record in records:
             earlier = book.open_by_key.get(record.key)
             book.put(self.policy, record)
+            if billed is not None:
+                billed.put(self.policy, record)
             if fair is not None:
                 if earlier is not None and earlier is not record and earlier.ended is not None:
                     fair.ended(earlier)  # ended in place by the book
@@ -444,12 +460,19 @@ class GPUTime:
         if fair is not None:
             fair.settle(now)
         book.prune(self.policy, now)
+        if billed is not None:
+            billed.prune(self.policy, now)
 
     def compute(self, now: float) -> GPUTimeSnapshot:
-        return self._snapshot(*self._sums(self.book, self.fair, now, self.running))
+        return self._snapshot(*self._sums(self.book, self.fair, now, self.running, self.billed))
 
     def _sums(
-        self, book: UsageBook, fair_book: FairShareBook | None, now: float, running: Container[str]
+        self,
+        book: UsageBook,
+        fair_book: FairShareBook | None,
+        now: float,
+        running: Container[str],
+        billed: BilledBook | None = None,
     ) -> tuple[
         float, dict[str, HoursView], dict[tuple[str, str], HoursView], FairShareSnapshot | None
     ]:
@@ -458,16 +481,22 @@ class GPUTime:
         Each window's sums are kept by the book as the clock moves (closed records
         summed once, open ones each pass): a pass at a year of a large cluster's
         records costs what one at a day's does."""
-        windows: dict[float, dict[tuple[str, str | None], float]] = {}
+        windows: dict[tuple[float, bool], dict[tuple[str, str | None], float]] = {}
 
         def view(owner: tuple[str, str | None], budget: Budget | None) -> HoursView:
             period = budget.period if budget else DEFAULT_WINDOW
-            sums = windows.get(period)
+            # a budget in units reads its use in billed units (the same, unweighted)
+            in_units = budget is not None and budget.in_units and billed is not None
+            sums = windows.get((period, in_units))
             if sums is None:
-                sums = windows[period] = book.window_seconds(float(period), now, running)
+                kept = billed if in_units and billed is not None else book
+                sums = windows[(period, in_units)] = kept.window_seconds(
+                    float(period), now, running
+                )
             used = sums.get(owner, 0.0) / HOUR
-            cap = float(budget.gpu_hours) if budget else None
-            return HoursView(used, cap, period, cap is not None and used >= cap)
+            cap = budget.amount if budget else None
+            in_units = budget is not None and budget.in_units
+            return HoursView(used, cap, period, cap is not None and used >= cap, in_units)
 
         groups = {
             group.name: view((group.name, None), None if group.unlimited else group.budget)

@@ -11,7 +11,8 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   hub server owns (listed on the dashboard; deleted after ``orphan_grace``)
 - ``flavor_capacity_allocatable`` / ``_allocated`` / ``_free`` {flavor}: units
 - ``group_gpu_hours_used`` {group}: GPU-equivalent-hours in the group's budget
-  window (30 days without a budget); ``group_gpu_hours_budget`` {group};
+  window (30 days without a budget); ``group_gpu_hours_budget`` {group}; for a
+  budget in billed units, ``group_billed_units_used`` and ``_budget`` {group} instead;
   ``group_gpu_hours_window_seconds`` {group}
 - with ``fair_share``: ``group_fair_share_standing``, ``_decayed_gpu_hours`` and
   ``_share`` {group}; ``user_fair_share_standing`` and ``_decayed_gpu_hours``
@@ -75,6 +76,16 @@ class ServiceCollector(Collector):
                 ("group_gpu_hours_used", "GPU-hours used in the budget window", ["group"]),
                 ("group_gpu_hours_budget", "GPU-hours the group may use per window", ["group"]),
                 ("group_gpu_hours_window_seconds", "the budget window", ["group"]),
+                (
+                    "group_billed_units_used",
+                    "billed units used in the window of a budget in units",
+                    ["group"],
+                ),
+                (
+                    "group_billed_units_budget",
+                    "billed units a budget in units allows per window",
+                    ["group"],
+                ),
                 (
                     "group_fair_share_standing",
                     "recent GPU time against the group's share among its siblings "
@@ -180,8 +191,13 @@ class ServiceCollector(Collector):
                     )
         hours = snapshot.gpu_time.groups if snapshot.gpu_time is not None else {}
         for name, view in hours.items():
-            gauges["group_gpu_hours_used"].add_metric([name], view.used)
             gauges["group_gpu_hours_window_seconds"].add_metric([name], view.period)
+            if view.in_units:  # a budget in billed units: its own measure, its own names
+                gauges["group_billed_units_used"].add_metric([name], view.used)
+                if view.budget is not None:
+                    gauges["group_billed_units_budget"].add_metric([name], view.budget)
+                continue
+            gauges["group_gpu_hours_used"].add_metric([name], view.used)
             if view.budget is not None:
                 gauges["group_gpu_hours_budget"].add_metric([name], view.budget)
         fair = snapshot.gpu_time.fair_share if snapshot.gpu_time is not None else None

@@ -471,7 +471,8 @@ def gpu_time_section(view: dict[str, Any]) -> str:
             window = words.period(hours["period_seconds"])
             if hours["budget"] is not None:
                 used, budget = words.numbers([hours["used"], hours["budget"]], grouped=True)
-                note = f"{used} of {budget} GPU-hours used in the last {window}"
+                unit = hours.get("unit", words.GPU_HOURS)  # billed units: a budget in units
+                note = f"{used} of {budget} {unit} used in the last {window}"
                 if hours["exhausted"]:
                     note += ": used up"
             else:

@@ -115,12 +115,14 @@ def budget_lines(
         )
     lines = []
     for owner, name, budget, hours in found:
-        limit = float(budget.gpu_hours)
+        limit = budget.amount
         used = hours.used if hours is not None else None
         lines.append(
             {
                 "owner": owner,
                 "name": name,
+                # in the budget's unit: GPU-hours, or billed units (``in_units``)
+                "in_units": budget.in_units,
                 "limit_gpu_hours": limit,
                 "used_gpu_hours": None if used is None else round(used, 4),
                 "left_gpu_hours": None if used is None else round(max(limit - used, 0.0), 4),

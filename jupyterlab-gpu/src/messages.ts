@@ -4,11 +4,24 @@
  * JupyterLab, so the hub's message catalogue (``docs/messages.md``) runs these same
  * functions on sample answers.
  */
-import { count, duration, gpuHours, localTimes, moment, noun, number, numbers, period } from './words';
+import {
+  billedUnits,
+  count,
+  duration,
+  gpuHours,
+  localTimes,
+  moment,
+  noun,
+  number,
+  numbers,
+  period
+} from './words';
 
 export interface Budget {
   owner: 'group' | 'user';
   name: string;
+  /** the three amounts are billed units, not GPU-hours (a budget in units) */
+  in_units?: boolean;
   limit_gpu_hours: number;
   used_gpu_hours: number | null;
   left_gpu_hours: number | null;
@@ -76,13 +89,22 @@ export interface StatusReply {
   settings: Settings;
 }
 
-/** "12.5 of 100 GPU-hours": a part of a budget and the whole, said together */
-export function hoursOf(part: number | null, whole: number): string {
+/** "12.5 of 100 GPU-hours" (or billed units): a part of a budget and the whole */
+export function hoursOf(part: number | null, whole: number, inUnits = false): string {
   if (part === null) {
-    return `? of ${gpuHours(whole)}`;
+    return `? of ${inUnits ? billedUnits(whole) : gpuHours(whole)}`;
   }
   const [a, b] = numbers([part, whole]);
-  return `${a} of ${b} ${noun(b, 'GPU-hour', 'GPU-hours')}`;
+  return `${a} of ${b} ${inUnits ? noun(b, 'billed unit', 'billed units') : noun(b, 'GPU-hour', 'GPU-hours')}`;
+}
+
+/** A budget's amount in its unit: 12.5 GPU-hours, or 12.5 billed units */
+function amount(b: Budget, value: number | null): string {
+  const unit = b.in_units ? 'billed units' : 'GPU-hours';
+  if (value === null) {
+    return `? ${unit}`;
+  }
+  return b.in_units ? billedUnits(value) : gpuHours(value);
 }
 
 const STOP_WORDS: { [kind: string]: string } = {
@@ -120,7 +142,7 @@ export function statusLine(
   const parts = [a.group.display_name, gpuText(a)];
   for (const b of a.budgets) {
     const who = b.owner === 'user' ? 'you' : 'group';
-    const left = b.left_gpu_hours === null ? '? GPU-hours' : gpuHours(b.left_gpu_hours);
+    const left = amount(b, b.left_gpu_hours);
     parts.push(`${left} left (${who}, ${duration(b.period_seconds)})`);
   }
   const next = a.stops[0];
@@ -147,7 +169,7 @@ export function budgetRow(b: Budget): [string, string] {
     : '';
   return [
     who,
-    `${hoursOf(b.used_gpu_hours, b.limit_gpu_hours)} used in the last ` +
+    `${hoursOf(b.used_gpu_hours, b.limit_gpu_hours, b.in_units)} used in the last ` +
       `${period(b.period_seconds)}; ${left} left${usedUp}`
   ];
 }
@@ -182,7 +204,7 @@ export function budgetUsedUpText(b: Budget, stop: Stop | undefined, now: number)
       ? ''
       : ' This server keeps running; new GPU servers are refused until it frees.';
   return (
-    `${label} is used up: ${hoursOf(b.used_gpu_hours, b.limit_gpu_hours)} in the last ` +
+    `${label} is used up: ${hoursOf(b.used_gpu_hours, b.limit_gpu_hours, b.in_units)} in the last ` +
     `${period(b.period_seconds)}.${then}`
   );
 }
@@ -191,7 +213,7 @@ export function budgetUsedUpText(b: Budget, stop: Stop | undefined, now: number)
 export function budgetLowText(b: Budget): string {
   const label = b.owner === 'user' ? `Your GPU budget (${b.name})` : `The GPU budget of ${b.name}`;
   return (
-    `${label} is running low: ${hoursOf(b.left_gpu_hours, b.limit_gpu_hours)} left in the ` +
+    `${label} is running low: ${hoursOf(b.left_gpu_hours, b.limit_gpu_hours, b.in_units)} left in the ` +
     `last ${period(b.period_seconds)}.`
   );
 }

@@ -16,6 +16,8 @@
 
 export const GPU_HOURS = 'GPU-hours';
 export const GPU_HOUR = 'GPU-hour';
+export const BILLED_UNITS = 'billed units';
+export const BILLED_UNIT = 'billed unit';
 /** the most decimals a number gets to stay different from another said with it */
 export const MAX_DECIMALS = 4;
 
@@ -73,6 +75,11 @@ export function count(n: number, singular: string, plural?: string): string {
 /** 12.5 GPU-hours, 1 GPU-hour */
 export function gpuHours(value: number): string {
   return count(value, GPU_HOUR, GPU_HOURS);
+}
+
+/** 12.5 billed units, 1 billed unit */
+export function billedUnits(value: number): string {
+  return count(value, BILLED_UNIT, BILLED_UNITS);
 }
 
 const UNITS: [string, number][] = [

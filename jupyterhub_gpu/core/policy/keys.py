@@ -350,8 +350,13 @@ BUDGET = section(
     Key(
         "gpu_hours",
         Quantity(parse=parse_number, doc="number > 0"),
-        "GPU-equivalent-hours in each period",
-        required="required (e.g. {gpu_hours: 40, period: 7d})",
+        "GPU-equivalent-hours in each period (this or `units`)",
+        check=checks.positive,
+    ),
+    Key(
+        "units",
+        Quantity(parse=parse_number, doc="number > 0"),
+        "billed units in each period, each hour at its flavor's `billing` weight",
         check=checks.positive,
     ),
     Key(

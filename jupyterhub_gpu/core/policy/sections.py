@@ -471,17 +471,25 @@ def parse_budget(e: Errors, path: str, raw: Any) -> Budget | None:
     if raw is None:
         return None
     r = Reader(e, path, raw, BUDGET)
-    r.require("gpu_hours", "period")
-    gpu_hours, period, when = r["gpu_hours"], r["period"], r["when_exhausted"]
+    r.require("period")
+    gpu_hours, units = r["gpu_hours"], r["units"]  # each checked, whatever the other
+    if ("gpu_hours" in r) == ("units" in r):
+        e.add(
+            path,
+            "give exactly one of gpu_hours or units (e.g. {gpu_hours: 40, period: 7d}, or "
+            "{units: 100, period: 30d} in billed units)",
+        )
+        return None
+    period, when = r["period"], r["when_exhausted"]
     if "grace" in r and when != "stop":
         e.add(
             f"{path}.grace",
             "only a budget with when_exhausted: stop has a grace period before the stop",
         )
     grace = r["grace"]
-    if gpu_hours is None or period is None:
+    if (gpu_hours is None and units is None) or period is None:
         return None
-    return Budget(gpu_hours=gpu_hours, period=period, when_exhausted=when, grace=grace)
+    return Budget(gpu_hours=gpu_hours, period=period, when_exhausted=when, grace=grace, units=units)
 
 
 def _parse_idle(e: Errors, path: str, raw: Any) -> Idle | None:

@@ -324,12 +324,24 @@ class Amounts:
 
 @dataclass(frozen=True)
 class Budget:
-    """GPU time in a rolling window: ``gpu_hours`` GPU-equivalent-hours per ``period``."""
+    """GPU time in a rolling window: ``gpu_hours`` GPU-equivalent-hours per ``period``,
+    or (``units`` set) that many billed units, each hour at its flavor's rate."""
 
-    gpu_hours: Fraction
+    gpu_hours: Fraction | None
     period: int  # seconds
     when_exhausted: str = "warn"  # "warn": tell running servers' users; "stop": stop them
     grace: int = 15 * 60  # seconds between the notice and the stop ("stop" only)
+    units: Fraction | None = None
+
+    @property
+    def in_units(self) -> bool:
+        """Whether it is stated in billed units (else in GPU-hours)."""
+        return self.units is not None
+
+    @property
+    def amount(self) -> float:
+        """What may be used per period, in its own measure (GPU-hours or billed units)."""
+        return float(self.units if self.units is not None else self.gpu_hours or 0)
 
 
 @dataclass(frozen=True)
