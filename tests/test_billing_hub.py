@@ -14,6 +14,8 @@ import asyncio
 import csv
 import io
 import json
+import re
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -23,7 +25,14 @@ from hub_helpers import running_hub
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.usage import UsageRecord
 from kube_helpers import eventually
-from test_service_hub import SCREENSHOTS, aget, login, user_token, wait_for_service
+from test_service_hub import (
+    SCREENSHOTS,
+    aget,
+    login,
+    start_server,
+    user_token,
+    wait_for_service,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.hub]
 
@@ -81,6 +90,13 @@ POLICY = {
         },
         "course": {"display_name": "Intro Course", "quota": {"gpus": 2}, "profiles": ["big"]},
         "sysadmins": {"admin": True, "unlimited": True, "profiles": ["big"]},
+        # 0.006 billed units: 7.2 seconds of an H200 at weight 3 (21.6 at weight 1)
+        "metered": {
+            "display_name": "Metered",
+            "quota": {"gpus": 2},
+            "profiles": ["big"],
+            "budget": {"units": 0.006, "period": "1h", "when_exhausted": "stop", "grace": "6s"},
+        },
     },
 }
 
@@ -128,11 +144,16 @@ async def billing_hub(local_cluster, core, priority_class_objects):
             "vic": ["vision"],
             "cid": ["course"],
             "olga": ["sysadmins"],
+            "mel": ["metered"],
         },
         admin_users=("root",),
         policy=POLICY,
         gpu_service=True,
-        extra_config="c.GPUService.usage_interval = 2\n" + services_config(),
+        extra_config=(
+            "c.GPUService.usage_interval = 2\n"
+            "c.GPUService.hub_poll_interval = 1\n"
+            "c.GPUKubeSpawner.ledger_resync_interval = 3\n" + services_config()
+        ),
     ) as hub:
         await asyncio.to_thread(seed, hub.directory / "jupyterhub-gpu-usage.sqlite")
         await asyncio.to_thread(hub.start)
@@ -274,3 +295,50 @@ async def test_the_printable_invoice_and_the_dashboards_billed_columns_in_chromi
             await member.close()
     finally:
         await context.close()
+
+
+async def test_a_budget_in_billed_units_stops_and_refuses_with_its_numbers(billing_hub):
+    """Metered's budget of 0.006 billed units an hour: an H200 weighs 3 units an hour
+    now, so its server uses the budget up in a third of the time its GPU-hours would;
+    it is told, stopped after the grace, and a new server is refused with the numbers."""
+    mel = await user_token(billing_hub, "mel")
+    started = time.monotonic()
+    await start_server(billing_hub, "mel", "metered--big")
+
+    async def told():
+        status, body = await get(billing_hub, mel, "api/usage")
+        assert status == 200, body
+        view = json.loads(body)
+        texts = [n["text"] for n in view["notices"] if "budget used up" in n["text"]]
+        return texts and (texts, view)
+
+    (notice,), view = await eventually(told, "mel to be told the budget is used up", within=60)
+    assert re.fullmatch(
+        r"GPU budget used up: Metered used 0\.00\d+ of 0\.006 billed units in the last "
+        r"hour; mel's server stops at \d{4}-\d\d-\d\d \d\d:\d\d UTC, in 6 seconds: save "
+        r"your work",
+        notice,
+    ), notice
+    hours = view["gpu_hours"]["groups"]["metered"]
+    assert (hours["unit"], hours["budget"]) == ("billed units", 0.006)
+    assert hours["used"] >= 0.006
+    # each of its GPU-hours billed 3 units: the H200's weight since the change
+    status, body = await get(billing_hub, mel, "api/showback")
+    (group,) = [g for g in json.loads(body)["groups"] if g["group"] == "metered"]
+    assert group["billed_units"] == pytest.approx(3 * group["gpu_hours"], abs=2e-4)  # rounded
+
+    async def stopped():
+        _, model = await asyncio.to_thread(billing_hub.api, "GET", "/users/mel")
+        return model["servers"] == {}
+
+    await eventually(stopped, "mel's server to be stopped", within=60)
+    assert time.monotonic() - started >= 7.2 + 6  # the budget's time, then the grace
+    status, body = await asyncio.to_thread(
+        billing_hub.api, "POST", "/users/mel/server", {"profile": "metered--big"}
+    )
+    assert status == 403, body
+    assert re.match(
+        r"Metered used 0\.\d+ of 0\.006 billed units in the last hour: GPU servers can "
+        r"start again at .*, when [\d.]+ billed units are free again",
+        body["message"],
+    ), body["message"]
