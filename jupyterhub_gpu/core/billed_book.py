@@ -95,11 +95,11 @@ class BilledBook:
         part = self.book.open_by_key.get(key)
         if part is None:
             return
-        uid = part.uid.split("#", 1)[0]
-        record = self.records.get(uid)
-        if record is None or record.ended is not None:
-            return
-        self.put(policy, replace(record, ended=max(at, record.started)))
+        record = self.records.get(part.uid.split("#", 1)[0])
+        if record is not None:
+            # the hub's book may have ended this very record in place already: its
+            # parts here are copies, ended now
+            self.put(policy, replace(record, ended=max(at, record.started)))
 
     def prune(self, policy: Policy, now: float) -> int:
         """Forget what no budget's window reaches any more (as ``UsageBook.prune``)."""

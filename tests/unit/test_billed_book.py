@@ -244,3 +244,25 @@ def test_a_budget_needs_exactly_one_measure():
         .budget.units
         == 5
     )
+
+
+def test_a_server_the_hub_stops_ends_in_billed_units_where_its_gpu_hours_end():
+    """The hub ends its own record in place in the GPU-hour book, then in billed units:
+    the server's units stop at its end, not at its last sighting or now."""
+    book, billed = UsageBook.for_policy(POLICY), billed_book_for(POLICY, 30 * DAY)
+    assert billed is not None
+    started = T0 + 4 * DAY
+    record = UsageRecord("u1", "ns/p1", "ann", "lab", "big", "h200", 1.0, started, started)
+    book.put(POLICY, record)
+    billed.put(POLICY, record)
+    record.last_seen = started + 2 * DAY  # seen by the service, across the change
+    billed.put(POLICY, record)
+    book.end("ns/p1", started + 3 * DAY)  # in place: ``record`` is ended now
+    billed.end(POLICY, "ns/p1", started + 3 * DAY)
+    now = started + 5 * DAY
+    # a day at weight 2, then two at weight 3; nothing after the end, running or not
+    for running in ((), {"ns/p1"}):
+        assert billed.used("lab", None, int(7 * DAY), now, running) == pytest.approx(
+            24 * 2 + 48 * 3
+        )
+    assert billed.book.open_by_key == {}
