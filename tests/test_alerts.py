@@ -66,11 +66,12 @@ def budget_low(group: str, percent: str) -> dict:
     return fired(
         "info",
         {"job": "jupyterhub-gpu", "group": group},
-        f"Group {group} has used {percent} of its GPU-hour budget",
-        f"Group {group} has used {percent} of its GPU-hour budget in the budget's window. "
+        f"Group {group} has used {percent} of its GPU budget",
+        f"Group {group} has used {percent} of its GPU budget in the budget's window. "
         "Once it is used up, new GPU servers of the group are refused (and with "
         "when_exhausted: stop its running GPU servers are stopped after their grace). "
-        "Tell the group, or raise budget.gpu_hours of the group in the policy.",
+        "Tell the group, or raise budget.gpu_hours (or budget.units) of the group in the "
+        "policy.",
         "alert-budget-low",
     )
 
@@ -79,12 +80,12 @@ def budget_exhausted(group: str, hours: str) -> dict:
     return fired(
         "warning",
         {"job": "jupyterhub-gpu", "group": group},
-        f"Group {group} has used up its GPU-hour budget",
-        f"Group {group} has used {hours} GPU-hours in its budget's window, its whole "
-        "budget: new GPU servers of the group are refused (and with when_exhausted: stop "
-        "its running GPU servers are stopped after their grace) until older use leaves "
-        "the window. If the group needs more, raise budget.gpu_hours of the group in the "
-        "policy.",
+        f"Group {group} has used up its GPU budget",
+        f"Group {group} has used {hours} GPU-hours (billed units, for a budget in units) "
+        "in its budget's window, its whole budget: new GPU servers of the group are "
+        "refused (and with when_exhausted: stop its running GPU servers are stopped after "
+        "their grace) until older use leaves the window. If the group needs more, raise "
+        "budget.gpu_hours (or budget.units) of the group in the policy.",
         "alert-budget-exhausted",
     )
 
@@ -319,12 +320,18 @@ BUDGETS = {
         service("group_gpu_hours_budget", "1000x40", group="chemistry"),
         # no budget: GPU-hours shown, never alerted on
         service("group_gpu_hours_used", "5000x40", group="test"),
+        # budgets in billed units: 90% used, and used up
+        service("group_billed_units_used", "450x40", group="metered"),
+        service("group_billed_units_budget", "500x40", group="metered"),
+        service("group_billed_units_used", "600x40", group="priced"),
+        service("group_billed_units_budget", "500x40", group="priced"),
     ],
     "alert_rule_test": [
         at(10, "JupyterHubGPUBudgetLow"),
         at(
             20,
             "JupyterHubGPUBudgetLow",
+            budget_low("metered", "90%"),
             budget_low("students", "92%"),
             budget_low("vision", "85%"),
         ),
@@ -334,6 +341,7 @@ BUDGETS = {
             "JupyterHubGPUBudgetExhausted",
             budget_exhausted("chemistry", "1050.0"),
             budget_exhausted("physics", "1020.0"),
+            budget_exhausted("priced", "600.0"),
         ),
     ],
 }
