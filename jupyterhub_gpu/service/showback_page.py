@@ -43,6 +43,8 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
     for item in showback["groups"]:
         budget = item.get("budget")
         cap = words.number(budget["budget"], grouped=True) if budget else ""
+        if budget and budget.get("unit") == words.BILLED_UNITS:
+            cap += f" {words.BILLED_UNITS}"  # the column's numbers are GPU-hours otherwise
         busy = ""
         if item.get("measured_gpu_hours"):
             busy = "{} of {}".format(

@@ -297,3 +297,29 @@ def test_showback_gives_each_group_its_account_billed_units_and_cost():
         "1200.00",
         "EUR",
     )
+
+
+def test_the_dashboards_showback_gives_billed_columns_and_a_budget_in_units_its_unit():
+    from jupyterhub_gpu.service.showback_page import showback_section
+
+    admin = Viewer("root", admin=True)
+    budgets = {"course": {"budget": 500.0, "unit": "billed units"}}
+    view = showback_json(
+        MONTH, month_showback(), admin, True, None, budgets, POLICY.charged_groups, "UTC", POLICY
+    )
+    page = showback_section(view, admin=True)
+    assert "<th>Account</th>" in page
+    assert 'href="invoice?month=2026-11"' in page
+    # the group's row (the users' table has the group, then the user)
+    (course,) = [r for r in page.split("<tr>") if r.startswith('<td>course</td><td class="num">')]
+    assert "500 billed units" in course
+    assert "0.3 EUR" not in course  # course used an A100 for 4 GPU-hours: 6 EUR
+    assert "6 EUR" in course
+    # a member's page has the columns, not the invoice
+    assert "invoice?month" not in showback_section(view, admin=False)
+    # a site that bills nothing: no billing columns
+    plain = parse_policy(flavors={"a100": {"kind": "gpu"}})
+    since, until = month_bounds(MONTH)
+    result = showback(RECORDS, since, until, until)
+    bare = showback_json(MONTH, result, admin, True, None, {}, lambda g: (g,), "UTC", plain)
+    assert "Account" not in showback_section(bare, admin=True)
