@@ -34,6 +34,9 @@ from .quantities import format_gpus
 #: the unit of GPU time, in every message
 GPU_HOURS = "GPU-hours"
 GPU_HOUR = "GPU-hour"
+#: the unit GPU time is billed in: a GPU-equivalent-hour times its flavor's weight
+BILLED_UNITS = "billed units"
+BILLED_UNIT = "billed unit"
 #: the most decimals a number gets to stay different from another said with it
 MAX_DECIMALS = 4
 
@@ -110,6 +113,11 @@ def gpus(value: Fraction | float) -> str:
 def gpu_hours(value: float) -> str:
     """``12.5 GPU-hours``, ``1 GPU-hour``."""
     return count(value, GPU_HOUR, GPU_HOURS)
+
+
+def billed_units(value: float) -> str:
+    """``12.5 billed units``, ``1 billed unit``."""
+    return count(value, BILLED_UNIT, BILLED_UNITS)
 
 
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import words
 from ..core.budgets import UsageRecord
+from ..core.decayed import usage_since
 from ..core.fairshare import (
     FairShareBook,
     Standing,
@@ -25,7 +26,6 @@ from ..core.fairshare import (
     line_key,
     line_order,
     standings,
-    usage_since,
 )
 from ..core.model import Group, Policy
 

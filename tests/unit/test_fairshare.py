@@ -8,10 +8,10 @@ import random
 import pytest
 
 from jupyterhub_gpu.core.budgets import UsageRecord
+from jupyterhub_gpu.core.decayed import decayed_hours
 from jupyterhub_gpu.core.fairshare import (
     FairShareBook,
     Waiter,
-    decayed_hours,
     line_order,
     place,
     why_placed,
