@@ -15,7 +15,10 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   ``group_gpu_hours_window_seconds`` {group}
 - with ``fair_share``: ``group_fair_share_standing``, ``_decayed_gpu_hours`` and
   ``_share`` {group}; ``user_fair_share_standing`` and ``_decayed_gpu_hours``
-  {user, group} (members with GPU time in the last ten half-lives)
+  {user, group} (members with GPU time in the last ten half-lives). With
+  ``fair_share.count: billed_units`` the ``_decayed_gpu_hours`` gauges hold decayed
+  billed units, as their help says: the names stay, so dashboards' queries keep
+  working, and the number is in the unit the site chose
 - ``idle_servers_judged_by_dcgm``: in the idle rule's last run, servers past their
   idle time whose GPU use is read from DCGM (whole GPUs, MIG slices);
   ``idle_servers_without_dcgm_series``: those of them Prometheus had no series
@@ -61,6 +64,11 @@ class ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshot()
+        fair_share = self.policy.fair_share
+        if fair_share is not None and fair_share.count == "billed_units":
+            decayed, recent = "billed units (fair_share.count: billed_units)", "billed units"
+        else:
+            decayed, recent = "GPU-hours", "GPU time"
         gauges = {
             key: GaugeMetricFamily(f"{PREFIX}_{key}", help_text, labels=labels)
             for key, help_text, labels in (
@@ -77,13 +85,13 @@ class ServiceCollector(Collector):
                 ("group_gpu_hours_window_seconds", "the budget window", ["group"]),
                 (
                     "group_fair_share_standing",
-                    "recent GPU time against the group's share among its siblings "
+                    f"recent {recent} against the group's share among its siblings "
                     "(1: exactly its share; lower goes first)",
                     ["group"],
                 ),
                 (
                     "group_fair_share_decayed_gpu_hours",
-                    "GPU-hours decayed with the fair-share half-life",
+                    f"{decayed} decayed with the fair-share half-life",
                     ["group"],
                 ),
                 (
@@ -93,12 +101,12 @@ class ServiceCollector(Collector):
                 ),
                 (
                     "user_fair_share_standing",
-                    "a member's recent GPU time against their share of the group",
+                    f"a member's recent {recent} against their share of the group",
                     ["user", "group"],
                 ),
                 (
                     "user_fair_share_decayed_gpu_hours",
-                    "a member's GPU-hours in the group, decayed with the half-life",
+                    f"a member's {decayed} in the group, decayed with the half-life",
                     ["user", "group"],
                 ),
                 ("flavor_capacity_allocatable", "flavor units the nodes offer", ["flavor"]),
