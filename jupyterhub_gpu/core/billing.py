@@ -11,7 +11,7 @@ rate, so a change bills only the hours after it. Pure: no I/O; epoch seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .model import Policy, Rate
@@ -66,7 +66,7 @@ class Billing:
 
     def spans(
         self, flavor: str | None, start: float, end: float
-    ) -> Iterator[tuple[float, float, Rate]]:
+    ) -> Iterable[tuple[float, float, Rate]]:
         """The parts of ``start`` to ``end`` each under one rate of ``flavor``, oldest
         first, with that rate (parts of no length left out)."""
         rates = self.rates.get(flavor, UNBILLED) if flavor is not None else UNBILLED

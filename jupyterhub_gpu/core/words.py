@@ -34,7 +34,6 @@ from .quantities import format_gpus
 #: the unit of GPU time, in every message
 GPU_HOURS = "GPU-hours"
 GPU_HOUR = "GPU-hour"
-#: the unit GPU time is billed in: a GPU-equivalent-hour times its flavor's weight
 BILLED_UNITS = "billed units"
 BILLED_UNIT = "billed unit"
 #: the most decimals a number gets to stay different from another said with it

@@ -50,7 +50,7 @@ class Owner:
     standing: float
     day_ago: float  # its standing a day ago
 
-    def to_json(self, count: str) -> dict[str, float]:
+    def to_json(self, count: str = "gpu_hours") -> dict[str, float]:
         return {
             f"decayed_{count}": round(self.usage, 4),
             "share": round(self.share, 4),

@@ -296,17 +296,15 @@ def test_the_service_shows_billed_units_in_api_usage_the_dashboard_and_the_metri
     assert "GPU-hours" not in page
     assert f"lab: you used {ann:.1f} billed units recently" in page
 
-    # the metrics keep their names; their help says what they count
+    # the metrics: the decayed usage under its own unit's name (the standings as ever)
     gpu_time = GPUTimeSnapshot(fair_share=snapshot)
     reg, _ = registry(pol, lambda: Snapshot(Ledger(), [], None, gpu_time=gpu_time))
     text = generate_latest(reg).decode()
-    assert (
-        "# HELP jupyterhub_gpu_group_fair_share_decayed_gpu_hours billed units "
-        "(fair_share.count: billed_units) decayed with the fair-share half-life"
-    ) in text
-    series = 'jupyterhub_gpu_user_fair_share_decayed_gpu_hours{group="lab",user="ann"}'
+    assert "jupyterhub_gpu_group_fair_share_decayed_gpu_hours{" not in text
+    series = 'jupyterhub_gpu_user_fair_share_decayed_billed_units{group="lab",user="ann"}'
     line = next(x for x in text.splitlines() if x.startswith(series))
     assert float(line.split()[-1]) == pytest.approx(ann, rel=1e-9)
+    assert 'jupyterhub_gpu_group_fair_share_standing{group="lab"} 3.0' in text
 
     # counting GPU-hours, as before
     plain = policy(count=None)
@@ -319,6 +317,11 @@ def test_the_service_shows_billed_units_in_api_usage_the_dashboard_and_the_metri
     assert view["count"] == "gpu_hours"
     assert "decayed_gpu_hours" in view["mine"]["lab"]
     assert "Recent GPU-hours" in fair_share_section(view)
+    gpu_time = GPUTimeSnapshot(fair_share=fair_share_snapshot(plain, hours, records, NOW, ()))
+    reg, _ = registry(plain, lambda: Snapshot(Ledger(), [], None, gpu_time=gpu_time))
+    text = generate_latest(reg).decode()
+    assert 'jupyterhub_gpu_user_fair_share_decayed_gpu_hours{group="lab",user="ann"}' in text
+    assert "jupyterhub_gpu_group_fair_share_decayed_billed_units{" not in text
 
 
 def test_usage_since_takes_back_the_last_days_billed_units_exactly():
