@@ -54,6 +54,21 @@ def used(store: UsageStore, user: str, group: str, gpu_hours: float, flavor: str
     )
 
 
+async def lab_hub(hub_factory, config: str, fair_share=None, flavors=None):
+    """A hub whose Lab (ann, bob, cy) has one GPU and waits with fair share (its
+    settings and the flavors updated with ``fair_share`` and ``flavors``)."""
+    policy = fair_policy(
+        {"lab": {"display_name": "Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}}
+    )
+    policy["fair_share"].update(fair_share or {})
+    policy["flavors"].update(flavors or {})
+    return await hub_factory(
+        policy=policy,
+        users={"ann": ["lab"], "bob": ["lab"], "cy": ["lab"]},
+        extra_config=config + "c.GPUKubeSpawner.wait_poll_interval = 0.5\n",
+    )
+
+
 async def says(hub, user: str, text: str) -> list[str]:
     """The spawn page's progress for ``user``, read until a message contains ``text``."""
     await eventually(lambda: pending(hub, user), f"{user}'s spawn to be pending", within=30)
@@ -100,14 +115,7 @@ async def test_the_member_who_used_less_starts_first_and_a_restart_keeps_the_ord
     store, config = store_for(tmp_path)
     used(store, "bob", "lab", 6)  # bob held a GPU six hours yesterday; cy one
     used(store, "cy", "lab", 1)
-    policy = fair_policy(
-        {"lab": {"display_name": "Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}}
-    )
-    hub = await hub_factory(
-        policy=policy,
-        users={"ann": ["lab"], "bob": ["lab"], "cy": ["lab"]},
-        extra_config=config + "c.GPUKubeSpawner.wait_poll_interval = 0.5\n",
-    )
+    hub = await lab_hub(hub_factory, config)
     why = (
         "Waiting for Lab: position 1 of 2: you used less GPU time recently than others "
         "waiting; Lab already uses 1 of its 1 GPU, and this server needs 1. The server starts "
@@ -156,16 +164,12 @@ async def test_counting_billed_units_who_used_a_heavier_flavor_waits_behind_more
     store, config = store_for(tmp_path)
     used(store, "bob", "lab", 2, flavor="h200")
     used(store, "cy", "lab", 4)
-    policy = fair_policy(
-        {"lab": {"display_name": "Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}}
-    )
-    policy["fair_share"]["count"] = "billed_units"
-    # the H200s' hours are history only: no server here asks for one
-    policy["flavors"]["h200"] = {"kind": "gpu", "billing": {"weight": 4}}
-    hub = await hub_factory(
-        policy=policy,
-        users={"ann": ["lab"], "bob": ["lab"], "cy": ["lab"]},
-        extra_config=config + "c.GPUKubeSpawner.wait_poll_interval = 0.5\n",
+    hub = await lab_hub(
+        hub_factory,
+        config,
+        {"count": "billed_units"},
+        # the H200s' hours are history only: no server here asks for one
+        {"h200": {"kind": "gpu", "billing": {"weight": 4}}},
     )
     why = (
         "Waiting for Lab: position 1 of 2: you used fewer billed units recently than others "

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import generate_latest
+from test_fairshare import record as fairshare_record
 
 from jupyterhub_gpu.core.decayed import decayed_hours, decayed_units, usage_since
 from jupyterhub_gpu.core.fairshare import (
@@ -64,18 +65,7 @@ def policy(count: str | None = "billed_units", half_life: str = "1h"):
 
 
 def record(uid, user, group, flavor, gpus, started, ended, last_seen=None) -> UsageRecord:
-    return UsageRecord(
-        uid=uid,
-        key=f"ns/{uid}",
-        user=user,
-        group=group,
-        profile="p",
-        flavor=flavor,
-        gpus=gpus,
-        started=started,
-        last_seen=last_seen if last_seen is not None else (ended or started),
-        ended=ended,
-    )
+    return fairshare_record(uid, user, group, gpus, started, ended, last_seen, flavor)
 
 
 # ---- the integral ---------------------------------------------------------------------
