@@ -58,7 +58,11 @@ def decayed_units(
     rates = billing.rates.get(flavor) if flavor is not None else None
     if not rates:  # a flavor without rates: a unit per GPU-equivalent-hour
         return decayed_seconds(gpus, start, end, at, half_life)
-    if len(rates) == 1:
+    # most records lie within one rate (all of them where a flavor has one): one part
+    last = rates[-1]
+    if start >= last.since:
+        return last.weight * decayed_seconds(gpus, start, end, at, half_life)
+    if len(rates) == 1 or end <= rates[1].since:
         return rates[0].weight * decayed_seconds(gpus, start, end, at, half_life)
     return sum(
         rate.weight * decayed_seconds(gpus, lo, hi, at, half_life)

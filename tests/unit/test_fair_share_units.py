@@ -128,6 +128,13 @@ def test_an_open_record_across_the_change_counts_each_part_up_to_now_and_closing
     # ended now: counted closed, the same number
     book.put(record("run", "ann", "lab", "h200", 1.0, NOW - 3 * H, NOW))
     assert book.member_usage("ann", "lab", NOW) == pytest.approx(expected, rel=1e-12)
+    # servers started after the change (weight 3), and on a flavor without rates (1)
+    book.put(record("new", "bob", "lab", "h200", 2.0, NOW - H, None, last_seen=NOW - H))
+    book.put(record("t4", "bob", "lab", "t4", 1.0, NOW - H, None, last_seen=NOW - H))
+    running = {"ns/new", "ns/t4"}
+    assert book.member_usage("bob", "lab", NOW, running) == pytest.approx(
+        (3 * 2 + 1) * (1 - 2**-1) / k / H, rel=1e-12
+    )
 
 
 def test_kept_incrementally_with_weights_equals_summing_every_record_afresh():
