@@ -151,6 +151,14 @@ FAIR = parse_policy(
     fair_share={"half_life": "7d", "max_wait": "2h"},
     groups={"lab": {"display_name": "Vision Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}},
 )
+#: fair share counting billed units (``fair_share.count: billed_units``)
+FAIR_UNITS = parse_policy(
+    flavors={"a100": {"kind": "gpu", "display_name": "A100", "billing": {"weight": 2}}},
+    profiles={"gpu": {"gpu": {"flavor": "a100"}}},
+    when_full="wait",
+    fair_share={"half_life": "7d", "max_wait": "2h", "count": "billed_units"},
+    groups={"lab": {"display_name": "Vision Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}},
+)
 VOLCANO = parse_policy(
     scheduler={"name": "volcano"},
     flavors={"a100": {"kind": "gpu"}},
@@ -492,6 +500,14 @@ def waiting() -> Section:
             wait_message(FAIR, lab, me, place(me, [old, first, second, me]), None, NOW),
         ),
         (
+            "with fair share counting billed units, first",
+            wait_message(FAIR_UNITS, lab, me, place(me, [me, heavy]), held, NOW),
+        ),
+        (
+            "with fair share counting billed units, behind others",
+            wait_message(FAIR_UNITS, lab, me, place(me, [old, first, second, me]), None, NOW),
+        ),
+        (
             "the cluster has no free GPU",
             explain_unschedulable(
                 "0/9 nodes are available: 3 Insufficient nvidia.com/gpu, 6 node(s) didn't "
@@ -630,6 +646,18 @@ def spawn_form() -> Section:
             "with fair share: the user's standing",
             standing_line(
                 "Vision Lab", Standing(40.0, 0.5, 0.6), Standing(3.2, 0.25, 0.125), 7 * 86400
+            ),
+        )
+    )
+    rows.append(
+        (
+            "with fair share counting billed units: the user's standing",
+            standing_line(
+                "Vision Lab",
+                Standing(80.0, 0.5, 0.6),
+                Standing(6.4, 0.25, 0.125),
+                7 * 86400,
+                "billed_units",
             ),
         )
     )

@@ -5,7 +5,8 @@ The hub's classes are resolved as JupyterHub resolves them and every
 that would leave the policy unenforced, a misspelt class or setting, each is an
 error with its key path and fix. A deployment that runs but not as its values
 say (GPUs out of reach of the CPU or memory quota, an idle rule without its
-metrics, a usage database a restart loses) is a warning. Every shipped example
+metrics, fair share counting billed units that weigh nothing, a usage database a
+restart loses) is a warning. Every shipped example
 passes with neither.
 """
 
@@ -270,6 +271,21 @@ def test_an_idle_rule_over_whole_gpus_without_prometheus_is_a_warning(tmp_path):
         "hub.config.GPUService.prometheus_url to the Prometheus that scrapes dcgm-exporter"
     ]
     # the students' idle rule is not named: a shared slice is judged by activity anyway
+
+
+def test_fair_share_counting_billed_units_that_weigh_nothing_is_a_warning(tmp_path):
+    fair = {"half_life": "7d", "count": "billed_units"}
+    result = check(tmp_path, config(GPUPolicy={**GOOD, "fair_share": fair}))
+    assert result.returncode == 0, result.stderr
+    assert warnings(result) == [
+        "warning: hub.config.GPUPolicy.fair_share.count: billed_units, but no flavor has a "
+        "billing weight other than 1, so billed units are GPU-hours and the line is ordered "
+        "as with gpu_hours; give the flavors their weights (flavors.<name>.billing: "
+        "{weight: 3}), or remove count"
+    ]
+    weighted = {"a100": {"kind": "gpu", "billing": {"weight": 2}}}
+    values = config(GPUPolicy={**GOOD, "fair_share": fair, "flavors": weighted})
+    assert warnings(check(tmp_path, values)) == []
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,9 @@ def fair_policy(groups: dict) -> dict:
     }
 
 
-def used(store: UsageStore, user: str, group: str, gpu_hours: float) -> None:
-    """``user`` held a GPU in ``group`` for ``gpu_hours``, ending an hour ago."""
+def used(store: UsageStore, user: str, group: str, gpu_hours: float, flavor: str = "a100") -> None:
+    """``user`` held a GPU of ``flavor`` in ``group`` for ``gpu_hours``, ending an hour
+    ago."""
     ended = time.time() - HOUR
     store.open(
         [
@@ -43,13 +44,28 @@ def used(store: UsageStore, user: str, group: str, gpu_hours: float) -> None:
                 user=user,
                 group=group,
                 profile="gpu",
-                flavor="a100",
+                flavor=flavor,
                 gpus=1.0,
                 started=ended - gpu_hours * HOUR,
                 last_seen=ended,
                 ended=ended,
             )
         ]
+    )
+
+
+async def lab_hub(hub_factory, config: str, fair_share=None, flavors=None):
+    """A hub whose Lab (ann, bob, cy) has one GPU and waits with fair share (its
+    settings and the flavors updated with ``fair_share`` and ``flavors``)."""
+    policy = fair_policy(
+        {"lab": {"display_name": "Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}}
+    )
+    policy["fair_share"].update(fair_share or {})
+    policy["flavors"].update(flavors or {})
+    return await hub_factory(
+        policy=policy,
+        users={"ann": ["lab"], "bob": ["lab"], "cy": ["lab"]},
+        extra_config=config + "c.GPUKubeSpawner.wait_poll_interval = 0.5\n",
     )
 
 
@@ -99,14 +115,7 @@ async def test_the_member_who_used_less_starts_first_and_a_restart_keeps_the_ord
     store, config = store_for(tmp_path)
     used(store, "bob", "lab", 6)  # bob held a GPU six hours yesterday; cy one
     used(store, "cy", "lab", 1)
-    policy = fair_policy(
-        {"lab": {"display_name": "Lab", "quota": {"gpus": 1}, "profiles": ["gpu"]}}
-    )
-    hub = await hub_factory(
-        policy=policy,
-        users={"ann": ["lab"], "bob": ["lab"], "cy": ["lab"]},
-        extra_config=config + "c.GPUKubeSpawner.wait_poll_interval = 0.5\n",
-    )
+    hub = await lab_hub(hub_factory, config)
     why = (
         "Waiting for Lab: position 1 of 2: you used less GPU time recently than others "
         "waiting; Lab already uses 1 of its 1 GPU, and this server needs 1. The server starts "
@@ -144,3 +153,26 @@ async def test_a_sibling_group_that_used_less_starts_first_under_a_full_parent(
         ("nlp", "nlp", "cv"),
         "you used less GPU time recently than others waiting; Research already uses 1 of its 1",
     )
+
+
+async def test_counting_billed_units_who_used_a_heavier_flavor_waits_behind_more_gpu_hours(
+    hub_factory, core, tmp_path
+):
+    """``fair_share.count: billed_units``: bob's 2 GPU-hours on an H200 weighted 4 (8
+    billed units) weigh more than cy's 4 GPU-hours on the A100 (4): cy starts first,
+    though bob used half her GPU-hours and asked first."""
+    store, config = store_for(tmp_path)
+    used(store, "bob", "lab", 2, flavor="h200")
+    used(store, "cy", "lab", 4)
+    hub = await lab_hub(
+        hub_factory,
+        config,
+        {"count": "billed_units"},
+        # the H200s' hours are history only: no server here asks for one
+        {"h200": {"kind": "gpu", "billing": {"weight": 4}}},
+    )
+    why = (
+        "Waiting for Lab: position 1 of 2: you used fewer billed units recently than others "
+        "waiting; Lab already uses 1 of its 1 GPU"
+    )
+    await first_of_two(hub, "ann", "bob", "cy", ("lab", "lab", "lab"), why)

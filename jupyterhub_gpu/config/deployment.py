@@ -4,9 +4,10 @@ warnings, and the hub's at start-up.
 A group's CPU, memory or server caps that leave its GPU quota or limit out of
 reach of the servers it offers (each server is charged its CPUs and memory as
 well as its GPUs, and the first cap reached refuses the next server); an idle
-rule over whole GPUs with no Prometheus to read their use from; a per-user server
-cap above one without named servers; a usage database a hub restart loses. Each
-is said with its key path and its fix.
+rule over whole GPUs with no Prometheus to read their use from; fair share
+counting billed units where no flavor is weighted; a per-user server cap above
+one without named servers; a usage database a hub restart loses. Each is said
+with its key path and its fix.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+from ..core.billing import Billing
 from ..core.model import PREFIX, Amounts, Group, Policy
 from ..core.quantities import format_bytes, format_cpu, format_duration, format_gpus
 from ..core.selection import Offer, Request, offers, request_for, units_per_server
@@ -67,8 +69,8 @@ def named_servers_warnings(values: Mapping[str, Any], policy: Policy) -> list[st
 def policy_warnings(sections: Mapping[str, Any], policy: Policy) -> list[str]:
     """What the hub's config (``hub.config``'s ``sections``) would not do as it says,
     though it is valid: a group's CPU, memory or server caps that leave its GPU quota
-    or limit out of reach, and an idle rule that would judge whole GPUs without
-    their metrics."""
+    or limit out of reach, an idle rule that would judge whole GPUs without their
+    metrics, and fair share counting billed units that weigh nothing."""
     raw_groups = ((sections.get("GPUPolicy") or {}).get("groups")) or {}
     warnings: list[str] = []
     for group in policy.groups.values():
@@ -76,7 +78,25 @@ def policy_warnings(sections: Mapping[str, Any], policy: Policy) -> list[str]:
         warnings += unreachable_gpu_warnings(
             policy, group.name, raw if isinstance(raw, Mapping) else {}
         )
-    return warnings + idle_without_metrics_warnings(policy, sections.get("GPUService") or {})
+    return (
+        warnings
+        + idle_without_metrics_warnings(policy, sections.get("GPUService") or {})
+        + unweighted_fair_share_warnings(policy)
+    )
+
+
+def unweighted_fair_share_warnings(policy: Policy) -> list[str]:
+    """A warning when fair share counts billed units but no flavor is billed other than
+    a unit per GPU-equivalent-hour: the setting then changes nothing."""
+    fair = policy.fair_share
+    if fair is None or fair.count != "billed_units" or Billing.of(policy).weighted:
+        return []
+    return [
+        f"{PREFIX}.fair_share.count: billed_units, but no flavor has a billing weight other "
+        "than 1, so billed units are GPU-hours and the line is ordered as with gpu_hours; "
+        "give the flavors their weights (flavors.<name>.billing: {weight: 3}), or remove "
+        "count"
+    ]
 
 
 def group_server_kinds(policy: Policy, name: str) -> list[Request]:

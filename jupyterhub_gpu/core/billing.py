@@ -58,15 +58,24 @@ class Billing:
             rate = rates[0]
             return hours * rate.weight, hours * (rate.price or 0.0)
         units = cost = 0.0
+        for lo, hi, rate in self.spans(flavor, start, end):
+            hours = gpus * (hi - lo) / HOUR
+            units += hours * rate.weight
+            cost += hours * (rate.price or 0.0)
+        return units, cost
+
+    def spans(
+        self, flavor: str | None, start: float, end: float
+    ) -> Iterable[tuple[float, float, Rate]]:
+        """The parts of ``start`` to ``end`` each under one rate of ``flavor``, oldest
+        first, with that rate (parts of no length left out)."""
+        rates = self.rates.get(flavor, UNBILLED) if flavor is not None else UNBILLED
         for i, rate in enumerate(rates):
             until = rates[i + 1].since if i + 1 < len(rates) else math.inf
             lo = start if start > rate.since else rate.since
             hi = end if end < until else until
             if hi > lo:
-                hours = gpus * (hi - lo) / HOUR
-                units += hours * rate.weight
-                cost += hours * (rate.price or 0.0)
-        return units, cost
+                yield lo, hi, rate
 
     def rate_at(self, flavor: str, at: float) -> Rate:
         """The rate of ``flavor`` in force at ``at``."""

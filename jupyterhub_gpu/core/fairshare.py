@@ -1,13 +1,9 @@
 """Fair share: GPU time used recently, against each owner's share, orders who waits.
 
-**Decayed usage.** A usage record holding ``gpus`` GPU-equivalents from ``start``
-to ``end`` adds, at time ``now``,
-
-    ∫ gpus · 2^(-(now - t) / half_life) dt   over [start, end]
-
-GPU-seconds: GPU time a half-life ago counts half, two half-lives ago a quarter.
-The owners are each group (a server counts for its group and every parent, as
-for quotas and budgets) and each member of a group (user, group).
+**Decayed usage** (``decayed``): a usage record adds its GPU-seconds, each
+weighted ``2^(-age / half_life)`` (billed unit-seconds with ``count:
+billed_units``). The owners are each group (a server counts for its group and
+every parent, as for quotas and budgets) and each member of a group (user, group).
 
 **Kept incrementally.** Per owner the book keeps the decayed sum ``D`` of its
 closed records at one reference time ``ref`` shared by all owners:
@@ -48,38 +44,16 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import words
-from .budgets import UsageRecord
+from .decayed import LN2, counted_billing, decayed_seconds, decayed_units
 from .model import Policy
+from .usage import HOUR, UsageRecord
 
-LN2 = math.log(2.0)
-HOUR = 3600.0
 #: usage older than this many half-lives weighs under 1/1024 of what it did: not read
 FORGET_AFTER = 10
 #: the reference time is moved forward when a record is this many half-lives past it
 RENORMALISE_AFTER = 2
 #: seconds the siblings' total usage is kept for (it reads every sibling's servers)
 TOTALS_KEPT = 30.0
-
-
-def decayed_seconds(gpus: float, start: float, end: float, at: float, half_life: float) -> float:
-    """GPU-equivalent-seconds of ``gpus`` held from ``start`` to ``end``, decayed to ``at``."""
-    if end <= start:
-        return 0.0
-    k = LN2 / half_life
-    # ∫ e^{-k(at - t)} dt over [start, end], as e^{-k(at - end)} (1 - e^{-k(end - start)}):
-    # expm1 keeps a short span exact
-    return gpus / k * math.exp(-k * (at - end)) * -math.expm1(-k * (end - start))
-
-
-def decayed_hours(
-    records: Iterable[UsageRecord], now: float, half_life: float, running: Container[str] = ()
-) -> float:
-    """The decayed GPU-hours of ``records`` at ``now``, summed afresh (what the book keeps
-    incrementally; for checks and for a few records)."""
-    total = 0.0
-    for r in records:
-        total += decayed_seconds(r.gpus, r.started, min(r.end(now, running), now), now, half_life)
-    return total / HOUR
 
 
 def read_window(policy: Policy) -> float:
@@ -93,6 +67,7 @@ class _Counted:
 
     user: str
     group: str
+    flavor: str | None
     gpus: float
     started: float
     ended: float
@@ -102,7 +77,7 @@ class _Counted:
 class Standing:
     """An owner's fair-share standing at one time."""
 
-    usage: float  # decayed GPU-hours
+    usage: float  # decayed GPU-hours (billed units with ``count: billed_units``)
     share: float  # its fraction of the shares it is measured among (0..1]
     used: float  # its fraction of their decayed usage (0..1)
 
@@ -122,6 +97,8 @@ class FairShareBook:
             half_life = float(policy.fair_share.half_life)
         self.policy = policy
         self.half_life = float(half_life)
+        #: the rates usage is weighed by (None: GPU-hours, every one alike)
+        self.billing = counted_billing(policy)
         self._k = LN2 / self.half_life
         #: the reference time every kept sum is decayed to (None: nothing counted yet)
         self.ref: float | None = None
@@ -171,7 +148,9 @@ class FairShareBook:
             self.open_by_member.setdefault((record.user, record.group), {})[uid] = record
             self.latest = max(self.latest, record.started)
             return
-        counted = _Counted(record.user, record.group, record.gpus, record.started, end)
+        counted = _Counted(
+            record.user, record.group, record.flavor, record.gpus, record.started, end
+        )
         self.counted[uid] = counted
         self._add(counted, 1.0)
 
@@ -207,7 +186,12 @@ class FairShareBook:
         elif c.ended - self.ref > RENORMALISE_AFTER * self.half_life:
             self.advance(c.ended)
         self.latest = max(self.latest, c.ended)
-        value = sign * decayed_seconds(c.gpus, c.started, c.ended, self.ref, self.half_life)
+        if self.billing is None:  # GPU-hours: no weights to look up
+            value = sign * decayed_seconds(c.gpus, c.started, c.ended, self.ref, self.half_life)
+        else:
+            value = sign * decayed_units(
+                self.billing, c.flavor, c.gpus, c.started, c.ended, self.ref, self.half_life
+            )
         if value == 0.0:
             return
         chain = self.policy.charged_groups(c.group)
@@ -259,11 +243,22 @@ class FairShareBook:
         skip_group: str | None = None,
     ) -> float:
         total = 0.0
+        billing, half_life = self.billing, self.half_life
         for r in records:
             if r.group == skip_group:
                 continue
             end = min(r.end(now, running), now)
-            total += decayed_seconds(r.gpus, r.started, end, now, self.half_life)
+            if billing is None:  # GPU-hours: no weights to look up
+                total += decayed_seconds(r.gpus, r.started, end, now, half_life)
+                continue
+            rates = billing.rates.get(r.flavor) if r.flavor is not None else None
+            if rates is None or r.started >= rates[-1].since:
+                # a server started under its flavor's latest rate (nearly every one
+                # running): one weight; ``decayed_units`` inlined, for 5,000 of them
+                weight = rates[-1].weight if rates is not None else 1.0
+                total += weight * decayed_seconds(r.gpus, r.started, end, now, half_life)
+            else:
+                total += decayed_units(billing, r.flavor, r.gpus, r.started, end, now, half_life)
         return total
 
     def group_usage(self, group: str, now: float, running: Container[str] = ()) -> float:
@@ -456,14 +451,27 @@ def _less(ahead: Waiter, me: Waiter) -> str:
     return "user" if i >= min(len(ahead.standing), len(me.standing)) - 1 else "group"
 
 
-def why_placed(me: Waiter, where: Place, now: float, max_wait: float) -> str:
-    """Why ``me`` is where it is in a fair-share line, in words."""
+#: how a message says someone used less, by what fair share counts (``FairShare.count``)
+USED_LESS = {"gpu_hours": "less GPU time", "billed_units": "fewer billed units"}
+
+
+def used_words(count: str, amount: float) -> str:
+    """Decayed usage as fair share counts it: ``3.2 GPU-hours``, ``9.6 billed units``."""
+    return words.billed_units(amount) if count == "billed_units" else words.gpu_hours(amount)
+
+
+def why_placed(
+    me: Waiter, where: Place, now: float, max_wait: float, count: str = "gpu_hours"
+) -> str:
+    """Why ``me`` is where it is in a fair-share line, in words (``count``: what fair
+    share counts, ``FairShare.count``)."""
     wait = words.duration(max_wait)
+    less_time = USED_LESS[count]
     if where.position == 1:
         if me.waited_long(now, max_wait):
             return f"you have waited longer than {wait}, so you go first"
         if any(w.standing > me.standing for w in where.behind):
-            return "you used less GPU time recently than others waiting"
+            return f"you used {less_time} recently than others waiting"
         return "you asked first"
     long_ago = [w for w in where.ahead if w.waited_long(now, max_wait)]
     less = [w for w in where.ahead if w not in long_ago and w.standing < me.standing]
@@ -475,11 +483,11 @@ def why_placed(me: Waiter, where: Place, now: float, max_wait: float) -> str:
     if len(less) > len(groups):
         users = len(less) - len(groups)
         parts.append(
-            f"{users} whose user{'s' if users > 1 else ''} used less GPU time recently than you"
+            f"{users} whose user{'s' if users > 1 else ''} used {less_time} recently than you"
         )
     if groups:
         parts.append(
-            f"{len(groups)} whose group{'s' if len(groups) > 1 else ''} used less GPU time "
+            f"{len(groups)} whose group{'s' if len(groups) > 1 else ''} used {less_time} "
             "recently for its share than yours"
         )
     if first:
@@ -487,11 +495,18 @@ def why_placed(me: Waiter, where: Place, now: float, max_wait: float) -> str:
     return "ahead of you: " + ", ".join(parts)
 
 
-def standing_line(group_name: str, group: Standing, member: Standing, half_life: float) -> str:
+def standing_line(
+    group_name: str,
+    group: Standing,
+    member: Standing,
+    half_life: float,
+    count: str = "gpu_hours",
+) -> str:
     """What a user is told of their standing: ``Lab fair share: you used 3.2 GPU-hours
-    recently (half-life 7 days), 0.50 x your share; Lab 1.20 x its share``."""
+    recently (half-life 7 days), 0.50 x your share; Lab 1.20 x its share`` (billed
+    units where fair share counts them)."""
     return (
-        f"{group_name} fair share: you used {words.gpu_hours(member.usage)} recently "
+        f"{group_name} fair share: you used {used_words(count, member.usage)} recently "
         f"(half-life {words.duration(half_life)}), {member.standing:.2f} x your share; "
         f"{group_name} {group.standing:.2f} x its share"
     )
@@ -532,28 +547,4 @@ def standings(
         for user, usage in owned:
             used = usage / total if total > 0 else 0.0
             members[(user, group)] = Standing(usage, 1.0 / len(owned), used)
-    return groups, members
-
-
-def usage_since(
-    policy: Policy,
-    records: Iterable[UsageRecord],
-    since: float,
-    now: float,
-    half_life: float,
-    running: Container[str] = (),
-) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
-    """The decayed GPU-hours (at ``now``) that each group and member used after
-    ``since``: taken from their usage now, what is left is their usage at ``since``
-    (decayed on to ``now``), so a standing then needs only the records since."""
-    groups: dict[str, float] = {}
-    members: dict[tuple[str, str], float] = {}
-    for r in records:
-        end = min(r.end(now, running), now)
-        hours = decayed_seconds(r.gpus, max(r.started, since), end, now, half_life) / HOUR
-        if hours <= 0:
-            continue
-        for name in policy.charged_groups(r.group):
-            groups[name] = groups.get(name, 0.0) + hours
-        members[(r.user, r.group)] = members.get((r.user, r.group), 0.0) + hours
     return groups, members

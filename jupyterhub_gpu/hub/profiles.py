@@ -76,6 +76,7 @@ def _standing(spawner: ProfileViewer, policy: Policy, group: str) -> str | None:
         book.group_standing(group, now, running),
         book.member_standing(spawner.user.name, group, now, running),
         policy.fair_share.half_life,
+        policy.fair_share.count,
     )
 
 

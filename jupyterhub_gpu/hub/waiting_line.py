@@ -116,7 +116,7 @@ def wait_message(
     fair = policy.fair_share
     why = []
     if fair is not None and where.of > 1:
-        why.append(why_placed(me, where, now, fair.max_wait))
+        why.append(why_placed(me, where, now, fair.max_wait, fair.count))
     elif where.position > 1:
         text += f", {words.count(where.position - 1, 'spawn')} ahead of you"
     if reason:

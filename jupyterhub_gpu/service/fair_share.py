@@ -3,7 +3,9 @@
 The service keeps a ``FairShareBook`` fed with the same rows as its ``UsageBook``
 (``GPUTime.read``); each pass computes every standing now and a day ago (the
 records of the last day taken back from today's usage), for ``api/usage``, the
-dashboard and the metrics. The hub keeps its own book, from the same database,
+dashboard and the metrics, in what fair share counts: GPU-hours, or billed units
+with ``count: billed_units`` (``decayed_gpu_hours`` or ``decayed_billed_units`` in
+``api/usage``). The hub keeps its own book, from the same database,
 for its waiting line.
 """
 
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import words
 from ..core.budgets import UsageRecord
+from ..core.decayed import usage_since
 from ..core.fairshare import (
     FairShareBook,
     Standing,
@@ -25,7 +28,7 @@ from ..core.fairshare import (
     line_key,
     line_order,
     standings,
-    usage_since,
+    used_words,
 )
 from ..core.model import Group, Policy
 
@@ -42,14 +45,14 @@ USERS_LISTED = 200
 class Owner:
     """One group's or member's standing now and a day ago."""
 
-    usage: float  # decayed GPU-hours now
+    usage: float  # decayed GPU-hours (or billed units: ``FairShareSnapshot.count``) now
     share: float  # fraction of the shares it is measured among
     standing: float
     day_ago: float  # its standing a day ago
 
-    def to_json(self) -> dict[str, float]:
+    def to_json(self, count: str = "gpu_hours") -> dict[str, float]:
         return {
-            "decayed_gpu_hours": round(self.usage, 4),
+            f"decayed_{count}": round(self.usage, 4),
             "share": round(self.share, 4),
             "standing": round(self.standing, 4),
             "standing_day_ago": round(self.day_ago, 4),
@@ -63,6 +66,8 @@ class FairShareSnapshot:
     max_wait: int
     groups: dict[str, Owner]
     users: dict[tuple[str, str], Owner]  # (user, group)
+    #: what the usage is in: ``gpu_hours`` or ``billed_units`` (``FairShare.count``)
+    count: str = "gpu_hours"
 
 
 def fair_lines(
@@ -131,7 +136,9 @@ def fair_share_snapshot(
     }
     since = now - CHANGE_OVER
     recent = [r for r in records if r.end(now, running) > since]
-    groups_recent, members_recent = usage_since(policy, recent, since, now, book.half_life, running)
+    groups_recent, members_recent = usage_since(
+        policy, recent, since, now, book.half_life, running, book.billing
+    )
     groups_then = {g: max(u - groups_recent.get(g, 0.0), 0.0) for g, u in groups_now.items()}
     members_then = {m: max(u - members_recent.get(m, 0.0), 0.0) for m, u in members_now.items()}
     # standings are ratios: the usage a day ago needs no decaying back to compare
@@ -142,6 +149,7 @@ def fair_share_snapshot(
         policy.fair_share.max_wait,
         _owners(g_now, g_then),
         _owners(m_now, m_then),
+        policy.fair_share.count,
     )
 
 
@@ -152,19 +160,22 @@ def fair_share_view(
     each of their groups and, for admins, every member's (highest standing first)."""
     if snapshot is None:
         return None
-    visible = {g.name for g in groups}
+    visible, count = {g.name for g in groups}, snapshot.count
     view: dict[str, Any] = {
         "half_life_seconds": snapshot.half_life,
         "max_wait_seconds": snapshot.max_wait,
-        "groups": {n: o.to_json() for n, o in snapshot.groups.items() if n in visible},
+        "count": count,
+        "groups": {n: o.to_json(count) for n, o in snapshot.groups.items() if n in visible},
         "mine": {
-            g: o.to_json() for (u, g), o in snapshot.users.items() if u == user and g in visible
+            g: o.to_json(count)
+            for (u, g), o in snapshot.users.items()
+            if u == user and g in visible
         },
     }
     if admin:
         ranked = sorted(snapshot.users.items(), key=lambda item: -item[1].standing)
         view["users"] = [
-            {"user": u, "group": g, **o.to_json()} for (u, g), o in ranked[:USERS_LISTED]
+            {"user": u, "group": g, **o.to_json(count)} for (u, g), o in ranked[:USERS_LISTED]
         ]
         view["users_total"] = len(ranked)
     return view
@@ -176,11 +187,11 @@ def _change(value: float) -> str:
     return f"{'+' if value > 0 else '-'}{abs(value):.2f}"
 
 
-def _row(cells: Sequence[str], o: dict[str, float]) -> str:
+def _row(cells: Sequence[str], o: dict[str, float], count: str) -> str:
     return (
         "<tr>"
         + "".join(f"<td>{escape(c)}</td>" for c in cells)
-        + f'<td class="num">{format_usage(o["decayed_gpu_hours"])}</td>'
+        + f'<td class="num">{format_usage(o[f"decayed_{count}"])}</td>'
         + f'<td class="num">{o["share"]:.0%}</td>'
         + f'<td class="num">{o["standing"]:.2f}</td>'
         + f'<td class="num">{_change(o["change"])}</td></tr>'
@@ -193,27 +204,35 @@ def fair_share_section(view: dict[str, Any] | None) -> str:
     if not view:
         return ""
     half_life = words.duration(view["half_life_seconds"])
+    count = view.get("count", "gpu_hours")
+    billed = count == "billed_units"
     head = (
-        '<th class="num">Recent GPU-hours</th><th class="num">Share</th>'
+        f'<th class="num">Recent {"billed units" if billed else "GPU-hours"}</th>'
+        '<th class="num">Share</th>'
         '<th class="num">Standing</th><th class="num">Change (1 day)</th></tr>'
     )
     groups = sorted(view["groups"].items(), key=lambda item: -item[1]["standing"])
+    used = (
+        "billed units used recently (each GPU-hour times its flavor's billing weight)"
+        if billed
+        else "GPU time used recently"
+    )
     parts = [
         "<h2>Fair share</h2>",
-        f'<p class="muted">Who waits for a GPU goes in order of standing: GPU time used '
-        f"recently (counting half after {half_life}, a quarter after twice that) against "
+        f'<p class="muted">Who waits for a GPU goes in order of standing: {used} '
+        f"(counting half after {half_life}, a quarter after twice that) against "
         "the share. 1 is exactly the share, below 1 less (goes first), above 1 more.</p>",
     ]
     for group, o in view["mine"].items():
         parts.append(
-            f'<p class="standing">{escape(group)}: you used {format_usage(o["decayed_gpu_hours"])}'
-            f" GPU-hours recently, {o['standing']:.2f} x your share ({_change(o['change'])} "
-            "since yesterday)</p>"
+            f'<p class="standing">{escape(group)}: you used '
+            f"{used_words(count, o[f'decayed_{count}'])} recently, {o['standing']:.2f} x your "
+            f"share ({_change(o['change'])} since yesterday)</p>"
         )
     parts.append(
         '<table class="fair-share-groups"><tr><th>Group</th>'
         + head
-        + "".join(_row([name], o) for name, o in groups)
+        + "".join(_row([name], o, count) for name, o in groups)
         + "</table>"
     )
     if view.get("users"):
@@ -221,7 +240,7 @@ def fair_share_section(view: dict[str, Any] | None) -> str:
             f"<h3>Users by standing ({len(view['users'])} of {view['users_total']})</h3>"
             '<table class="fair-share-users"><tr><th>User</th><th>Group</th>'
             + head
-            + "".join(_row([u["user"], u["group"]], u) for u in view["users"])
+            + "".join(_row([u["user"], u["group"]], u, count) for u in view["users"])
             + "</table>"
         )
     return "".join(parts)

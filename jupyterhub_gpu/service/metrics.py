@@ -16,7 +16,10 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   ``group_gpu_hours_window_seconds`` {group}
 - with ``fair_share``: ``group_fair_share_standing``, ``_decayed_gpu_hours`` and
   ``_share`` {group}; ``user_fair_share_standing`` and ``_decayed_gpu_hours``
-  {user, group} (members with GPU time in the last ten half-lives)
+  {user, group} (members with GPU time in the last ten half-lives); with
+  ``fair_share.count: billed_units``, ``group_fair_share_decayed_billed_units``
+  {group} and ``user_fair_share_decayed_billed_units`` {user, group} instead (the
+  unit in the name, as for every other gauge)
 - ``idle_servers_judged_by_dcgm``: in the idle rule's last run, servers past their
   idle time whose GPU use is read from DCGM (whole GPUs, MIG slices);
   ``idle_servers_without_dcgm_series``: those of them Prometheus had no series
@@ -112,6 +115,18 @@ class ServiceCollector(Collector):
                     "a member's GPU-hours in the group, decayed with the half-life",
                     ["user", "group"],
                 ),
+                (
+                    "group_fair_share_decayed_billed_units",
+                    "billed units decayed with the fair-share half-life "
+                    "(fair_share.count: billed_units)",
+                    ["group"],
+                ),
+                (
+                    "user_fair_share_decayed_billed_units",
+                    "a member's billed units in the group, decayed with the half-life "
+                    "(fair_share.count: billed_units)",
+                    ["user", "group"],
+                ),
                 ("flavor_capacity_allocatable", "flavor units the nodes offer", ["flavor"]),
                 ("flavor_capacity_allocated", "flavor units pods request", ["flavor"]),
                 ("flavor_capacity_free", "flavor units free", ["flavor"]),
@@ -201,13 +216,15 @@ class ServiceCollector(Collector):
             if view.budget is not None:
                 gauges["group_gpu_hours_budget"].add_metric([name], view.budget)
         fair = snapshot.gpu_time.fair_share if snapshot.gpu_time is not None else None
+        # the decayed usage under the name of what fair share counts
+        decayed = f"fair_share_decayed_{fair.count if fair else 'gpu_hours'}"
         for name, owner in fair.groups.items() if fair else ():
             gauges["group_fair_share_standing"].add_metric([name], owner.standing)
-            gauges["group_fair_share_decayed_gpu_hours"].add_metric([name], owner.usage)
+            gauges[f"group_{decayed}"].add_metric([name], owner.usage)
             gauges["group_fair_share_share"].add_metric([name], owner.share)
         for (user, name), owner in fair.users.items() if fair else ():
             gauges["user_fair_share_standing"].add_metric([user, name], owner.standing)
-            gauges["user_fair_share_decayed_gpu_hours"].add_metric([user, name], owner.usage)
+            gauges[f"user_{decayed}"].add_metric([user, name], owner.usage)
         for flavor, capacity in (snapshot.capacity or {}).items():
             for key in ("allocatable", "allocated", "free"):
                 value = getattr(capacity, key)

@@ -57,9 +57,11 @@ def spawner(config, user: str, group: str = "lab") -> GPUKubeSpawner:
     return s
 
 
-def used(s: GPUKubeSpawner, group: str, gpus: float, hours_ago: float, hours: float) -> None:
-    """A server of ``s``'s user held ``gpus`` in ``group`` for ``hours``, ending
-    ``hours_ago``: a record as the usage database gives it."""
+def used(
+    s: GPUKubeSpawner, group: str, gpus: float, hours_ago: float, hours: float, flavor: str = "g"
+) -> None:
+    """A server of ``s``'s user held ``gpus`` of ``flavor`` in ``group`` for ``hours``,
+    ending ``hours_ago``: a record as the usage database gives it."""
     ended = CLOCK[0] - hours_ago * HOUR
     uid = f"{s.user.name}-{group}-{hours_ago}"
     ADMISSION.count_usage(
@@ -70,7 +72,7 @@ def used(s: GPUKubeSpawner, group: str, gpus: float, hours_ago: float, hours: fl
             user=s.user.name,
             group=group,
             profile="p",
-            flavor="g",
+            flavor=flavor,
             gpus=gpus,
             started=ended - hours * HOUR,
             last_seen=ended,
@@ -86,33 +88,73 @@ async def in_line(s: GPUKubeSpawner, text: str) -> None:
     await eventually(says, f"{s.user.name}'s spawn page to say {text!r}", within=5)
 
 
+async def second_goes_first(
+    holder: GPUKubeSpawner, first: GPUKubeSpawner, second: GPUKubeSpawner, says: str, told: str
+) -> None:
+    """``holder`` holds Lab's one GPU; ``first`` asks, then ``second``, who is placed
+    first (``says``; ``first`` is ``told``) and, when ``holder``'s server stops, gets
+    the GPU; ``first`` gets it after."""
+    await holder.load_user_options()
+    first_waits = asyncio.create_task(first.load_user_options())
+    await in_line(first, "position 1 of 1")
+    second_waits = asyncio.create_task(second.load_user_options())
+    await in_line(second, says)
+    await in_line(first, told)
+    assert list(ADMISSION.waiting["lab"]) == [second._server_key, first._server_key]
+    await holder._release()
+    await asyncio.wait_for(second_waits, 5)
+    assert not first_waits.done()
+    await in_line(first, "Waiting for Lab: position 1 of 1")
+    await second._release()
+    await asyncio.wait_for(first_waits, 5)
+
+
 async def test_the_member_who_used_less_starts_first_though_they_asked_second(config):
     ann, bob, cy = (spawner(config, u) for u in ("ann", "bob", "cy"))
     used(bob, "lab", 2, hours_ago=0.5, hours=1)  # bob: 2 GPU-hours half an hour ago
     used(cy, "lab", 1, hours_ago=0.5, hours=0.5)  # cy: half as much
-    await ann.load_user_options()  # ann holds Lab's one GPU
-    bob_waits = asyncio.create_task(bob.load_user_options())
-    await in_line(bob, "position 1 of 1")
-    cy_waits = asyncio.create_task(cy.load_user_options())
-    await in_line(
+    await second_goes_first(
+        ann,
+        bob,
         cy,
         "Waiting for Lab: position 1 of 2: you used less GPU time recently than others "
         "waiting; Lab already uses 1 of its 1 GPU, and this server needs 1. The server "
         "starts by itself as soon as there is room; stop it to give up.",
-    )
-    await in_line(
-        bob,
         "Waiting for Lab: position 2 of 2: ahead of you: 1 whose user used less GPU time "
         "recently than you",
     )
-    assert list(ADMISSION.waiting["lab"]) == [cy._server_key, bob._server_key]
 
-    await ann._release()  # ann's server stops: cy, who asked second, gets the GPU
-    await asyncio.wait_for(cy_waits, 5)
-    assert not bob_waits.done()
-    await in_line(bob, "Waiting for Lab: position 1 of 1")
-    await cy._release()
-    await asyncio.wait_for(bob_waits, 5)
+
+async def test_counting_billed_units_who_used_a_heavier_flavor_waits_behind_more_gpu_hours(
+    config,
+):
+    """With ``count: billed_units``, bob's hour on an H200 weighted 3 weighs more than cy's
+    two GPU-hours on the weight-1 flavor: cy goes first though bob used half her
+    GPU-hours and asked first; the form and the line say billed units."""
+    config.GPUPolicy.fair_share = {**config.GPUPolicy.fair_share, "count": "billed_units"}
+    config.GPUPolicy.flavors = {
+        "g": {"kind": "gpu"},
+        "h200": {"kind": "gpu", "billing": {"weight": 3}},
+    }
+    ann, bob, cy = (spawner(config, u) for u in ("ann", "bob", "cy"))
+    used(bob, "lab", 1, hours_ago=0.5, hours=1, flavor="h200")  # 1 GPU-hour: 3 units
+    used(cy, "lab", 2, hours_ago=0.5, hours=1)  # 2 GPU-hours: 2 units
+    (entry,) = await bob._gpu_profile_list(bob)
+    # bob: 3 ∫ 2^(-t/1h) dt from 0.5 h to 1.5 h ago = 3 (2^-0.5 - 2^-1.5) / ln 2 = 1.53
+    # billed units, 3 of the 5 Lab's members used: 0.6 against half, 1.20 x
+    assert (
+        "Lab fair share: you used 1.5 billed units recently (half-life 1 hour), 1.20 x your "
+        "share" in entry["description"]
+    )
+    await second_goes_first(
+        ann,
+        bob,
+        cy,
+        "Waiting for Lab: position 1 of 2: you used fewer billed units recently than others "
+        "waiting; Lab already uses 1 of its 1 GPU",
+        "Waiting for Lab: position 2 of 2: ahead of you: 1 whose user used fewer billed "
+        "units recently than you",
+    )
 
 
 async def test_a_sibling_group_that_used_less_goes_first_under_a_full_parent(config):

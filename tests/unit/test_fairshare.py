@@ -8,10 +8,10 @@ import random
 import pytest
 
 from jupyterhub_gpu.core.budgets import UsageRecord
+from jupyterhub_gpu.core.decayed import decayed_hours
 from jupyterhub_gpu.core.fairshare import (
     FairShareBook,
     Waiter,
-    decayed_hours,
     line_order,
     place,
     why_placed,
@@ -27,14 +27,14 @@ def policy(**groups):
     return parse_policy(fair_share={"half_life": "7d", "max_wait": "30m"}, groups=groups)
 
 
-def record(uid, user, group, gpus, started, ended, last_seen=None) -> UsageRecord:
+def record(uid, user, group, gpus, started, ended, last_seen=None, flavor="g") -> UsageRecord:
     return UsageRecord(
         uid=uid,
         key=f"ns/{uid}",
         user=user,
         group=group,
         profile="p",
-        flavor="g",
+        flavor=flavor,
         gpus=gpus,
         started=started,
         last_seen=last_seen if last_seen is not None else (ended or started),

@@ -338,7 +338,11 @@ def test_fair_share_and_group_shares_are_read_for_the_waiting_line_and_the_sched
         ({"fair_share": {"max_wait": "30m"}}, "fair_share.half_life: required"),
         (
             {"fair_share": {"half_life": "7d", "halflife": "7d"}},
-            "fair_share.halflife: unknown key (allowed here: half_life, max_wait)",
+            "fair_share.halflife: unknown key (allowed here: count, half_life, max_wait)",
+        ),
+        (
+            {"fair_share": {"half_life": "7d", "count": "units"}},
+            "fair_share.count: expected gpu_hours or billed_units, got 'units'",
         ),
         ({"fair_share": "7d"}, "fair_share: expected a mapping like {half_life: 7d"),
         ({"fair_share": {}}, "fair_share: expected a mapping like {half_life: 7d"),

@@ -37,6 +37,8 @@ SCHEDULERS = ("default", "kai", "volcano", "kueue")
 #: what a spawn does when a cap is reached (``GPUPolicy.when_full``, a group's)
 WHEN_FULL = ("refuse", "wait")
 WHEN_EXHAUSTED = ("warn", "stop")
+#: what fair share's decayed usage counts (``GPUPolicy.fair_share.count``)
+FAIR_SHARE_COUNTS = ("gpu_hours", "billed_units")
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 GPUS = Quantity(parse=parse_number, doc="GPU-equivalents (a number)")
@@ -489,6 +491,13 @@ FAIR_SHARE = section(
         "waiting longer, a server goes first whatever its standing",
         "1h",
     ),
+    Key(
+        "count",
+        Choice(values=FAIR_SHARE_COUNTS),
+        "what usage counts: GPU-equivalent-hours, or billed units (each hour times its "
+        "flavor's billing `weight` in force then, so an hour of a heavier flavor weighs more)",
+        "gpu_hours",
+    ),
 )
 EGRESS = section(
     "egress",
@@ -522,6 +531,7 @@ __all__ = [
     "EGRESS",
     "EVERYONE_EXCLUDES",
     "FAIR_SHARE",
+    "FAIR_SHARE_COUNTS",
     "FLAVOR",
     "FLAVOR_KINDS",
     "GPU_REQUEST",

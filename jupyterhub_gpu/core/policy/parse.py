@@ -212,7 +212,7 @@ def parse_fair_share(e: Errors, raw: Any) -> FairShare | None:
     half_life, max_wait = r["half_life"], r["max_wait"]
     if half_life is None:
         return None
-    return FairShare(half_life=half_life, max_wait=max_wait)
+    return FairShare(half_life=half_life, max_wait=max_wait, count=r["count"])
 
 
 def parse_egress(e: Errors, raw: Any, per_group: bool) -> Egress | None:

@@ -112,6 +112,10 @@ SETTINGS = section(
         ``when_full: wait``, whoever has used less of their share goes first,
         arrival order breaks ties, and a server that has waited longer than
         ``max_wait`` goes first whatever its standing, so nobody waits for ever.
+        ``count: billed_units`` counts each hour at its flavor's billing ``weight``
+        in force then (an hour on a flavor weighted 3 weighs three of one weighted
+        1, as Slurm's billing TRES does); ``gpu_hours`` (the default) counts every
+        GPU-equivalent-hour alike.
         Unset (the default): the line is first come, first served.
         """,
     ),

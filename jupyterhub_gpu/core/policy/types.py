@@ -392,10 +392,13 @@ class Group:
 class FairShare:
     """``GPUPolicy.fair_share``: whoever waits for the same capacity is ordered by GPU
     time used recently (decayed with ``half_life``) against their share; a server
-    waiting longer than ``max_wait`` goes first whatever its standing."""
+    waiting longer than ``max_wait`` goes first whatever its standing. ``count``:
+    what the usage is measured in, ``gpu_hours`` or ``billed_units`` (each hour
+    weighted by its flavor's billing weight in force then)."""
 
     half_life: int  # seconds
     max_wait: int = 3600  # seconds
+    count: str = "gpu_hours"
 
 
 @dataclass(frozen=True)
