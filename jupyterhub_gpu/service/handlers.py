@@ -292,7 +292,9 @@ class ShowbackHandler(APIHandler):
         rendered = gpu_time.rendered.get((month, output)) if admin else None
         if rendered is None:
             if output == "csv":
-                rendered = showback_csv(month, result, viewer, admin, groups, service.policy)
+                rendered = showback_csv(
+                    month, result, viewer, admin, groups, service.policy, service.emissions_factor
+                )
             else:
                 rendered = json.dumps(view)
             if admin:
