@@ -431,26 +431,22 @@ class ShowbackTally:
         # the closed sessions not final: their means as given
         month_until = self.month_bounds(month)[1]
         closed = self._closed
-        for uid, busy in (utilisation or {}).items():
+        busy_of, watts_of = utilisation or {}, power or {}
+        for uid in dict.fromkeys([*busy_of, *watts_of]):
             r = closed.get(uid)
             if r is None or uid in final or (groups is not None and r.group not in groups):
                 continue
             row = self._row(r)
             span = _closed_span(r, since, month_until)
-            if span is None or row[2] in self.shared:
+            if span is None:
                 continue
-            measured[row] = measured.get(row, 0.0) + span[0]
-            utilised[row] = utilised.get(row, 0.0) + busy_hours(span[0], busy)
-        for uid, watts in (power or {}).items():
-            r = closed.get(uid)
-            if r is None or uid in final or (groups is not None and r.group not in groups):
-                continue
-            row = self._row(r)
-            span = _closed_span(r, since, month_until)
-            if span is None or row[2] in self.unmetered:
-                continue
-            metered[row] = metered.get(row, 0.0) + span[0]
-            energy[row] = energy.get(row, 0.0) + kwh(watts, span[1])
+            busy, watts = busy_of.get(uid), watts_of.get(uid)
+            if busy is not None and row[2] not in self.shared:
+                measured[row] = measured.get(row, 0.0) + span[0]
+                utilised[row] = utilised.get(row, 0.0) + busy_hours(span[0], busy)
+            if watts is not None and row[2] not in self.unmetered:
+                metered[row] = metered.get(row, 0.0) + span[0]
+                energy[row] = energy.get(row, 0.0) + kwh(watts, span[1])
         return showback_of(since, until, detail, measured, utilised, units, cost, metered, energy)
 
     def _summed(

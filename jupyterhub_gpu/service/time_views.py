@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +30,27 @@ def _iso(epoch: float) -> str:
 FIGURES = 7
 
 
+def _row_figures(result: Showback) -> Iterator[tuple[tuple[str, str, str], tuple[float, ...]]]:
+    """Each (group, user, flavor) row of ``result`` with its figures (``FIGURES``), in
+    the records' order."""
+    measured, utilised = result.measured.get, result.utilised.get
+    units, cost = result.units.get, result.cost.get
+    metered, energy = result.metered.get, result.energy.get
+    for key, hours in result.detail.items():
+        yield (
+            key,
+            (
+                hours,
+                measured(key, 0.0),
+                utilised(key, 0.0),
+                units(key, hours),
+                cost(key, 0.0),
+                metered(key, 0.0),
+                energy(key, 0.0),
+            ),
+        )
+
+
 def showback_rows(
     result: Showback, viewer: Viewer, admin: bool, groups: set[str] | None
 ) -> list[tuple]:
@@ -38,25 +59,13 @@ def showback_rows(
     # one pass in the records' order, then sorted: an admin's month has a row per user
     # and flavor (10,000 at 5,000 users), so no per-row function calls or inner loops
     rows: dict[tuple[str, str, str], list[float]] = {}
-    measured, utilised = result.measured.get, result.utilised.get
-    units, cost = result.units.get, result.cost.get
-    metered, energy = result.metered.get, result.energy.get
     name = viewer.name
-    for key, hours in result.detail.items():
+    for key, figures in _row_figures(result):
         group, user, flavor = key
         if groups is not None and group not in groups:
             continue
         shown = key if admin or user == name else (group, OTHERS, flavor)
         row = rows.get(shown)
-        figures = (
-            hours,
-            measured(key, 0.0),
-            utilised(key, 0.0),
-            units(key, hours),
-            cost(key, 0.0),
-            metered(key, 0.0),
-            energy(key, 0.0),
-        )
         if row is None:
             rows[shown] = [0.0 + figure for figure in figures]
         else:
@@ -110,25 +119,13 @@ def group_totals(
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * FIGURES)
     # the groups a group's use counts for, worked out once per group, not per row
     targets: dict[str, list[list[float]]] = {}
-    measured, utilised = result.measured.get, result.utilised.get
-    units, cost = result.units.get, result.cost.get
-    metered, energy = result.metered.get, result.energy.get
-    for key, hours in result.detail.items():
+    for key, figures in _row_figures(result):
         into = targets.get(key[0])
         if into is None:
             into = targets[key[0]] = [
                 sums[g] for g in charged(key[0]) if groups is None or g in groups
             ]
         if into:
-            figures = (
-                hours,
-                measured(key, 0.0),
-                utilised(key, 0.0),
-                units(key, hours),
-                cost(key, 0.0),
-                metered(key, 0.0),
-                energy(key, 0.0),
-            )
             for total in into:
                 for i, figure in enumerate(figures):
                     total[i] += figure
