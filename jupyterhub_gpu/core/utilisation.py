@@ -14,6 +14,10 @@ month's mean is the same as one query over the month would give; and for how man
 seconds any DCGM series had samples, so what Prometheus does not hold (retention,
 an exporter down) is reported as missing instead of silently under-reported.
 
+The GPUs' power, for showback's energy, is read in the same chunks: a reading holds
+every metric's sums and counts, and ``Chunks.means`` works out each figure (the
+utilisation, the power) from them in one pass.
+
 Pure: no I/O; epoch seconds. The adapter (``service/utilisation.py``) asks
 ``Chunks.wanted`` what to read, reads it, and hands it back with ``Chunks.put``.
 """
@@ -119,10 +123,11 @@ class Coverage:
             parts.append(f"{_days(self.unread)} not read yet ({why})")
         return parts
 
-    def note(self, figure: str = "utilised") -> str | None:
-        """What a reader of the ``figure`` must know, in words; None when it is whole."""
+    def note(self) -> str | None:
+        """What a reader of the utilised figure must know, in words; None when it is
+        whole."""
         parts = self.parts()
-        return f"{figure}: " + ", ".join(parts) if parts else None
+        return "utilised: " + ", ".join(parts) if parts else None
 
 
 def _days(seconds: float) -> str:
