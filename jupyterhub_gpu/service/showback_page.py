@@ -66,9 +66,11 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
             f"<tr><td>{escape(item['group'])}</td>"
             f'<td class="num">{words.number(item["gpu_hours"], grouped=True)}</td>'
             f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
-            f'<td class="num">{busy}</td><td class="num">{cap}</td>'
-            + (_billing_cells(item, currency) if billed else "")
+            f'<td class="num">{busy}</td>'
+            # the energy beside the utilisation (both measured by DCGM), the money last
             + (_energy_cells(item, emissions) if energy else "")
+            + f'<td class="num">{cap}</td>'
+            + (_billing_cells(item, currency) if billed else "")
             + "</tr>"
         )
     users = [
@@ -119,7 +121,7 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
             '<table class="showback"><tr><th>Group</th><th class="num">GPU-hours</th>'
             '<th>By flavor</th><th class="num" title="GPU-hours the GPUs were busy, of those '
             'whose utilisation was measured (DCGM)">Busy GPU-hours</th>'
-            f'<th class="num">Budget</th>{billing_heads}{energy_heads}</tr>'
+            f'{energy_heads}<th class="num">Budget</th>{billing_heads}</tr>'
             + "".join(rows)
             + "</table>"
             if rows

@@ -210,7 +210,11 @@ def test_the_dashboard_shows_kwh_per_group_only_when_some_was_measured():
 
     assert ">kWh</th>" not in section(unmeasured)
     page = section(measured)
-    assert ">kWh</th>" in page
+    # beside the busy GPU-hours (both from DCGM); billing's columns stay last
+    assert page.index("Busy GPU-hours</th>") < page.index(">kWh</th>") < page.index(">Budget</th>")
+    table = page.split('<table class="showback">')[1].split("</table>")[0]
+    for row in table.split("</tr>")[1:-1]:
+        assert row.count("<td") == table.split("</tr>")[0].count("<th")
     assert '<td class="num">0.9</td>' in page
     assert "kg CO₂e" not in page
     page = section(measured, 500.0)
