@@ -1,6 +1,7 @@
 """Showback's energy against the real Prometheus (Debian's package) scraping the
 simulated DCGM exporter: a session's kWh from the total-energy counter where the
-exporter has it, else from the power gauge, its GPUs together; a server on a shared
+exporter has it (across a counter reset), else from the power gauge, its GPUs
+together; a server on a shared
 GPU or a MIG slice is never given its device's power, and one without series is
 reported as such, in the coverage the JSON gives."""
 
@@ -92,7 +93,11 @@ async def test_a_sessions_kwh_comes_from_the_counter_or_the_gauge_and_shared_gpu
     assert samples(POWER_USAGE, "jupyter-eve") == 0
     assert samples(TOTAL_ENERGY, "jupyter-fay") == 0
     began = time.time()
-    await asyncio.sleep(RUN)
+    await asyncio.sleep(RUN / 2)
+    # a driver reloaded: every counter starts again from zero (the chunk with the reset
+    # is left out of the counter's mean, never read as a drop or a leap)
+    exporter.reset_energy()
+    await asyncio.sleep(RUN / 2)
     ended = time.time()
     records = [
         UsageRecord(
@@ -108,7 +113,7 @@ async def test_a_sessions_kwh_comes_from_the_counter_or_the_gauge_and_shared_gpu
     sessions = sessions_of(records, since, ended, ended, (), shared_flavors(POLICY))
     measured = await reader.measure(since, ended, sessions)
     # the mean power each session's pod drew, its GPUs together
-    assert measured.power["u-jupyter-eve"] == pytest.approx(watts["jupyter-eve"], rel=0.03)
+    assert measured.power["u-jupyter-eve"] == pytest.approx(watts["jupyter-eve"], rel=0.01)
     assert measured.power["u-jupyter-fay"] == pytest.approx(watts["jupyter-fay"], rel=0.01)
     assert "u-jupyter-gus" not in measured.power
     # the MIG slice's series are its parent GPU's: read, and never given to it (below)
@@ -140,7 +145,7 @@ async def test_a_sessions_kwh_comes_from_the_counter_or_the_gauge_and_shared_gpu
     hours = (ended - began) / 3600
     # each session's own time at its pod's power (the JSON's are rounded to 4 places)
     assert result.energy[("lab", "eve", "gpu")] == pytest.approx(
-        watts["jupyter-eve"] * hours / 1000, rel=0.03
+        watts["jupyter-eve"] * hours / 1000, rel=0.01
     )
     assert result.energy[("lab", "fay", "gpu")] == pytest.approx(
         watts["jupyter-fay"] * hours / 1000, rel=0.01

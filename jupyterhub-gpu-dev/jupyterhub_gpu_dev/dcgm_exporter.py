@@ -41,7 +41,8 @@ pods through the kubelet's pod-resources API):
   idle power plus its utilisation's share of the rest up to its model's maximum (an
   H200's 700 W); a MIG instance's and a shared replica's series give the whole
   device's (``dcgm_power``). ``set_power_series(namespace, pod, gauge, counter)``
-  leaves either out of a pod's series, as an exporter whose counters file lacks it.
+  leaves either out of a pod's series, as an exporter whose counters file lacks it;
+  ``reset_energy()`` resets every counter, as a driver reload does.
 
 Every series has dcgm-exporter's device labels: ``gpu``, ``UUID``,
 ``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` and
@@ -369,6 +370,14 @@ class SimulatedDCGMExporter:
     def _published(self, namespace: str, pod: str) -> tuple[bool, bool]:
         with self._lock:
             return self._power_series.get((namespace, pod), (True, True))
+
+    def reset_energy(self) -> None:
+        """Every GPU's energy counter back to zero from the next scrape on, as when the
+        driver is reloaded (a counter reset)."""
+        if self._loop is None:
+            raise RuntimeError("the simulated DCGM exporter is not running")
+        # on the exporter's loop: never in the middle of a scrape
+        self._loop.call_soon_threadsafe(self.meter.reset)
 
     def pod_power(self, namespace: str, pod: str) -> float | None:
         """The pod's GPUs' power together (watts) at the last scrape; None: no series

@@ -69,6 +69,10 @@ class EnergyMeter:
         self.devices[uuid] = (energy, now, watts)
         return energy
 
+    def reset(self) -> None:
+        """Every counter back to zero, as when the driver is reloaded."""
+        self.devices = {uuid: (0.0, at, watts) for uuid, (_, at, watts) in self.devices.items()}
+
 
 def power_families(
     usage: list[Metric],

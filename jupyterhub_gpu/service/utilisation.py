@@ -6,11 +6,15 @@ read and hands the answer back. A chunk's query returns, per server pod and DCGM
 metric, the sum and the count of its samples over the chunk (``@`` its end), and
 in how many one-minute steps any DCGM series had samples at all.
 
-Power is read the same way, as a pod's mean power over its samples, its GPUs'
-together (the sum of its series' samples over the most samples one of them has):
-from the total-energy counter where the exporter has it (its rate at each step,
-which counts the energy between scrapes that a gauge's samples miss), else from the
-power gauge. A session's energy is that mean times its time (``core.energy``).
+Power is read the same way, as a pod's mean power, its GPUs' together: from the
+total-energy counter where the exporter has it, else from the power gauge. The
+counter's mean is exact, the energy between two of its samples over the time
+between them (what a gauge's samples miss between scrapes is counted): per chunk,
+each series' increase from the sample its first step sees to the one its last step
+sees, and the time between those two samples; a series that was reset in the
+chunk (a driver reloaded) is left out of it. The gauge's is the sum of a pod's
+series' samples over the most samples one of them has. A session's energy is
+that mean times its time (``core.energy``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ METRICS = ((GPU_UTIL, 1.0), (ENGINE_ACTIVE, 100.0))
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
 TOTAL_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 #: the power metrics, the counter winning, and the factor that makes each watts (the
-#: counter's rate is in mJ/s)
+#: counter's increase over seconds is in mJ/s)
 POWER_METRICS = ((TOTAL_ENERGY, 0.001), (POWER_USAGE, 1.0))
 
 
@@ -49,9 +53,10 @@ def chunk_query(start: float, end: float) -> str:
     """The one query reading a chunk (``start``, ``end``]: each pod's sum and count of
     samples per metric, labelled ``part``, and the steps with any DCGM sample.
 
-    Utilisation: the samples of all a pod's GPUs (their mean). Power: the sum of all a
-    pod's series' samples over the most samples one of them has (its GPUs' power
-    together); the energy counter as its rate at each step of the chunk."""
+    Utilisation: the samples of all a pod's GPUs (their mean). Power (its GPUs'
+    together): the energy counter's increase over its series, and the longest time
+    one of them spans; the gauge's samples summed over its series, and the most
+    samples one of them has."""
     window, at = _duration(end - start), f"{end:.3f}"
     step = step_for(end - start)
     parts = []
@@ -63,12 +68,19 @@ def chunk_query(start: float, end: float) -> str:
         for fn in ("sum", "count"):
             series = f'{metric}{{pod!=""}}[{window}] @ {at}'
             part(f"{metric}:{fn}", f"sum by (namespace, pod) ({fn}_over_time({series}))")
-    # a rate needs two samples: four steps hold them at a scrape interval up to twice a step
-    rates = f'rate({TOTAL_ENERGY}{{pod!=""}}[{4 * step}s])[{window}:{step}s] @ {at}'
+    # the counter: at each step the latest sample and its time (a subquery), so the
+    # increase from the first step's sample to the last's and the time between them
+    # are those of two real samples; not a series reset in the chunk
+    energy = f'{TOTAL_ENERGY}{{pod!=""}}'
+    reset = f"resets({energy}[{window}] @ {at}) > 0"
+    for fn, series in (("sum", energy), ("count", f"timestamp({energy})")):
+        steps = f"{series}[{window}:{step}s] @ {at}"
+        spread = f"(max_over_time({steps}) - min_over_time({steps})) unless {reset}"
+        total = "sum" if fn == "sum" else "max"
+        part(f"{TOTAL_ENERGY}:{fn}", f"{total} by (namespace, pod) ({spread})")
     power = f'{POWER_USAGE}{{pod!=""}}[{window}] @ {at}'
-    for metric, series in ((TOTAL_ENERGY, rates), (POWER_USAGE, power)):
-        part(f"{metric}:sum", f"sum by (namespace, pod) (sum_over_time({series}))")
-        part(f"{metric}:count", f"max by (namespace, pod) (count_over_time({series}))")
+    part(f"{POWER_USAGE}:sum", f"sum by (namespace, pod) (sum_over_time({power}))")
+    part(f"{POWER_USAGE}:count", f"max by (namespace, pod) (count_over_time({power}))")
     # a step has data when any series had a sample within two steps before it
     present = " or ".join(f"count(count_over_time({m}[{2 * step}s]))" for m, _ in METRICS)
     parts.append(

@@ -229,7 +229,7 @@ def test_two_sessions_of_one_pod_name_each_get_their_own_power_and_the_tally_kee
     zone = ZoneInfo("UTC")
     key = "jhub/jupyter-ann"
     chunks = Chunks(zone=zone)
-    # the counter's rate on the 2nd (in watts, as the reader keeps it); the gauge alone
+    # the counter's mean on the 2nd (in watts, as the reader keeps it); the gauge alone
     # on the 4th
     for day, metric, watts in ((1, TOTAL_ENERGY, 650.0), (3, POWER_USAGE, 90.0)):
         start = NOV + day * DAY
@@ -273,12 +273,17 @@ def test_two_sessions_of_one_pod_name_each_get_their_own_power_and_the_tally_kee
 
 def test_a_chunks_answer_gives_each_pods_power_in_watts():
     query = chunk_query(NOV, NOV + DAY)
-    # the counter read as its rate at each step, the gauge as its samples: per pod, the
-    # sum over its series and the most samples one of them has
-    assert f'rate({TOTAL_ENERGY}{{pod!=""}}[240s])[86399999ms:60s]' in query
+    # the counter: its increase (mJ) between the samples its first and last steps see,
+    # and the seconds between them; the gauge: its samples summed, and counted. Per pod
+    # the increases summed over its series, and the longest time, the most samples
+    energy = f'{TOTAL_ENERGY}{{pod!=""}}'
+    assert f"max_over_time({energy}[86399999ms:60s] @ {NOV + DAY:.3f})" in query
+    assert f"min_over_time(timestamp({energy})[86399999ms:60s] @ {NOV + DAY:.3f})" in query
+    assert f"unless resets({energy}[86399999ms] @ {NOV + DAY:.3f}) > 0" in query
     assert f'max by (namespace, pod) (count_over_time({POWER_USAGE}{{pod!=""}}' in query
     pod = {"namespace": "ns", "pod": "jupyter-ann"}
     answer = [
+        # 1,300 J over 2 seconds
         {"metric": {**pod, "part": f"{TOTAL_ENERGY}:sum"}, "value": [0, "1300000"]},
         {"metric": {**pod, "part": f"{TOTAL_ENERGY}:count"}, "value": [0, "2"]},
         {"metric": {**pod, "part": f"{POWER_USAGE}:sum"}, "value": [0, "1200"]},
@@ -366,6 +371,9 @@ def test_the_simulated_exporters_power_follows_utilisation_and_its_counter_integ
     assert after["GPU-0"] - before["GPU-0"] == pytest.approx(380.0 * 10 * 1000)
     assert after["GPU-2"] - before["GPU-2"] == pytest.approx(60.0 * 10 * 1000)
     assert per_pod[("ns", "jupyter-ann")] == 120.0
+    # a driver reloaded: the counters start again from zero
+    meter.reset()
+    assert meter.read("GPU-2", 60.0, 1015.0) == pytest.approx(60.0 * 5 * 1000)
     # an exporter whose counters file lacks the counter (or the gauge) for a pod
     families, _ = power_families(
         usage, meter, now=1020.0, published=lambda ns, name: (name != "jupyter-bob", False)
