@@ -94,9 +94,11 @@ async def test_a_sessions_kwh_comes_from_the_counter_or_the_gauge_and_shared_gpu
     assert samples(TOTAL_ENERGY, "jupyter-fay") == 0
     began = time.time()
     await asyncio.sleep(RUN / 2)
-    # a driver reloaded: every counter starts again from zero (the chunk with the reset
-    # is left out of the counter's mean, never read as a drop or a leap)
-    exporter.reset_energy()
+    # a driver reloaded on one of eve's GPUs: its counter starts again from zero. The
+    # chunk with the reset is left out of eve's mean (never read as a drop or a leap,
+    # nor as her other GPU's power alone)
+    (one, *_) = prometheus.query(f'{TOTAL_ENERGY}{{namespace="{namespace}", pod="jupyter-eve"}}')
+    exporter.reset_energy([one["metric"]["UUID"]])
     await asyncio.sleep(RUN / 2)
     ended = time.time()
     records = [

@@ -371,13 +371,13 @@ class SimulatedDCGMExporter:
         with self._lock:
             return self._power_series.get((namespace, pod), (True, True))
 
-    def reset_energy(self) -> None:
-        """Every GPU's energy counter back to zero from the next scrape on, as when the
-        driver is reloaded (a counter reset)."""
+    def reset_energy(self, uuids: Collection[str] | None = None) -> None:
+        """These GPUs' energy counters (by ``UUID`` label; None: every GPU's) back to
+        zero from the next scrape on, as when the driver is reloaded (a counter reset)."""
         if self._loop is None:
             raise RuntimeError("the simulated DCGM exporter is not running")
         # on the exporter's loop: never in the middle of a scrape
-        self._loop.call_soon_threadsafe(self.meter.reset)
+        self._loop.call_soon_threadsafe(self.meter.reset, uuids)
 
     def pod_power(self, namespace: str, pod: str) -> float | None:
         """The pod's GPUs' power together (watts) at the last scrape; None: no series

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from prometheus_client.core import Metric
 
@@ -69,9 +69,13 @@ class EnergyMeter:
         self.devices[uuid] = (energy, now, watts)
         return energy
 
-    def reset(self) -> None:
-        """Every counter back to zero, as when the driver is reloaded."""
-        self.devices = {uuid: (0.0, at, watts) for uuid, (_, at, watts) in self.devices.items()}
+    def reset(self, uuids: Collection[str] | None = None) -> None:
+        """These GPUs' counters (None: every GPU's) back to zero, as when the driver is
+        reloaded."""
+        self.devices = {
+            uuid: (0.0, at, watts) if uuids is None or uuid in uuids else (energy, at, watts)
+            for uuid, (energy, at, watts) in self.devices.items()
+        }
 
 
 def power_families(

@@ -11,8 +11,8 @@ total-energy counter where the exporter has it, else from the power gauge. The
 counter's mean is exact, the energy between two of its samples over the time
 between them (what a gauge's samples miss between scrapes is counted): per chunk,
 each series' increase from the sample its first step sees to the one its last step
-sees, and the time between those two samples; a series that was reset in the
-chunk (a driver reloaded) is left out of it. The gauge's is the sum of a pod's
+sees, and the time between those two samples; a pod with a series that was reset
+in the chunk (a driver reloaded) is left out of it. The gauge's is the sum of a pod's
 series' samples over the most samples one of them has. A session's energy is
 that mean times its time (``core.energy``).
 """
@@ -70,14 +70,18 @@ def chunk_query(start: float, end: float) -> str:
             part(f"{metric}:{fn}", f"sum by (namespace, pod) ({fn}_over_time({series}))")
     # the counter: at each step the latest sample and its time (a subquery), so the
     # increase from the first step's sample to the last's and the time between them
-    # are those of two real samples; not a series reset in the chunk
+    # are those of two real samples; not a pod with a series reset in the chunk (its
+    # other GPUs' alone would halve it)
     energy = f'{TOTAL_ENERGY}{{pod!=""}}'
     reset = f"resets({energy}[{window}] @ {at}) > 0"
     for fn, series in (("sum", energy), ("count", f"timestamp({energy})")):
         steps = f"{series}[{window}:{step}s] @ {at}"
-        spread = f"(max_over_time({steps}) - min_over_time({steps})) unless {reset}"
+        spread = f"max_over_time({steps}) - min_over_time({steps})"
         total = "sum" if fn == "sum" else "max"
-        part(f"{TOTAL_ENERGY}:{fn}", f"{total} by (namespace, pod) ({spread})")
+        part(
+            f"{TOTAL_ENERGY}:{fn}",
+            f"{total} by (namespace, pod) ({spread}) unless on (namespace, pod) ({reset})",
+        )
     power = f'{POWER_USAGE}{{pod!=""}}[{window}] @ {at}'
     part(f"{POWER_USAGE}:sum", f"sum by (namespace, pod) (sum_over_time({power}))")
     part(f"{POWER_USAGE}:count", f"max by (namespace, pod) (count_over_time({power}))")

@@ -279,7 +279,9 @@ def test_a_chunks_answer_gives_each_pods_power_in_watts():
     energy = f'{TOTAL_ENERGY}{{pod!=""}}'
     assert f"max_over_time({energy}[86399999ms:60s] @ {NOV + DAY:.3f})" in query
     assert f"min_over_time(timestamp({energy})[86399999ms:60s] @ {NOV + DAY:.3f})" in query
-    assert f"unless resets({energy}[86399999ms] @ {NOV + DAY:.3f}) > 0" in query
+    assert (
+        f"unless on (namespace, pod) (resets({energy}[86399999ms] @ {NOV + DAY:.3f}) > 0)" in query
+    )
     assert f'max by (namespace, pod) (count_over_time({POWER_USAGE}{{pod!=""}}' in query
     pod = {"namespace": "ns", "pod": "jupyter-ann"}
     answer = [
@@ -371,9 +373,10 @@ def test_the_simulated_exporters_power_follows_utilisation_and_its_counter_integ
     assert after["GPU-0"] - before["GPU-0"] == pytest.approx(380.0 * 10 * 1000)
     assert after["GPU-2"] - before["GPU-2"] == pytest.approx(60.0 * 10 * 1000)
     assert per_pod[("ns", "jupyter-ann")] == 120.0
-    # a driver reloaded: the counters start again from zero
-    meter.reset()
+    # a driver reloaded: that GPU's counter starts again from zero, the others run on
+    meter.reset(["GPU-2"])
     assert meter.read("GPU-2", 60.0, 1015.0) == pytest.approx(60.0 * 5 * 1000)
+    assert meter.read("GPU-0", 60.0, 1015.0) > after["GPU-0"]
     # an exporter whose counters file lacks the counter (or the gauge) for a pod
     families, _ = power_families(
         usage, meter, now=1020.0, published=lambda ns, name: (name != "jupyter-bob", False)
