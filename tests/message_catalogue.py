@@ -38,6 +38,7 @@ from jupyterhub_gpu.core.budgets import (  # noqa: E402
 )
 from jupyterhub_gpu.core.capacity import FlavorCapacity, flavor_capacity  # noqa: E402
 from jupyterhub_gpu.core.dra import DraInventory, pod_allocation  # noqa: E402
+from jupyterhub_gpu.core.energy import EnergyCoverage  # noqa: E402
 from jupyterhub_gpu.core.exits import ContainerExit, exit_message  # noqa: E402
 from jupyterhub_gpu.core.fairshare import Standing, Waiter, place, standing_line  # noqa: E402
 from jupyterhub_gpu.core.model import Budget, Idle, PolicyError, parse_policy  # noqa: E402
@@ -49,6 +50,7 @@ from jupyterhub_gpu.core.pending import (  # noqa: E402
 from jupyterhub_gpu.core.profiles import profile_entry  # noqa: E402
 from jupyterhub_gpu.core.schedulers import scheduler_for  # noqa: E402
 from jupyterhub_gpu.core.selection import Refused, Request, offers, select  # noqa: E402
+from jupyterhub_gpu.core.utilisation import Coverage  # noqa: E402
 from jupyterhub_gpu.hub.admission import BUDGETS_UNCHECKED, wait_message  # noqa: E402
 from jupyterhub_gpu.hub.checks import (  # noqa: E402
     SpawnRefused,
@@ -879,10 +881,18 @@ def dashboard() -> Section:
             ("a group's GPU-hours, under its chart", chart.group(1) if chart else ""),
             ("cluster capacity", _text(page.capacity_section(capacity))),
             ("cluster capacity unknown", _text(page.capacity_section({"known": False}))),
+            ("what showback's kWh do not cover, under its table", _energy_note()),
             *_dra_dashboard(),
             ("the service's replicas (admins only)", _text(page.lease_section(LEASE, 1))),
         ],
     )
+
+
+def _energy_note() -> str:
+    """Showback's energy coverage: a month with shared GPUs, a server without power
+    series and two days Prometheus holds nothing for."""
+    readings = Coverage(NOW - 30 * 86400, NOW, 28 * 86400, ((NOW - 30 * 86400, NOW - 28 * 86400),))
+    return EnergyCoverage(1520.0, 1180.5, 312.0, 27.5, readings).note() or ""
 
 
 #: the replicas' Lease as the dashboard gets it (``LeaseElector.to_json``)

@@ -83,6 +83,7 @@ async def time_hub(local_cluster, core, priority_class_objects, gpu_metrics):
         extra_config=(
             "c.GPUService.usage_interval = 2\n"
             "c.GPUService.utilisation_refresh = 2\n"
+            "c.GPUService.emissions_factor = 400\n"
             f"c.GPUService.prometheus_url = {gpu_metrics.prometheus.url!r}\n"
             "c.GPUService.hub_poll_interval = 1\n"
             "c.GPUService.auth_cache_max_age = 3\n"
@@ -255,6 +256,15 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub, 
         0.6 * amy_row["measured_gpu_hours"], rel=0.05
     )
     assert bob_row["utilised_gpu_hours"] == 0
+    # the energy of amy's whole GPU at what the exporter says it draws at 60 % (the
+    # JSON's kWh are rounded to 4 places), and its emissions at the site's 400 g/kWh
+    drawn = gpu_metrics.exporter.pod_power(time_hub.namespace, "jupyter-amy")
+    assert amy_row["energy_kwh"] == pytest.approx(
+        drawn / 1000 * amy_row["energy_measured_gpu_hours"], rel=0.05, abs=1e-4
+    )
+    assert amy_row["emissions_kg"] == pytest.approx(0.4 * amy_row["energy_kwh"], abs=1e-4)
+    assert everything["emissions_factor_g_per_kwh"] == 400
+    assert everything["energy_coverage"]["measured_gpu_hours"] > 0
     mine = await showback(amy)
     assert {g["group"] for g in mine["groups"]} == {"alpha"}
     # ann's earlier use is in alpha's total, but under no name amy may read
@@ -278,6 +288,8 @@ async def test_members_see_their_own_groups_history_and_showback_only(time_hub, 
         "billed_units",
         "cost",
         "currency",
+        "energy_kwh",
+        "emissions_kg",
     ]
     assert sum(float(r["gpu_hours"]) for r in table) == pytest.approx(
         mine["groups"][0]["gpu_hours"], abs=1e-3

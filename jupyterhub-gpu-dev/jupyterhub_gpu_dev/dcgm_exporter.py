@@ -34,7 +34,15 @@ pods through the kubelet's pod-resources API):
   ``dra_driver_name``, ``dra_pool_name`` and ``dra_device_name``. With
   ``set_mapped(namespace, pod, False)`` a DRA device is reported as by an exporter
   without the DRA mapping: no pod labels;
-- HAMi shares and KAI fractions: nothing (no per-pod device here).
+- HAMi shares and KAI fractions: nothing (no per-pod device here);
+- power: ``DCGM_FI_DEV_POWER_USAGE`` (watts) and
+  ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (millijoules, a counter integrated from
+  that power) with the labels of each utilisation series above: each GPU draws its
+  idle power plus its utilisation's share of the rest up to its model's maximum (an
+  H200's 700 W); a MIG instance's and a shared replica's series give the whole
+  device's (``dcgm_power``). ``set_power_series(namespace, pod, gauge, counter)``
+  leaves either out of a pod's series, as an exporter whose counters file lacks it;
+  ``reset_energy()`` resets every counter, as a driver reload does.
 
 Every series has dcgm-exporter's device labels: ``gpu``, ``UUID``,
 ``pci_bus_id``, ``device``, ``modelName``, ``Hostname`` and
@@ -71,6 +79,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from .dcgm_dra import DRIVER_VERSION, ENGINE_ACTIVE, GPU_UTIL, DraObjects, dra_samples
+from .dcgm_power import EnergyMeter, power_families
 
 GROUP_LABEL = "gpu.jupyterhub.org/group"
 
@@ -300,6 +309,10 @@ class SimulatedDCGMExporter:
         self.devices = DeviceMap()
         self._utilization: dict[tuple[str, str], float] = {}
         self._unmapped: set[tuple[str, str]] = set()
+        #: each GPU's energy counter, and the pods whose power series leave one out
+        self.meter = EnergyMeter()
+        self._power_series: dict[tuple[str, str], tuple[bool, bool]] = {}
+        self._pod_power: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -343,6 +356,35 @@ class SimulatedDCGMExporter:
         with self._lock:
             return set(self._unmapped)
 
+    def set_power_series(
+        self, namespace: str, pod: str, gauge: bool = True, counter: bool = True
+    ) -> None:
+        """Which of a pod's power series the next scrapes have: the power gauge, the
+        total-energy counter (both by default)."""
+        with self._lock:
+            if gauge and counter:
+                self._power_series.pop((namespace, pod), None)
+            else:
+                self._power_series[(namespace, pod)] = (gauge, counter)
+
+    def _published(self, namespace: str, pod: str) -> tuple[bool, bool]:
+        with self._lock:
+            return self._power_series.get((namespace, pod), (True, True))
+
+    def reset_energy(self, uuids: Collection[str] | None = None) -> None:
+        """These GPUs' energy counters (by ``UUID`` label; None: every GPU's) back to
+        zero from the next scrape on, as when the driver is reloaded (a counter reset)."""
+        if self._loop is None:
+            raise RuntimeError("the simulated DCGM exporter is not running")
+        # on the exporter's loop: never in the middle of a scrape
+        self._loop.call_soon_threadsafe(self.meter.reset, uuids)
+
+    def pod_power(self, namespace: str, pod: str) -> float | None:
+        """The pod's GPUs' power together (watts) at the last scrape; None: no series
+        carried its labels."""
+        with self._lock:
+            return self._pod_power.get((namespace, pod))
+
     async def render(self, core) -> bytes:
         """One scrape: the pods and nodes as the API server lists them now."""
         nodes_raw = await core.list_node(_preload_content=False)
@@ -365,7 +407,10 @@ class SimulatedDCGMExporter:
             self.unmapped(),
             dra,
         )
-        return generate_latest(_Families(families))
+        power, per_pod = power_families(families, self.meter, published=self._published)
+        with self._lock:
+            self._pod_power = per_pod
+        return generate_latest(_Families(families + power))
 
     @staticmethod
     async def _dra_objects(core) -> DraObjects:

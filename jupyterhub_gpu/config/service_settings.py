@@ -256,6 +256,19 @@ class GPUService(Configurable):
         """,
     ).tag(config=True)
 
+    emissions_factor = Float(
+        None,
+        allow_none=True,
+        min=0.0,
+        help="""
+        Grams of CO2 equivalent per kWh of the electricity your GPUs use (your
+        grid's or your supplier's figure, such as ``350``). Showback then gives
+        ``emissions_kg`` beside ``energy_kwh`` for each group, user and flavor in its
+        JSON, and an ``emissions_kg`` column at the end of its CSV. Default
+        ``None``: no emissions figures.
+        """,
+    ).tag(config=True)
+
     utilisation_refresh = Float(
         300.0,
         help="""

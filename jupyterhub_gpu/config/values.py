@@ -340,6 +340,14 @@ def service_setting_errors(config: Mapping[str, Any]) -> list[str]:
     problem = prometheus_url_error(settings.get("prometheus_url", ""))
     if problem:
         errors.append(f"hub.config.GPUService.prometheus_url: {problem}")
+    factor = settings.get("emissions_factor")
+    if factor is not None and (
+        isinstance(factor, bool) or not isinstance(factor, int | float) or factor < 0
+    ):
+        errors.append(
+            "hub.config.GPUService.emissions_factor: expected grams of CO2 per kWh "
+            f"(a number, 0 or more, such as 350), got {factor!r}"
+        )
     return errors
 
 

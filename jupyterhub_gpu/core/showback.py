@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING
 
+from .energy import kwh
 from .usage import HOUR, UsageRecord, open_end
 from .utilisation import Coverage, Session
 
@@ -133,6 +134,11 @@ class Showback:
     #: flavors only), each hour at the rate in force then (``billing``)
     units: dict[tuple[str, str, str], float] = field(default_factory=dict)
     cost: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: of ``detail``, the GPU-hours of servers whose GPUs' power was measured (those
+    #: holding whole GPUs: ``energy.holds_whole_devices``), and the kilowatt-hours they
+    #: used (each server's mean power, its GPUs' together, times its time in the range)
+    metered: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    energy: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
 
 def showback(
@@ -143,6 +149,8 @@ def showback(
     running: Container[str] = (),
     utilisation: Mapping[str, float] | None = None,
     billing: Billing | None = None,
+    power: Mapping[str, float] | None = None,
+    unmetered: Container[str] = (),
 ) -> Showback:
     """GPU-hours used from ``since`` to ``until`` by group, by user and by flavor.
 
@@ -150,12 +158,17 @@ def showback(
     range, by its record's uid (one pod's life: two pods of one name, one after the
     other, are two sessions); those sessions' hours are also counted as measured,
     and as utilised in proportion. ``billing``: the rates the hours are billed at
-    (None: a unit per GPU-hour, no price)."""
+    (None: a unit per GPU-hour, no price). ``power``: each measured session's mean
+    power in the range (watts, its GPUs' together), by uid: its hours are metered
+    and its energy is that power over its time, except for a session of an
+    ``unmetered`` flavor (a shared device's power is all its users')."""
     measured: dict[tuple[str, str, str], float] = {}
     utilised: dict[tuple[str, str, str], float] = {}
     detail: dict[tuple[str, str, str], float] = {}
     units: dict[tuple[str, str, str], float] = {}
     cost: dict[tuple[str, str, str], float] = {}
+    metered: dict[tuple[str, str, str], float] = {}
+    energy: dict[tuple[str, str, str], float] = {}
     billed = billing.billed if billing is not None and billing.rates else None
     # ``budgets.used_seconds`` inlined, and each record's key made once: this loop runs
     # over every record of the month (~155,000 at 5,000 servers), where a call and
@@ -163,6 +176,7 @@ def showback(
     # in the same order, so the sums are the same to the last bit.
     get = detail.get
     busy_of = utilisation.get if utilisation else None
+    power_of = power.get if power else None
     for r in records:
         end = r.ended
         if end is None:
@@ -190,7 +204,22 @@ def showback(
             if busy is not None:
                 measured[key] = measured.get(key, 0.0) + hours
                 utilised[key] = utilised.get(key, 0.0) + busy_hours(hours, busy)
-    return showback_of(since, until, detail, measured, utilised, units if billed else None, cost)
+        if power_of is not None:
+            watts = power_of(r.uid)
+            if watts is not None and key[2] not in unmetered:
+                metered[key] = metered.get(key, 0.0) + hours
+                energy[key] = energy.get(key, 0.0) + kwh(watts, end - start)
+    return showback_of(
+        since,
+        until,
+        detail,
+        measured,
+        utilised,
+        units if billed else None,
+        cost,
+        metered,
+        energy,
+    )
 
 
 def busy_hours(hours: float, busy: float) -> float:
@@ -229,6 +258,8 @@ def showback_of(
     utilised: dict[tuple[str, str, str], float],
     units: dict[tuple[str, str, str], float] | None = None,
     cost: dict[tuple[str, str, str], float] | None = None,
+    metered: dict[tuple[str, str, str], float] | None = None,
+    energy: dict[tuple[str, str, str], float] | None = None,
 ) -> Showback:
     """The showback of GPU-hours by (group, user, flavor): with each group's, user's and
     flavor's totals; ``units`` None: a unit per GPU-hour."""
@@ -250,6 +281,8 @@ def showback_of(
         utilised,
         units=dict(detail) if units is None else units,
         cost=cost or {},
+        metered=metered or {},
+        energy=energy or {},
     )
 
 
@@ -262,5 +295,9 @@ def of_groups(result: Showback, groups: Container[str]) -> Showback:
     utilised = {k: v for k, v in result.utilised.items() if k[0] in groups}
     units = {k: v for k, v in result.units.items() if k[0] in groups}
     cost = {k: v for k, v in result.cost.items() if k[0] in groups}
-    part = showback_of(result.since, result.until, detail, measured, utilised, units, cost)
+    metered = {k: v for k, v in result.metered.items() if k[0] in groups}
+    energy = {k: v for k, v in result.energy.items() if k[0] in groups}
+    part = showback_of(
+        result.since, result.until, detail, measured, utilised, units, cost, metered, energy
+    )
     return replace(part, coverage=result.coverage)

@@ -6,9 +6,10 @@ the month's rows per group, user and flavor, not every record kept.
 
 Utilisation is each session's (one pod's life, by its record's uid): a session's
 mean over the days its pod ran, from DCGM samples read a day at a time
-(``utilisation.Chunks``). Once a session has ended and every day it ran in the month
-has been read for good, its mean no longer changes: ``finalise`` adds its measured
-and utilised hours to the month's sums, once. A request measures only the sessions
+(``utilisation.Chunks``); so is its mean power, and its energy. Once a session has
+ended and every day it ran in the month has been read for good, its means no longer
+change: ``finalise`` adds its measured and utilised hours, its metered hours and its
+energy to the month's sums, once. A request measures only the sessions
 not final yet (the running servers and those that ended in a day still being read),
 so a month of 150,000 sessions costs what a day's do. Pure: no I/O; epoch seconds.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, tzinfo
 
 from .billing import Billing
+from .energy import kwh
 from .showback import (
     NO_FLAVOR,
     Showback,
@@ -60,6 +62,10 @@ class _MonthTally:
     final: dict[str, float | None] = field(default_factory=dict)
     #: the final sessions' hours, by group, then row: ``[measured, utilised, sessions]``
     measured: dict[str, dict[Row, list]] = field(default_factory=dict)
+    #: each final session's mean power (watts), by uid: those metered with samples
+    watts: dict[str, float] = field(default_factory=dict)
+    #: the final sessions' energy, by group, then row: ``[metered hours, kWh, sessions]``
+    energy: dict[str, dict[Row, list]] = field(default_factory=dict)
 
 
 class ShowbackTally:
@@ -83,7 +89,11 @@ class ShowbackTally:
     """
 
     def __init__(
-        self, zone: tzinfo = UTC, shared: Collection[str] = (), billing: Billing | None = None
+        self,
+        zone: tzinfo = UTC,
+        shared: Collection[str] = (),
+        billing: Billing | None = None,
+        unmetered: Collection[str] = (),
     ) -> None:
         self.zone = zone
         #: the rates hours are billed at: a record's units and cost are worked out as it
@@ -93,6 +103,9 @@ class ShowbackTally:
         #: the flavors whose GPUs are shared: a device's utilisation is all its sharers',
         #: so their sessions are never measured
         self.shared = frozenset(shared)
+        #: the flavors whose sessions' power is never theirs alone (the shared ones, and
+        #: MIG slices, whose series give their parent GPU's power): no energy measured
+        self.unmetered = self.shared | frozenset(unmetered)
         self._months: dict[str, _MonthTally] = {}
         self._bounds: dict[str, tuple[float, float]] = {}
         self._rows: dict[Row, Row] = {}
@@ -178,10 +191,11 @@ class ShowbackTally:
             self._closed[record.uid] = record
             self._add(record, 1)
 
-    def _months_of(self, record: UsageRecord) -> Iterator[tuple[str, float, float, float]]:
+    def _months_of(self, record: UsageRecord) -> Iterator[tuple[str, float, float, float, float]]:
         """Each month a closed record has GPU-hours in (not pruned), with those hours,
-        their billed units and cost: the arithmetic of ``showback``, step for step, so
-        what is added is what is taken away, and what ``showback`` adds."""
+        its seconds there, their billed units and cost: the arithmetic of ``showback``,
+        step for step, so what is added is what is taken away, and what ``showback``
+        adds."""
         billed = self.billing.billed if self.billing.rates else None
         end, start = record.ended, record.started
         if end is None or not end > start:
@@ -200,16 +214,17 @@ class ShowbackTally:
                 if seconds > 0:
                     hours = seconds / HOUR
                     if billed is None:
-                        yield month, hours, hours, 0.0
+                        yield month, hours, hi - lo, hours, 0.0
                     else:
-                        yield month, hours, *billed(record.flavor or NO_FLAVOR, record.gpus, lo, hi)
+                        flavor = record.flavor or NO_FLAVOR
+                        yield month, hours, hi - lo, *billed(flavor, record.gpus, lo, hi)
             month = _next_month(month)
 
     def _add(self, record: UsageRecord, sign: int) -> None:
         """Add (``sign`` 1) or take away (-1) a closed record in each month it has
         GPU-hours in: its hours, and its measured hours if its mean was final."""
         row = None
-        for month, hours, units, cost in self._months_of(record):
+        for month, hours, seconds, units, cost in self._months_of(record):
             if row is None:
                 row = self._row(record)
             tally = self._months.get(month)
@@ -225,6 +240,9 @@ class ShowbackTally:
                 busy = tally.final.pop(record.uid)
                 if busy is not None:
                     _count(tally.measured, row, -1, month, record, hours, busy_hours(hours, busy))
+                watts = tally.watts.pop(record.uid, None)
+                if watts is not None:
+                    _count(tally.energy, row, -1, month, record, hours, kwh(watts, seconds))
             else:
                 _pop(tally.unfinal, record.group, record.uid)
             if not tally.detail:
@@ -268,10 +286,16 @@ class ShowbackTally:
             found.setdefault(r.group, {})[r.uid] = r
         return found
 
-    def finalise(self, month: str, means: Iterable[tuple[str, float | None, float]]) -> None:
+    def finalise(
+        self,
+        month: str,
+        means: Iterable[tuple[str, float | None, float]],
+        power: Mapping[str, float] | None = None,
+    ) -> None:
         """These closed sessions' mean utilisation in ``month`` is final (their pods'
         days there all read for good): (uid, percent or None without samples, the end
-        the mean was worked out to). Their measured hours are summed from now on; an
+        the mean was worked out to); so is their mean power, where ``power`` has one
+        (watts, by uid). Their measured hours and energy are summed from now on; an
         open record's mean is not final, nor one whose record has ended otherwise since
         (both passed over). A month's worth at a time after a restart: one loop."""
         tally = self._months.get(month)
@@ -279,7 +303,9 @@ class ShowbackTally:
             return
         since, until = self.month_bounds(month)
         closed, unfinal, final = self._closed.get, tally.unfinal, tally.final
+        watts_of = power.get if power else None
         added: dict[Row, list[float]] = {}
+        used: dict[Row, list[float]] = {}
         for uid, busy, ended in means:
             record = closed(uid)
             if record is None or record.ended != ended:
@@ -290,27 +316,31 @@ class ShowbackTally:
             if not owned:
                 del unfinal[record.group]
             final[uid] = busy
-            if busy is None:
-                continue
-            hours = _closed_hours(record, since, until)
-            assert hours is not None  # it was summed into the month
             row = (record.group, record.user, record.flavor or NO_FLAVOR)
-            entry = added.get(row)
-            if entry is None:
-                entry = added[row] = [0.0, 0.0, 0]
-            entry[0] += hours
-            entry[1] += busy_hours(hours, busy)
-            entry[2] += 1
-        for row, (hours, busy, count) in added.items():
-            row = self._rows.setdefault(row, row)
-            entries = tally.measured.setdefault(row[0], {})
-            entry = entries.get(row)
-            if entry is None:
-                entries[row] = [hours, busy, count]
-            else:
-                entry[0] += hours
-                entry[1] += busy
-                entry[2] += count
+            watts = watts_of(uid) if watts_of is not None else None
+            if watts is not None and row[2] in self.unmetered:
+                watts = None
+            if busy is None and watts is None:
+                continue
+            span = _closed_span(record, since, until)
+            assert span is not None  # it was summed into the month
+            hours, seconds = span
+            if busy is not None:
+                _gather(added, row, hours, busy_hours(hours, busy))
+            if watts is not None:
+                tally.watts[uid] = watts
+                _gather(used, row, hours, kwh(watts, seconds))
+        for index, gathered in ((tally.measured, added), (tally.energy, used)):
+            for row, (hours, amount, count) in gathered.items():
+                row = self._rows.setdefault(row, row)
+                entries = index.setdefault(row[0], {})
+                entry = entries.get(row)
+                if entry is None:
+                    entries[row] = [hours, amount, count]
+                else:
+                    entry[0] += hours
+                    entry[1] += amount
+                    entry[2] += count
 
     # ---- answers ----------------------------------------------------------------------
 
@@ -321,11 +351,13 @@ class ShowbackTally:
         running: Container[str] = (),
         utilisation: Mapping[str, float] | None = None,
         groups: Collection[str] | None = None,
+        power: Mapping[str, float] | None = None,
     ) -> Showback:
         """``showback`` of the records put, for ``month`` up to ``now``, of ``groups``
         only (None: all; a parent's children are not implied): the final sessions
-        measured with their means, the others with ``utilisation`` (each session's
-        mean, by uid: ``showback``'s), except a session of a shared flavor."""
+        measured with their means, the others with ``utilisation`` and ``power`` (each
+        session's mean, by uid: ``showback``'s), except a session of a shared flavor
+        (nor, for power, of an ``unmetered`` one)."""
         since, until = self.month_bounds(month)
         if since < self.pruned:
             raise ValueError(
@@ -338,7 +370,7 @@ class ShowbackTally:
         if now < self.settled:
             # the clock went back: some records summed end after now, and count up to
             # now only; every record is summed, as showback does
-            return self._summed(since, until, now, running, utilisation, groups)
+            return self._summed(since, until, now, running, utilisation, groups, power)
         self._settle(now)
         tally = self._months.get(month)
         detail: dict[Row, float] = {}
@@ -346,6 +378,8 @@ class ShowbackTally:
         cost: dict[Row, float] = {}
         measured: dict[Row, float] = {}
         utilised: dict[Row, float] = {}
+        metered: dict[Row, float] = {}
+        energy: dict[Row, float] = {}
         final: Container[str] = ()
         priced = self.billing.priced
         if tally is not None:
@@ -356,10 +390,13 @@ class ShowbackTally:
                     detail[row], units[row] = entry[0], entry[1]
                     if priced(row[2]):
                         cost[row] = entry[2]
-            index = tally.measured
-            for entries in index.values() if groups is None else _owned(index, groups):
-                for row, entry in entries.items():
-                    measured[row], utilised[row] = entry[0], entry[1]
+            for index, hours_of, amount_of in (
+                (tally.measured, measured, utilised),
+                (tally.energy, metered, energy),
+            ):
+                for entries in index.values() if groups is None else _owned(index, groups):
+                    for row, entry in entries.items():
+                        hours_of[row], amount_of[row] = entry[0], entry[1]
         # the open records (the running servers, a few thousand at most): ``showback``
         # of them, their sessions measured with their means as given
         opens = [
@@ -376,30 +413,41 @@ class ShowbackTally:
             for r in opens
             if utilisation and r.uid in utilisation and (r.flavor or NO_FLAVOR) not in self.shared
         }
-        running_part = showback(opens, since, until, now, running, busy_open, self.billing)
+        watts_open = {r.uid: power[r.uid] for r in opens if power and r.uid in power}
+        running_part = showback(
+            opens, since, until, now, running, busy_open, self.billing, watts_open, self.unmetered
+        )
         for into, part in (
             (detail, running_part.detail),
             (units, running_part.units),
             (cost, running_part.cost),
             (measured, running_part.measured),
             (utilised, running_part.utilised),
+            (metered, running_part.metered),
+            (energy, running_part.energy),
         ):
             for row, hours in part.items():
                 into[row] = into.get(row, 0.0) + hours
         # the closed sessions not final: their means as given
         month_until = self.month_bounds(month)[1]
         closed = self._closed
-        for uid, busy in (utilisation or {}).items():
+        busy_of, watts_of = utilisation or {}, power or {}
+        for uid in dict.fromkeys([*busy_of, *watts_of]):
             r = closed.get(uid)
             if r is None or uid in final or (groups is not None and r.group not in groups):
                 continue
             row = self._row(r)
-            hours = _closed_hours(r, since, month_until)
-            if hours is None or row[2] in self.shared:
+            span = _closed_span(r, since, month_until)
+            if span is None:
                 continue
-            measured[row] = measured.get(row, 0.0) + hours
-            utilised[row] = utilised.get(row, 0.0) + busy_hours(hours, busy)
-        return showback_of(since, until, detail, measured, utilised, units, cost)
+            busy, watts = busy_of.get(uid), watts_of.get(uid)
+            if busy is not None and row[2] not in self.shared:
+                measured[row] = measured.get(row, 0.0) + span[0]
+                utilised[row] = utilised.get(row, 0.0) + busy_hours(span[0], busy)
+            if watts is not None and row[2] not in self.unmetered:
+                metered[row] = metered.get(row, 0.0) + span[0]
+                energy[row] = energy.get(row, 0.0) + kwh(watts, span[1])
+        return showback_of(since, until, detail, measured, utilised, units, cost, metered, energy)
 
     def _summed(
         self,
@@ -409,6 +457,7 @@ class ShowbackTally:
         running: Container[str],
         utilisation: Mapping[str, float] | None,
         groups: Container[str] | None,
+        power: Mapping[str, float] | None,
     ) -> Showback:
         records = [
             r
@@ -419,7 +468,9 @@ class ShowbackTally:
             # the sessions that held a shared flavor
             sharing = {r.uid for r in records if (r.flavor or NO_FLAVOR) in self.shared}
             utilisation = {k: v for k, v in utilisation.items() if k not in sharing}
-        return showback(records, since, until, now, running, utilisation, self.billing)
+        return showback(
+            records, since, until, now, running, utilisation, self.billing, power, self.unmetered
+        )
 
 
 def _count(
@@ -463,15 +514,26 @@ def _pop(index: dict[str, dict[str, UsageRecord]], group: str, uid: str) -> Usag
     return found
 
 
-def _closed_hours(record: UsageRecord, since: float, until: float) -> float | None:
-    """A closed record's GPU-hours from ``since`` to ``until`` (``showback``'s
-    arithmetic, step for step); None for none."""
+def _closed_span(record: UsageRecord, since: float, until: float) -> tuple[float, float] | None:
+    """A closed record's GPU-hours from ``since`` to ``until`` and its seconds there
+    (``showback``'s arithmetic, step for step); None for no GPU-hours."""
     end, start = record.ended, record.started
     assert end is not None
     lo = start if start > since else since
     hi = end if end < until else until
     seconds = record.gpus * (hi - lo) if hi > lo else 0.0
-    return seconds / HOUR if seconds > 0 else None
+    return (seconds / HOUR, hi - lo) if seconds > 0 else None
+
+
+def _gather(into: dict[Row, list[float]], row: Row, hours: float, amount: float) -> None:
+    """Add a session's hours and amount (utilised hours, kWh) to its row's ``[hours,
+    amount, sessions]``."""
+    entry = into.get(row)
+    if entry is None:
+        entry = into[row] = [0.0, 0.0, 0]
+    entry[0] += hours
+    entry[1] += amount
+    entry[2] += 1
 
 
 def _owned(index: dict[str, dict], groups: Collection[str]) -> list[dict]:

@@ -14,6 +14,10 @@ month's mean is the same as one query over the month would give; and for how man
 seconds any DCGM series had samples, so what Prometheus does not hold (retention,
 an exporter down) is reported as missing instead of silently under-reported.
 
+The GPUs' power, for showback's energy, is read in the same chunks: a reading holds
+every metric's sums and counts, and ``Chunks.means`` works out each figure (the
+utilisation, the power) from them in one pass.
+
 Pure: no I/O; epoch seconds. The adapter (``service/utilisation.py``) asks
 ``Chunks.wanted`` what to read, reads it, and hands it back with ``Chunks.put``.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 
@@ -109,14 +113,20 @@ class Coverage:
     def complete(self) -> bool:
         return not self.gaps and not self.unread
 
-    def note(self) -> str | None:
-        """What a reader of the figure must know, in words; None when it is whole."""
+    def parts(self) -> list[str]:
+        """What a reader of a figure from these readings must know, in words."""
         parts = []
         if self.gaps:
             parts.append(f"no data for {_days(self.missing)}")
         if self.unread:
             why = "Prometheus did not answer" if self.error else "read a few days per pass"
             parts.append(f"{_days(self.unread)} not read yet ({why})")
+        return parts
+
+    def note(self) -> str | None:
+        """What a reader of the utilised figure must know, in words; None when it is
+        whole."""
+        parts = self.parts()
         return "utilised: " + ", ".join(parts) if parts else None
 
 
@@ -190,8 +200,22 @@ class Chunks:
         metrics: Iterable[str],
         sessions: Mapping[str, Session] | None = None,
     ) -> tuple[dict[str, float], Coverage]:
-        """Each pod's mean utilisation (percent) over [since, until) from the chunks read,
-        the first of ``metrics`` with samples for a pod winning, and the coverage.
+        """``means`` of one figure (``metrics``, the first with samples winning)."""
+        (found,), coverage = self.means(since, until, [list(metrics)], sessions)
+        return found, coverage
+
+    def means(
+        self,
+        since: float,
+        until: float,
+        figures: Sequence[Sequence[str]],
+        sessions: Mapping[str, Session] | None = None,
+    ) -> tuple[list[dict[str, float]], Coverage]:
+        """Each pod's mean of each figure over [since, until) from the chunks read (a
+        figure's metrics in order, the first with samples for a pod winning: a whole
+        GPU's utilisation before a MIG slice's engine activity), and the coverage.
+        Several figures from one reading (utilisation, power) are worked out in one
+        pass over the sessions.
 
         ``sessions``: each session's mean instead (by its id, a pod's uid), from the
         chunks its own life overlaps: pods of the same name one after the other (a
@@ -199,7 +223,8 @@ class Chunks:
         mean across the month. Two of them within one chunk share that chunk's
         samples, which Prometheus keeps by pod name only. (The pods' own means are not
         worked out then: a month has many more sessions than pods.)"""
-        order = list(metrics)
+        orders = [list(metrics) for metrics in figures]
+        order = list(dict.fromkeys(m for metrics in orders for m in metrics))
         sums: dict[str, dict[str, float]] = {m: {} for m in order}
         counts: dict[str, dict[str, float]] = {m: {} for m in order}
         covered = unread = 0.0
@@ -238,16 +263,18 @@ class Chunks:
             # the chunk under way: the time after its reading is not read yet
             if reading.until < end:
                 unread += end - reading.until if end - reading.until > self.refresh * 2 else 0.0
-        found: dict[str, float] = {}
-        for metric in reversed(order):
-            for key, count in counts[metric].items():
-                if count > 0:
-                    found[key] = sums[metric].get(key, 0.0) / count
         coverage = Coverage(since, until, covered, tuple(gaps), unread, read_until)
         if sessions is not None:
-            found, final = _session_means(read, ends, not_final, sessions, order, since, until)
-            coverage = replace(coverage, final=final)
-        return found, coverage
+            found, final = _session_means(read, ends, not_final, sessions, orders, since, until)
+            return found, replace(coverage, final=final)
+        pods: list[dict[str, float]] = []
+        for metrics in orders:
+            pods.append({})
+            for metric in reversed(metrics):
+                for key, count in counts[metric].items():
+                    if count > 0:
+                        pods[-1][key] = sums[metric].get(key, 0.0) / count
+        return pods, coverage
 
 
 def _session_means(
@@ -255,13 +282,14 @@ def _session_means(
     chunk_ends: list[float],
     not_final: list[int],
     sessions: Mapping[str, Session],
-    order: list[str],
+    orders: list[list[str]],
     since: float,
     until: float,
-) -> tuple[dict[str, float], frozenset[str]]:
-    """Each session's mean from the chunks read that its life overlaps, and the
-    sessions whose every chunk (``chunk_ends``: every chunk's end, read or not;
-    ``not_final[i]``: how many of the first ``i`` are not read for good) is final.
+) -> tuple[list[dict[str, float]], frozenset[str]]:
+    """Each session's mean of each figure (its metrics in ``orders``) from the chunks
+    read that its life overlaps, and the sessions whose every chunk (``chunk_ends``:
+    every chunk's end, read or not; ``not_final[i]``: how many of the first ``i`` are
+    not read for good) is final.
 
     A month at a large site has some 150,000 sessions, most within a chunk or two:
     each finds its chunks by bisection and reads a chunk's samples of its pod from
@@ -269,10 +297,13 @@ def _session_means(
     starts = [start for start, _, _ in read]
     ends = [end for _, end, _ in read]
     tables = [
-        [(reading.sums.get(metric) or {}, reading.counts.get(metric) or {}) for metric in order]
+        [
+            [(reading.sums.get(metric) or {}, reading.counts.get(metric) or {}) for metric in order]
+            for order in orders
+        ]
         for _, _, reading in read
     ]
-    found: dict[str, float] = {}
+    founds: list[dict[str, float]] = [{} for _ in orders]
     final: list[str] = []
     last_chunk = len(chunk_ends)
     for sid, (key, began, ended) in sessions.items():
@@ -290,15 +321,16 @@ def _session_means(
         # the last that starts before it ends
         first = bisect.bisect_right(ends, lo)
         last = bisect.bisect_left(starts, hi)
-        for m in range(len(order)):
-            total = count = 0.0
-            for i in range(first, last):
-                table_sums, table_counts = tables[i][m]
-                n = table_counts.get(key)
-                if n:
-                    count += n
-                    total += table_sums.get(key, 0.0)
-            if count > 0:
-                found[sid] = total / count
-                break
-    return found, frozenset(final)
+        for f, order in enumerate(orders):
+            for m in range(len(order)):
+                total = count = 0.0
+                for i in range(first, last):
+                    table_sums, table_counts = tables[i][f][m]
+                    n = table_counts.get(key)
+                    if n:
+                        count += n
+                        total += table_sums.get(key, 0.0)
+                if count > 0:
+                    founds[f][sid] = total / count
+                    break
+    return founds, frozenset(final)

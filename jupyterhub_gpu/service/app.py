@@ -167,6 +167,7 @@ class GPUService(ServiceViews, Application, service_settings.GPUService):
             max_workers=self.history_total, thread_name_prefix="jupyterhub-gpu-readers"
         )
         self.gpu_time.readers = self.readers
+        self.gpu_time.months.emissions_factor = self.emissions_factor
         self.gpu_time.reader_store = UsageStore(settings.accounting_url)
         self.history_reads = HistoryReads(
             self.gpu_time,

@@ -49,7 +49,7 @@ from ..core.utilisation import Chunks
 from .dra_charges import AllocationCharges
 from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
 from .idle import Prometheus
-from .showback_months import ShowbackMonths, put_rows, shared_flavors
+from .showback_months import ShowbackMonths, put_rows
 from .state import ServiceState
 from .tasks import RetryAtInterval
 from .utilisation import UtilisationReader
@@ -422,7 +422,7 @@ class GPUTime:
         ]:
             records, revision = self.store.snapshot(since, now)
             book = UsageBook(horizon=self.book.horizon)
-            tally = ShowbackTally(self.zone, shared_flavors(self.policy), self.months.billing)
+            tally = self.months.new_tally()
             fair = FairShareBook(self.policy) if self.policy.fair_share else None
             billed = billed_book_for(self.policy, book.horizon)
             self._take(book, fair, records, now, billed)

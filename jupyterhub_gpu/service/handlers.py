@@ -24,6 +24,7 @@ What a viewer sees is decided by ``views.usage_view`` alone.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -279,6 +280,8 @@ class ShowbackHandler(APIHandler):
             raise web.HTTPError(400, f"format: expected json or csv, got {shown(output)}")
         admin, groups = service.showback_scope(viewer)
         gpu_time = service.gpu_time
+        # a pass replaces it: what is rendered from an answer begun before is not kept
+        kept = gpu_time.rendered
         try:
             if output == "csv":
                 result = await gpu_time.showback(month, groups)
@@ -292,11 +295,23 @@ class ShowbackHandler(APIHandler):
         rendered = gpu_time.rendered.get((month, output)) if admin else None
         if rendered is None:
             if output == "csv":
-                rendered = showback_csv(month, result, viewer, admin, groups, service.policy)
+                # a row per user and flavor (an admin's month: thousands): off the loop,
+                # as the JSON view is rendered
+                rendered = await asyncio.get_running_loop().run_in_executor(
+                    service.readers,
+                    showback_csv,
+                    month,
+                    result,
+                    viewer,
+                    admin,
+                    groups,
+                    service.policy,
+                    service.emissions_factor,
+                )
             else:
                 rendered = json.dumps(view)
             if admin:
-                gpu_time.rendered[(month, output)] = rendered
+                kept[(month, output)] = rendered
         if output == "csv":
             self.set_header("Content-Type", "text/csv; charset=utf-8")
             self.set_header(

@@ -34,13 +34,14 @@ from zoneinfo import ZoneInfo
 
 from ..core.billing import Billing
 from ..core.budgets import UsageRecord
+from ..core.energy import unmetered_flavors
 from ..core.model import Policy
 from ..core.showback import Showback, month_bounds, of_groups, sessions_of, showback
 from ..core.showback_tally import ShowbackTally
-from ..core.utilisation import Coverage, Session
+from ..core.utilisation import Session
 from .idle import shares_its_device
 from .time_views import showback_json
-from .utilisation import UtilisationReader
+from .utilisation import Measured, UtilisationReader
 from .views import Viewer
 
 log = logging.getLogger("jupyterhub_gpu.service")
@@ -85,21 +86,26 @@ def tallied_answer(
     now: float,
     running: Container[str],
     sessions: Mapping[str, Session] | None,
-    utilisation: dict[str, float] | None,
-    coverage: Coverage | None,
+    measured: Measured | None,
 ) -> Showback | None:
-    """The month's showback for every group: the sessions whose mean ``coverage``
-    says is final kept in the tally for good (their end as ``sessions`` had it), the
-    others measured with ``utilisation``; None when the tally no longer keeps the month
-    (pruned since it was asked for)."""
+    """The month's showback for every group: the sessions whose means ``measured``
+    says are final kept in the tally for good (their end as ``sessions`` had it), the
+    others measured with its utilisation and power; None when the tally no longer
+    keeps the month (pruned since it was asked for)."""
     if tally.month_bounds(month)[0] < tally.pruned:
         return None
-    if sessions is not None and coverage is not None and coverage.final and utilisation is not None:
+    if measured is None:
+        return tally.showback(month, now, running)
+    utilisation, power, coverage = measured.utilisation, measured.power, measured.coverage
+    if sessions is not None and coverage.final:
         final = coverage.final
-        tally.finalise(month, ((uid, utilisation.get(uid), sessions[uid][2]) for uid in final))
+        tally.finalise(
+            month, ((uid, utilisation.get(uid), sessions[uid][2]) for uid in final), power
+        )
         utilisation = {k: v for k, v in utilisation.items() if k not in final}
-    result = tally.showback(month, now, running, utilisation)
-    return result if coverage is None else dataclasses.replace(result, coverage=coverage)
+        power = {k: v for k, v in power.items() if k not in final}
+    result = tally.showback(month, now, running, utilisation, None, power)
+    return dataclasses.replace(result, coverage=coverage)
 
 
 class ShowbackMonths:
@@ -134,10 +140,14 @@ class ShowbackMonths:
         self.horizon = horizon
         self.utilisation_reader = utilisation_reader
         self.shared = shared_flavors(policy)
+        #: the flavors whose servers' GPU power is not theirs alone: no energy measured
+        self.unmetered = unmetered_flavors(policy)
+        #: grams of CO2 equivalent per kWh, for showback's emissions (None: not given)
+        self.emissions_factor: float | None = None
+        self.billing = Billing.of(policy)
         #: the book's records summed by billing month; changed and read on threads only,
         #: one step at a time (``_step``)
-        self.billing = Billing.of(policy)
-        self.tally = ShowbackTally(self.zone, self.shared, self.billing)
+        self.tally = self.new_tally()
         #: the tally holds the records in memory (their first read is done)
         self.ready = False
         self._lock = asyncio.Lock()
@@ -154,6 +164,10 @@ class ShowbackMonths:
         self.rendered: dict[tuple[str, ...], Any] = {}
         #: where reads of older months run (their records and sums): the readers' threads
         self.readers: Executor | None = None
+
+    def new_tally(self) -> ShowbackTally:
+        """An empty tally for this policy's flavors and rates."""
+        return ShowbackTally(self.zone, self.shared, self.billing, self.unmetered)
 
     # ---- the tally, one step at a time on a thread ------------------------------------
 
@@ -280,7 +294,7 @@ class ShowbackMonths:
         """A month of the book's from its tally: the closed records' sums kept, the
         running servers' added; with Prometheus, the sessions not final yet measured,
         and those final now kept. All of it on threads."""
-        sessions = utilisation = coverage = None
+        sessions = measured = None
         if until > since and self.known(None) and self.utilisation_reader is not None:
             now = self.clock()
             # the pods' watch changes the running servers on the loop: a copy for the thread
@@ -288,16 +302,10 @@ class ShowbackMonths:
             sessions = await self._step(
                 unmeasured_sessions, month, since, min(until, now), now, running
             )
-            utilisation, coverage = await self.utilisation(since, until, sessions, None)
+            measured = await self.measure(since, until, sessions, None)
         # the clock read after the utilisation: a pass meanwhile put rows up to its own
         return await self._step(
-            tallied_answer,
-            month,
-            self.clock(),
-            frozenset(self.running()),
-            sessions,
-            utilisation,
-            coverage,
+            tallied_answer, month, self.clock(), frozenset(self.running()), sessions, measured
         )
 
     async def _summed(
@@ -308,13 +316,14 @@ class ShowbackMonths:
         records = await self.records(since, until, groups) if until > since else []
         loop = asyncio.get_running_loop()
         running = frozenset(self.running())
-        utilisation, coverage = None, None
+        measured = None
         if records and self.utilisation_reader is not None:
             sessions = await loop.run_in_executor(
                 self.readers, sessions_of, records, since, until, now, running, self.shared
             )
-            utilisation, coverage = await self.utilisation(since, until, sessions, self.readers)
-        # no session of a shared flavor was measured (``sessions_of``)
+            measured = await self.measure(since, until, sessions, self.readers)
+        # no session of a shared flavor was measured (``sessions_of``), nor the energy
+        # of an unmetered one
         result = await loop.run_in_executor(
             self.readers,
             showback,
@@ -323,27 +332,29 @@ class ShowbackMonths:
             until,
             now,
             running,
-            utilisation,
+            measured.utilisation if measured else None,
             self.billing,
+            measured.power if measured else None,
+            self.unmetered,
         )
-        if coverage is not None:
-            result = dataclasses.replace(result, coverage=coverage)
+        if measured is not None:
+            result = dataclasses.replace(result, coverage=measured.coverage)
         return result
 
-    async def utilisation(
+    async def measure(
         self,
         since: float,
         until: float,
         sessions: Mapping[str, Session],
         executor: Executor | None = None,
-    ) -> tuple[dict[str, float] | None, Coverage | None]:
-        """Each session's mean GPU utilisation (percent) from ``since`` to ``until`` over
-        its own pod's life, by its id (the record's uid), from the DCGM metrics in
-        Prometheus, worked out on ``executor``, and which part of the range it covers;
-        (None, None) without Prometheus."""
+    ) -> Measured | None:
+        """Each session's mean GPU utilisation (percent) and power (watts) from
+        ``since`` to ``until`` over its own pod's life, by its id (the record's uid),
+        from the DCGM metrics in Prometheus, worked out on ``executor``, and which part
+        of the range it covers; None without Prometheus."""
         if self.utilisation_reader is None:
-            return None, None
-        return await self.utilisation_reader.read(since, until, sessions, executor)
+            return None
+        return await self.utilisation_reader.measure(since, until, sessions, executor)
 
     async def view(
         self,
@@ -374,6 +385,7 @@ class ShowbackMonths:
             self.policy.charged_groups,
             self.billing_timezone,
             self.policy,
+            self.emissions_factor,
         )
         if admin and changes == self._changes:
             self.rendered[key] = view

@@ -1,5 +1,6 @@
 """The dashboard's showback section: this month's GPU-hours by group and user, and
-where the site bills, each group's account, billed units and cost (pure, no I/O)."""
+where the site bills, each group's account, billed units and cost; where the GPUs'
+power was measured, each group's kWh (and emissions, with a factor) (pure, no I/O)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,22 @@ def _billing_cells(item: dict[str, Any], currency: str | None) -> str:
     )
 
 
+def _energy_cells(item: dict[str, Any], emissions: bool) -> str:
+    kwh, kg = item.get("energy_kwh"), item.get("emissions_kg")
+    cells = f'<td class="num">{words.number(kwh, grouped=True) if kwh is not None else ""}</td>'
+    if emissions:
+        cells += f'<td class="num">{words.number(kg, grouped=True) if kg is not None else ""}</td>'
+    return cells
+
+
 def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> str:
     if not showback:
         return ""
     month = showback["month"]
     billed = billed_here(showback)
+    # columns for the energy only where some was measured this month
+    energy = any(g.get("energy_kwh") is not None for g in showback["groups"])
+    emissions = energy and showback.get("emissions_factor_g_per_kwh") is not None
     currency = showback.get("currency")
     rows = []
     per_flavor: dict[str, list[str]] = {}
@@ -56,7 +68,10 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
             f"<tr><td>{escape(item['group'])}</td>"
             f'<td class="num">{words.number(item["gpu_hours"], grouped=True)}</td>'
             f"<td>{escape(', '.join(per_flavor.get(item['group'], [])))}</td>"
-            f'<td class="num">{busy}</td><td class="num">{cap}</td>'
+            f'<td class="num">{busy}</td>'
+            # the energy beside the utilisation (both measured by DCGM), the money last
+            + (_energy_cells(item, emissions) if energy else "")
+            + f'<td class="num">{cap}</td>'
             + (_billing_cells(item, currency) if billed else "")
             + "</tr>"
         )
@@ -66,9 +81,15 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
         for u in sorted(showback["users"], key=lambda u: -u["gpu_hours"])[:50]
     ]
     link = f"api/showback?month={month}&amp;format=csv"
-    coverage = showback.get("utilised_coverage") or {}
-    note = (
-        f'<p class="muted coverage">{escape(coverage["note"])}</p>' if coverage.get("note") else ""
+    # what the figures do not cover; the energy's only beside its column
+    coverages = [
+        showback.get("utilised_coverage"),
+        showback.get("energy_coverage") if energy else None,
+    ]
+    note = "".join(
+        f'<p class="muted coverage">{escape(coverage["note"])}</p>'
+        for coverage in coverages
+        if coverage and coverage.get("note")
     )
     invoice = (
         f' · <a href="invoice?month={escape(month)}">Invoice</a> (by account, printable)'
@@ -81,6 +102,18 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
         if billed
         else ""
     )
+    energy_heads = (
+        '<th class="num" title="the energy of the GPUs held whole by servers whose power '
+        'was measured (DCGM)">kWh</th>'
+        + (
+            f'<th class="num" title="at {words.number(showback["emissions_factor_g_per_kwh"])} '
+            'g CO₂e per kWh">kg CO₂e</th>'
+            if emissions
+            else ""
+        )
+        if energy
+        else ""
+    )
     return (
         f"<h2>Showback for {escape(month)}</h2>"
         f'<p><a href="{link}" download>Download CSV</a> (GPU-hours by group, user and flavor)'
@@ -90,7 +123,9 @@ def showback_section(showback: dict[str, Any] | None, admin: bool = False) -> st
             '<table class="showback"><tr><th>Group</th><th class="num">GPU-hours</th>'
             '<th>By flavor</th><th class="num" title="GPU-hours the GPUs were busy, of those '
             'whose utilisation was measured (DCGM)">Busy GPU-hours</th>'
-            f'<th class="num">Budget</th>{billing_heads}</tr>' + "".join(rows) + "</table>"
+            f'{energy_heads}<th class="num">Budget</th>{billing_heads}</tr>'
+            + "".join(rows)
+            + "</table>"
             if rows
             else '<p class="muted">No GPU use this month.</p>'
         )

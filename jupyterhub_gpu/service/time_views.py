@@ -9,10 +9,11 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from ..core.energy import emissions_kg, energy_coverage, unmetered_flavors
 from ..core.model import Policy
 from ..core.showback import Showback
 from .views import Viewer
@@ -25,28 +26,46 @@ def _iso(epoch: float) -> str:
 
 
 #: the figures of a showback row, in order: GPU-hours, measured GPU-hours, utilised
-#: GPU-hours, billed units, cost
-FIGURES = 5
+#: GPU-hours, billed units, cost, GPU-hours whose energy was measured, kWh
+FIGURES = 7
+
+
+def _row_figures(result: Showback) -> Iterator[tuple[tuple[str, str, str], tuple[float, ...]]]:
+    """Each (group, user, flavor) row of ``result`` with its figures (``FIGURES``), in
+    the records' order."""
+    measured, utilised = result.measured.get, result.utilised.get
+    units, cost = result.units.get, result.cost.get
+    metered, energy = result.metered.get, result.energy.get
+    for key, hours in result.detail.items():
+        yield (
+            key,
+            (
+                hours,
+                measured(key, 0.0),
+                utilised(key, 0.0),
+                units(key, hours),
+                cost(key, 0.0),
+                metered(key, 0.0),
+                energy(key, 0.0),
+            ),
+        )
 
 
 def showback_rows(
     result: Showback, viewer: Viewer, admin: bool, groups: set[str] | None
 ) -> list[tuple]:
     """(group, user, flavor, GPU-hours, measured GPU-hours, utilised GPU-hours, billed
-    units, cost) rows this viewer may see."""
+    units, cost, metered GPU-hours, kWh) rows this viewer may see."""
     # one pass in the records' order, then sorted: an admin's month has a row per user
     # and flavor (10,000 at 5,000 users), so no per-row function calls or inner loops
     rows: dict[tuple[str, str, str], list[float]] = {}
-    measured, utilised = result.measured.get, result.utilised.get
-    units, cost = result.units.get, result.cost.get
     name = viewer.name
-    for key, hours in result.detail.items():
+    for key, figures in _row_figures(result):
         group, user, flavor = key
         if groups is not None and group not in groups:
             continue
         shown = key if admin or user == name else (group, OTHERS, flavor)
         row = rows.get(shown)
-        figures = (hours, measured(key, 0.0), utilised(key, 0.0), units(key, hours), cost(key, 0.0))
         if row is None:
             rows[shown] = [0.0 + figure for figure in figures]
         else:
@@ -69,8 +88,10 @@ def _sums(rows, first: int, second: int) -> dict:
     return sums
 
 
-def _hours(values: list[float], currency: str | None) -> dict[str, float | None]:
-    used, measured, utilised, units, cost = values
+def _hours(
+    values: list[float], currency: str | None, factor: float | None = None
+) -> dict[str, float | None]:
+    used, measured, utilised, units, cost, metered, energy = values
     return {
         "gpu_hours": round(used, 4),
         # allocated versus utilised, where the GPUs' utilisation was measured (DCGM)
@@ -79,6 +100,12 @@ def _hours(values: list[float], currency: str | None) -> dict[str, float | None]
         # each hour at its flavor's rate in force then
         "billed_units": round(units, 4),
         "cost": round(cost, 2) if currency is not None else None,
+        # the GPUs' energy, where servers held whole GPUs with power series (DCGM)
+        "energy_measured_gpu_hours": round(metered, 4) if metered else None,
+        "energy_kwh": round(energy, 4) if metered else None,
+        "emissions_kg": round(emissions_kg(energy, factor), 4)
+        if metered and factor is not None
+        else None,
     }
 
 
@@ -92,23 +119,16 @@ def group_totals(
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * FIGURES)
     # the groups a group's use counts for, worked out once per group, not per row
     targets: dict[str, list[list[float]]] = {}
-    measured, utilised = result.measured.get, result.utilised.get
-    units, cost = result.units.get, result.cost.get
-    for key, hours in result.detail.items():
+    for key, figures in _row_figures(result):
         into = targets.get(key[0])
         if into is None:
             into = targets[key[0]] = [
                 sums[g] for g in charged(key[0]) if groups is None or g in groups
             ]
         if into:
-            figures = (hours, measured(key, 0.0), utilised(key, 0.0), units(key, hours))
-            spent = cost(key, 0.0)
             for total in into:
-                total[0] += figures[0]
-                total[1] += figures[1]
-                total[2] += figures[2]
-                total[3] += figures[3]
-                total[4] += spent
+                for i, figure in enumerate(figures):
+                    total[i] += figure
     return {g: v for g, v in sums.items()}
 
 
@@ -132,6 +152,34 @@ def coverage_json(result: Showback) -> dict[str, Any] | None:
     }
 
 
+def energy_coverage_json(
+    result: Showback, groups: set[str] | None, policy: Policy | None
+) -> dict[str, Any] | None:
+    """Which part of the visible groups' GPU-hours the kWh cover (None: nothing read):
+    the readings' coverage as ``coverage_json`` gives it, the GPU-hours measured, on
+    shared GPUs or MIG slices (a device's power is all its users': never measured) and
+    of servers on whole GPUs without power series."""
+    readings = coverage_json(result)
+    if readings is None:
+        return None
+    covered = energy_coverage(
+        result.detail,
+        result.metered,
+        unmetered_flavors(policy) if policy is not None else (),
+        result.coverage,
+        (lambda group: True) if groups is None else groups.__contains__,
+    )
+    return {
+        **readings,
+        "gpu_hours": round(covered.gpu_hours, 4),
+        "measured_gpu_hours": round(covered.measured, 4),
+        "shared_gpu_hours": round(covered.shared, 4),
+        "gpu_hours_without_series": round(covered.without_series, 4),
+        "complete": covered.complete,
+        "note": covered.note(),
+    }
+
+
 def showback_json(
     month: str,
     result: Showback,
@@ -142,6 +190,7 @@ def showback_json(
     charged: Callable[[str], Iterable[str]] = lambda group: (group,),
     timezone: str = "UTC",
     policy: Policy | None = None,
+    emissions_factor: float | None = None,
 ) -> dict[str, Any]:
     rows = showback_rows(result, viewer, admin, groups)
     by_group = group_totals(result, groups, charged)
@@ -160,20 +209,25 @@ def showback_json(
             {
                 "group": g,
                 "account": account_of(policy, g),
-                **_hours(by_group[g], currency),
+                **_hours(by_group[g], currency, emissions_factor),
                 "budget": budgets.get(g),
             }
             for g in sorted(by_group)
         ],
         "users": [
-            {"group": g, "user": u, **_hours(by_user[g, u], currency)} for g, u in sorted(by_user)
+            {"group": g, "user": u, **_hours(by_user[g, u], currency, emissions_factor)}
+            for g, u in sorted(by_user)
         ],
         "flavors": [
-            {"group": g, "flavor": f, **_hours(by_flavor[g, f], currency)}
+            {"group": g, "flavor": f, **_hours(by_flavor[g, f], currency, emissions_factor)}
             for g, f in sorted(by_flavor)
         ],
         # a utilised figure with holes in its data says so, instead of under-reporting
         "utilised_coverage": coverage_json(result),
+        # and so does the energy, with what was never measured (shared GPUs)
+        "energy_coverage": energy_coverage_json(result, groups, policy),
+        # grams of CO2 equivalent per kWh that ``emissions_kg`` is worked out with
+        "emissions_factor_g_per_kwh": emissions_factor,
     }
 
 
@@ -202,10 +256,12 @@ def showback_csv(
     admin: bool,
     groups: set[str] | None,
     policy: Policy | None = None,
+    emissions_factor: float | None = None,
 ) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     currency = policy.currency if policy is not None else None
+    factor = emissions_factor
     writer.writerow(
         [
             "month",
@@ -221,15 +277,26 @@ def showback_csv(
             "billed_units",
             "cost",
             "currency",
+            "energy_kwh",
+            *(["emissions_kg"] if factor is not None else []),
         ]
     )
     coverage = result.coverage
     # every row carries it: a spreadsheet's filtered rows still say what they cover
     covers = "" if coverage is None else (coverage.note() or "complete")
     accounts: dict[str, str] = {}
-    for group, user, flavor, hours, measured, utilised, units, cost in showback_rows(
-        result, viewer, admin, groups
-    ):
+    for (
+        group,
+        user,
+        flavor,
+        hours,
+        measured,
+        utilised,
+        units,
+        cost,
+        metered,
+        energy,
+    ) in showback_rows(result, viewer, admin, groups):
         known = measured > 0
         account = accounts.get(group)
         if account is None:
@@ -248,6 +315,12 @@ def showback_csv(
                 f"{units:.4f}",
                 f"{cost:.2f}" if currency is not None else "",
                 currency or "",
+                f"{energy:.4f}" if metered > 0 else "",
+                *(
+                    [f"{emissions_kg(energy, factor):.4f}" if metered > 0 else ""]
+                    if factor is not None
+                    else []
+                ),
             ]
         )
     return out.getvalue()

@@ -44,9 +44,15 @@ FAMILIES = [None, {"faculty", "lab", "course"}, {"lab"}, {"course"}, {"other"}]
 ZONES = ["UTC", "Europe/Berlin", "America/Sao_Paulo", "Australia/Lord_Howe", "America/Santiago"]
 
 
-def expected(records, month, zone, now, running, busy, groups, shared, billing=None):
+#: the flavors whose sessions' energy is never measured (a MIG slice's power is its
+#: parent GPU's)
+UNMETERED = {"mig"}
+
+
+def expected(records, month, zone, now, running, busy, groups, shared, billing=None, power=None):
     """What the service answers from the usage database's records: ``showback`` over
-    every record, the sessions of a shared flavor unmeasured."""
+    every record, the sessions of a shared flavor unmeasured, those of an unmetered one
+    without energy."""
     since, until = month_bounds(month, zone)
     until = min(until, now)
     if until <= since:
@@ -55,12 +61,13 @@ def expected(records, month, zone, now, running, busy, groups, shared, billing=N
     if busy and shared:
         sharing = {r.uid for r in records if (r.flavor or NO_FLAVOR) in shared}
         busy = {k: v for k, v in busy.items() if k not in sharing}
-    return showback(records, since, until, now, running, busy, billing)
+    return showback(records, since, until, now, running, busy, billing, power, UNMETERED)
 
 
 def same(got, want) -> None:
     assert (got.since, got.until) == (want.since, want.until)
-    for name in ("groups", "users", "flavors", "detail", "measured", "utilised", "units", "cost"):
+    names = ("groups", "users", "flavors", "detail", "measured", "utilised", "units", "cost")
+    for name in (*names, "metered", "energy"):
         mine, theirs = getattr(got, name), getattr(want, name)
         assert mine.keys() == theirs.keys(), name
         for key, value in theirs.items():
@@ -103,11 +110,13 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
     # change are billed at each rate in force then); even: none (a unit per GPU-hour)
     billing = Billing() if seed % 2 == 0 else rates_changing(begin)
     book = UsageBook(horizon=400 * DAY)
-    tally = ShowbackTally(zone, shared, billing)
+    tally = ShowbackTally(zone, shared, billing, UNMETERED)
     pods = [f"ns/jupyter-{i}" for i in range(12)]
     serial = 0
     #: each session's mean utilisation (None: no samples), as the chunks would give it
     means: dict[str, float | None] = {}
+    #: each session's mean power in watts (None: no power series)
+    watts: dict[str, float | None] = {}
     #: the sessions whose mean was made final, by month (a record put anew is not)
     finalised: dict[str, set[str]] = {}
 
@@ -164,13 +173,16 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
             for r in every:
                 if r.uid not in means:
                     means[r.uid] = rng.uniform(-10, 120) if rng.random() < 0.6 else None
+                    watts[r.uid] = rng.uniform(-5, 1400) if rng.random() < 0.7 else None
             # each session's utilisation, by uid (one unknown: another month's, gone)
             busy = {uid: mean for uid, mean in means.items() if mean is not None}
             busy[f"u{serial + 1}"] = 50.0
+            power = {uid: mean for uid, mean in watts.items() if mean is not None}
+            power[f"u{serial + 2}"] = 300.0
             groups = rng.choice(FAMILIES)
             for month in months_around(begin, now, zone):
-                args = (month, now, running, busy, groups)
-                want = expected(every, month, zone, *args[1:], shared, billing)
+                args = (month, now, running, busy, groups, power)
+                want = expected(every, month, zone, *args[1:5], shared, billing, power)
                 same(tally.showback(*args), want)
                 # the sessions still to measure: those showback uses, less the final ones
                 since, until = month_bounds(month, zone)
@@ -185,13 +197,15 @@ def test_the_tally_answers_what_showback_sums_from_every_record(seed):
                 for r in mine:
                     ended = r.ended is not None and r.ended <= now
                     if ended and r.uid in want_sessions and rng.random() < 0.5:
-                        tally.finalise(month, [(r.uid, means[r.uid], r.ended)])
+                        tally.finalise(month, [(r.uid, means[r.uid], r.ended)], power)
                         done.add(r.uid)
                 same(tally.showback(*args), want)
                 # the clock gone back: every record summed
                 back = now - rng.uniform(1, 5 * DAY)
-                want = expected(every, month, zone, back, running, busy, groups, shared, billing)
-                same(tally.showback(month, back, running, busy, groups), want)
+                want = expected(
+                    every, month, zone, back, running, busy, groups, shared, billing, power
+                )
+                same(tally.showback(month, back, running, busy, groups, power), want)
                 want_sessions = sessions_of(mine, since, min(until, back), back, running, shared)
                 unmeasured = tally.unmeasured(month, back, groups)
                 assert sessions_of(unmeasured, since, min(until, back), back, running) == (
