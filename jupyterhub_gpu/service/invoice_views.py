@@ -16,7 +16,7 @@ from ..core import words
 from ..core.invoice import AccountLines, Amounts, invoice
 from ..core.model import Policy
 from ..core.showback import Showback
-from .time_views import _cell, _iso, account_of
+from .time_views import _cell, account_of, month_header
 
 #: the heading of the use of groups that name no account (nor do their parents)
 NO_ACCOUNT = "Groups without an account"
@@ -37,11 +37,7 @@ def _amounts(amounts: Amounts, currency: str | None) -> dict[str, Any]:
 def invoice_json(month: str, timezone: str, result: Showback, policy: Policy) -> dict[str, Any]:
     currency = policy.currency
     return {
-        "month": month,
-        "timezone": timezone,
-        "from": _iso(result.since),
-        "to": _iso(result.until),
-        "currency": currency,
+        **month_header(month, timezone, result, currency),
         "accounts": [
             {
                 "account": lines.account,

@@ -180,6 +180,21 @@ def energy_coverage_json(
     }
 
 
+def month_header(
+    month: str, timezone: str, result: Showback, currency: str | None
+) -> dict[str, Any]:
+    """What a month's answer (showback, invoice) says of itself."""
+    return {
+        "month": month,
+        # the billing time zone the month's bounds are taken in
+        "timezone": timezone,
+        "from": _iso(result.since),
+        "to": _iso(result.until),
+        # what ``cost`` is in (None: the site prices no flavor)
+        "currency": currency,
+    }
+
+
 def showback_json(
     month: str,
     result: Showback,
@@ -198,13 +213,7 @@ def showback_json(
     by_flavor = _sums(rows, 0, 2)
     currency = policy.currency if policy is not None else None
     return {
-        "month": month,
-        # the billing time zone the month's bounds are taken in
-        "timezone": timezone,
-        "from": _iso(result.since),
-        "to": _iso(result.until),
-        # what ``cost`` is in (None: the site prices no flavor)
-        "currency": currency,
+        **month_header(month, timezone, result, currency),
         "groups": [
             {
                 "group": g,
