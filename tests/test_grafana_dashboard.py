@@ -54,7 +54,11 @@ CONFIGMAP = ROOT / "helm-values" / "alerts" / "grafana-dashboard.yaml"
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200-NVL"}
 POLICY = {
     "fair_share": {"half_life": "1d"},
-    "flavors": {"h200": {"kind": "gpu", "node_selector": H200}},
+    # priced, so the month's cost per group has a series
+    "currency": "EUR",
+    "flavors": {
+        "h200": {"kind": "gpu", "node_selector": H200, "billing": {"weight": 2, "price": 3}}
+    },
     "profiles": {"small": {"cpu": "100m", "memory": "128Mi", "gpu": {"flavor": "h200"}}},
     "groups": {
         # one GPU, which ann's idle server holds while bob waits for it
@@ -283,6 +287,12 @@ async def scraped(local_cluster, core, priority_class_objects, gpu_metrics, tmp_
                 return bool(waiting) and len(scraped) == 3
 
             await eventually(seen, "Prometheus to have scraped the waiting line and counts", 60)
+            # the service has read cid's GPUs' power from the exporter, and says the kWh
+            await eventually(
+                lambda: series(prometheus, 'jupyterhub_gpu_group_month_energy_kwh{group="course"}'),
+                "the month's energy of course",
+                120,
+            )
             yield SimpleNamespace(hub=hub, prometheus=prometheus, began=began)
         finally:
             await asyncio.to_thread(prometheus.unscrape, "jupyterhub-gpu", "jupyterhub")
@@ -337,6 +347,17 @@ async def test_the_panels_show_what_the_hub_and_the_service_did(scraped):
     budget = await asyncio.to_thread(shown, "Budget used")
     assert list(budget["A"]) == [("course",)]
     assert budget["A"][("course",)] >= 2
+    month = await asyncio.to_thread(shown, "This billing month per group")
+    assert month["A"][("course",)] > 0
+    assert month["D"][("course",)] > 0  # cid's busy GPU drew power
+    # an H200's hour is billed 2 units and costs 3 EUR (each ratio of one scrape's series)
+    for metric, rate in (("billed_units", 2), ('cost{currency="EUR"}', 3)):
+        (ratio,) = await series(
+            prometheus,
+            f"jupyterhub_gpu_group_month_{metric} / ignoring(currency) "
+            'jupyterhub_gpu_group_month_gpu_hours{group="course"}',
+        )
+        assert float(ratio["value"][1]) == pytest.approx(rate, rel=1e-9), metric
 
     idle = await asyncio.to_thread(
         shown, "Server pods under 5% for 30 minutes", ("namespace", "pod")

@@ -261,6 +261,22 @@ BUDGETS = Row(
             width=24,
             minimum=0,
         ),
+        Panel(
+            "This billing month per group",
+            "table",
+            (
+                Query(per_group("group_month_gpu_hours"), "GPU-hours"),
+                Query(per_group("group_month_billed_units"), "Billed units"),
+                Query(per_group("group_month_cost", by="group, currency"), "Cost"),
+                Query(per_group("group_month_energy_kwh"), "kWh"),
+            ),
+            "Each group's showback of this billing month (its children's included): "
+            "GPU-hours, billed units (each hour at its flavor's weight then), cost in "
+            "the site's currency (with prices), and the energy its GPUs drew where DCGM "
+            "measured their power (whole GPUs only). The invoice per account is on the "
+            "GPU service's dashboard.",
+            width=24,
+        ),
     ),
 )
 

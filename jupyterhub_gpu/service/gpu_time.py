@@ -52,6 +52,7 @@ from .idle import Prometheus
 from .showback_months import ShowbackMonths, put_rows
 from .state import ServiceState
 from .tasks import RetryAtInterval
+from .time_views import group_totals
 from .utilisation import UtilisationReader
 from .views import Viewer
 
@@ -111,6 +112,9 @@ class GPUTimeSnapshot:
     lag: AccountingLag = field(default_factory=AccountingLag)
     #: every group's and member's fair-share standing (None: fair share is off)
     fair_share: FairShareSnapshot | None = None
+    #: this billing month's figures per group (its children's included, as showback's
+    #: group totals: ``time_views.FIGURES``), as of the last pass; for the metrics
+    month_totals: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def current(self) -> bool:
@@ -283,8 +287,12 @@ class GPUTime:
                 "failing (see its task); rows keep their last sighting until the pods are "
                 "listed again"
             )
-        # this month for every group, ready before an admin asks (the largest answer)
-        await self.showback(self.month_of(now), None)
+        # this month for every group, ready before an admin asks (the largest answer),
+        # and its totals per group for the metrics (a row per user and flavor: a thread)
+        month = await self.showback(self.month_of(now), None)
+        self.snapshot.month_totals = await asyncio.get_running_loop().run_in_executor(
+            self.readers, group_totals, month, None, self.policy.charged_groups
+        )
         for record in ended:
             log.info(
                 "GPU usage: %s's server %s ended unseen; counted until last seen",
@@ -530,6 +538,7 @@ class GPUTime:
             read_at=now,
             lag=self.lag(),
             fair_share=fair,
+            month_totals=self.snapshot.month_totals,
         )
 
     # ---- looking back ----------------------------------------------------------------

@@ -14,6 +14,9 @@ what the watches hold. Names (all prefixed ``jupyterhub_gpu_``):
   window (30 days without a budget); ``group_gpu_hours_budget`` {group}; for a
   budget in billed units, ``group_billed_units_used`` and ``_budget`` {group} instead;
   ``group_gpu_hours_window_seconds`` {group}
+- ``group_month_gpu_hours``, ``_billed_units``, ``_energy_kwh`` {group} and
+  ``group_month_cost`` {group, currency}: this billing month's showback per group
+  (its children's included), as of the last usage pass; kWh only where measured
 - with ``fair_share``: ``group_fair_share_standing``, ``_decayed_gpu_hours`` and
   ``_share`` {group}; ``user_fair_share_standing`` and ``_decayed_gpu_hours``
   {user, group} (members with GPU time in the last ten half-lives); with
@@ -55,6 +58,9 @@ from ..core.model import Policy
 from .views import Snapshot, shown_flavors
 
 PREFIX = "jupyterhub_gpu"
+#: where a showback group total (``time_views.FIGURES``) has its GPU-hours, billed
+#: units, cost, GPU-hours whose power was measured, and kWh
+MONTH_FIGURES = (0, 3, 4, 5, 6)
 
 
 class ServiceCollector(Collector):
@@ -82,6 +88,26 @@ class ServiceCollector(Collector):
                 (
                     "group_billed_units_used",
                     "billed units used in the window of a budget in units",
+                    ["group"],
+                ),
+                (
+                    "group_month_gpu_hours",
+                    "GPU-hours of this billing month (its children's included)",
+                    ["group"],
+                ),
+                (
+                    "group_month_billed_units",
+                    "billed units of this billing month (its children's included)",
+                    ["group"],
+                ),
+                (
+                    "group_month_cost",
+                    "cost of this billing month, in GPUPolicy.currency (children included)",
+                    ["group", "currency"],
+                ),
+                (
+                    "group_month_energy_kwh",
+                    "kWh its GPUs drew this billing month, where measured (children included)",
                     ["group"],
                 ),
                 (
@@ -215,6 +241,16 @@ class ServiceCollector(Collector):
             gauges["group_gpu_hours_used"].add_metric([name], view.used)
             if view.budget is not None:
                 gauges["group_gpu_hours_budget"].add_metric([name], view.budget)
+        month = snapshot.gpu_time.month_totals if snapshot.gpu_time is not None else {}
+        currency = self.policy.currency
+        for name, figures in month.items():
+            hours, units, cost, metered, kwh = (figures[i] for i in MONTH_FIGURES)
+            gauges["group_month_gpu_hours"].add_metric([name], hours)
+            gauges["group_month_billed_units"].add_metric([name], units)
+            if currency is not None:
+                gauges["group_month_cost"].add_metric([name, currency], cost)
+            if metered:  # only where some of its GPU-hours had their power measured
+                gauges["group_month_energy_kwh"].add_metric([name], kwh)
         fair = snapshot.gpu_time.fair_share if snapshot.gpu_time is not None else None
         # the decayed usage under the name of what fair share counts
         decayed = f"fair_share_decayed_{fair.count if fair else 'gpu_hours'}"
