@@ -409,6 +409,12 @@ async def test_the_dashboard_draws_gpu_use_over_time_and_offers_the_showback_csv
         text = await page.inner_text("body")
         assert "Showback for " in text
         assert "of 100 GPU-hours used in the last 7 days" in text
+        # alpha's energy this month, where its GPUs' power was measured, and its emissions
+        heads = await page.locator("table.showback th").all_inner_texts()
+        assert heads[heads.index("kWh") + 1] == "kg CO₂e", heads
+        row = page.locator("table.showback tr", has_text="alpha")
+        cells = await row.locator("td").all_inner_texts()
+        assert float(cells[heads.index("kWh")]) > 0, (heads, cells)
         async with page.expect_download() as download_info:
             await page.click("text=Download CSV")
         download = await download_info.value
