@@ -212,7 +212,12 @@ async def scraped(local_cluster, core, priority_class_objects, gpu_metrics, tmp_
         policy=POLICY,
         gpu_service=True,
         external_gpu_service=True,
-        service_settings={**HUB_SETTINGS, "prometheus_url": prometheus.url},
+        # utilisation and power read every 2 s (the month's energy comes from them)
+        service_settings={
+            **HUB_SETTINGS,
+            "prometheus_url": prometheus.url,
+            "utilisation_refresh": 2,
+        },
         extra_config=(
             "c.GPUKubeSpawner.wait_poll_interval = 0.5\n"
             # bob waits in lab's line for the module's length
