@@ -11,7 +11,7 @@ from typing import Any
 
 from . import words
 from .admission import Ledger
-from .budgets import BudgetState
+from .budgets import BudgetState, amount_words
 from .capacity import FlavorCapacity
 from .model import Dataset, Group, Option, Policy
 from .quantities import format_gpus
@@ -182,12 +182,10 @@ def budget_line(state: BudgetState) -> str:
     """``Alpha Lab: 12.5 of 100 GPU-hours left in the last 7 days``, or that it is used up."""
     window = words.period(state.budget.period)
     cap = state.budget.amount
-    in_units = state.budget.in_units
     if state.exhausted:
-        amount = words.billed_units(cap) if in_units else words.gpu_hours(cap)
-        return f"{state.owner}: all {amount} of the last {window} used"
+        return f"{state.owner}: all {amount_words(cap, state.budget)} of the last {window} used"
     left, whole = words.numbers([state.remaining, cap])
-    unit = words.budget_measure(in_units, whole)
+    unit = words.budget_measure(state.budget.in_units, whole)
     return f"{state.owner}: {left} of {whole} {unit} left in the last {window}"
 
 
