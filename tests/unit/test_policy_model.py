@@ -513,7 +513,10 @@ def test_egress_is_off_unless_set_and_on_with_its_defaults_when_set():
             "egress.deny_privat: unknown key (allowed here: allow_cidrs, allow_dataset_servers, "
             "allow_public, deny_cidrs, deny_private)",
         ),
-        ("on", "egress: expected a mapping like {deny_private: true, allow_cidrs: [10.20.0.0/16]}"),
+        (
+            "on",
+            "egress: expected a mapping like {deny_private: true, allow_cidrs: [198.51.100.0/24]}",
+        ),
         ({"allow_public": "yes"}, "egress.allow_public: expected true or false, got 'yes'"),
         ({"deny_private": 1}, "egress.deny_private: expected true or false, got 1"),
         (
@@ -522,15 +525,16 @@ def test_egress_is_off_unless_set_and_on_with_its_defaults_when_set():
         ),
         (
             {"allow_cidrs": ["10.0.0.0/8", "licence-server"]},
-            "egress.allow_cidrs[1]: expected a network like 10.20.0.0/16, got 'licence-server'",
+            "egress.allow_cidrs[1]: expected a network like 198.51.100.0/24, got 'licence-server'",
         ),
         (
             {"deny_cidrs": [8]},
-            "egress.deny_cidrs[0]: expected a network like 10.20.0.0/16, got 8",
+            "egress.deny_cidrs[0]: expected a network like 198.51.100.0/24, got 8",
         ),
         (
             {"allow_cidrs": "10.0.0.0/8"},
-            "egress.allow_cidrs: expected a list of networks like [10.20.0.0/16], got '10.0.0.0/8'",
+            "egress.allow_cidrs: expected a list of networks like [198.51.100.0/24], got "
+            "'10.0.0.0/8'",
         ),
         (
             {"allow_cidrs": ["10.2.0.0/16", "10.2.0.0/16"]},

@@ -126,12 +126,12 @@ def utilization(e: Errors, path: str, value: Any) -> float | None:
 def cidrs(e: Errors, path: str, raw: Any) -> tuple[str, ...]:
     """Networks in CIDR notation (a bare address is that one address), normalised."""
     if isinstance(raw, str) or not isinstance(raw, list | tuple):
-        e.add(path, f"expected a list of networks like [10.20.0.0/16], got {raw!r}")
+        e.add(path, f"expected a list of networks like [198.51.100.0/24], got {raw!r}")
         return ()
     networks: list[str] = []
     for i, item in enumerate(raw):
         if not isinstance(item, str):
-            e.add(f"{path}[{i}]", f"expected a network like 10.20.0.0/16, got {item!r}")
+            e.add(f"{path}[{i}]", f"expected a network like 198.51.100.0/24, got {item!r}")
             continue
         try:
             network = ipaddress.ip_network(item.strip(), strict=True)
@@ -140,7 +140,7 @@ def cidrs(e: Errors, path: str, raw: Any) -> tuple[str, ...]:
                 fixed = ipaddress.ip_network(item.strip(), strict=False)
                 e.add(f"{path}[{i}]", f"{item!r} has host bits set: write {str(fixed)!r}")
             else:
-                e.add(f"{path}[{i}]", f"expected a network like 10.20.0.0/16, got {item!r}")
+                e.add(f"{path}[{i}]", f"expected a network like 198.51.100.0/24, got {item!r}")
             continue
         if str(network) in networks:
             e.add(f"{path}[{i}]", f"{item!r} is listed twice")

@@ -221,7 +221,7 @@ def parse_egress(e: Errors, raw: Any, per_group: bool) -> Egress | None:
     if not isinstance(raw, Mapping):
         e.add(
             "egress",
-            f"expected a mapping like {{deny_private: true, allow_cidrs: [10.20.0.0/16]}}, "
+            f"expected a mapping like {{deny_private: true, allow_cidrs: [198.51.100.0/24]}}, "
             f"got {raw!r}",
         )
         return None

@@ -249,7 +249,7 @@ SETTINGS = section(
 
             egress:
               deny_private: true                 # default
-              allow_cidrs: [10.20.30.0/24]       # e.g. a licence server
+              allow_cidrs: [198.51.100.0/24]     # e.g. a licence server
               deny_cidrs: [130.92.0.0/16]        # e.g. the site's own public range
               allow_public: true                 # default
               allow_dataset_servers: true        # default

@@ -410,7 +410,7 @@ class Egress:
     deny_private: bool = True
     #: allow every other address (the public internet); False: only what is listed
     allow_public: bool = True
-    #: networks allowed even inside denied ranges (normalised, e.g. ``10.20.0.0/16``)
+    #: networks allowed even inside denied ranges (normalised, e.g. ``198.51.100.0/24``)
     allow_cidrs: tuple[str, ...] = ()
     #: more networks to deny, e.g. a site's own public range
     deny_cidrs: tuple[str, ...] = ()
