@@ -493,17 +493,17 @@ class GPUTime:
 
         def view(owner: tuple[str, str | None], budget: Budget | None) -> HoursView:
             period = budget.period if budget else DEFAULT_WINDOW
-            # a budget in units reads its use in billed units (the same, unweighted)
-            in_units = budget is not None and budget.in_units and billed is not None
-            sums = windows.get((period, in_units))
+            in_units = budget is not None and budget.in_units
+            # a budget in units reads the book in billed units (none: no flavor is
+            # weighted, and its units are the GPU-hours)
+            kept = billed if in_units and billed is not None else book
+            sums = windows.get((period, kept is billed))
             if sums is None:
-                kept = billed if in_units and billed is not None else book
-                sums = windows[(period, in_units)] = kept.window_seconds(
+                sums = windows[(period, kept is billed)] = kept.window_seconds(
                     float(period), now, running
                 )
             used = sums.get(owner, 0.0) / HOUR
             cap = budget.amount if budget else None
-            in_units = budget is not None and budget.in_units
             return HoursView(used, cap, period, cap is not None and used >= cap, in_units)
 
         groups = {
