@@ -276,7 +276,9 @@ class _Watch:
                 self.problem = f"reading {self.reflector.what} failed: {e!r}"
             self.log.warning("GPU capacity: %s; retrying in %.0fs", self.problem, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 60)
+            # at most 30 s between tries (as Kubernetes' own reflectors): the profile
+            # list says "capacity unknown" no longer than that after the API server is back
+            delay = min(delay * 2, 30)
 
 
 class ClusterView:
