@@ -63,7 +63,7 @@ from jupyterhub_gpu.hub.checks import (  # noqa: E402
 from jupyterhub_gpu.hub.queue_watch import queue_timeout_refusal  # noqa: E402
 from jupyterhub_gpu.service import page  # noqa: E402
 from jupyterhub_gpu.service.budget_rules import budget_notice_text, budget_stop_text  # noqa: E402
-from jupyterhub_gpu.service.gpu_time import HoursView  # noqa: E402
+from jupyterhub_gpu.service.hours import HoursView  # noqa: E402
 from jupyterhub_gpu.service.idle import (  # noqa: E402
     Candidate,
     Utilization,

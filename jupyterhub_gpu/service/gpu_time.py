@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Container, Iterable, Mapping
+from collections.abc import Callable, Collection, Container, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +40,7 @@ from ..accounting.backlog import DEFAULT_LIMIT, AccountingLag, Backlog
 from ..accounting.store import AccountingUnavailable, UsageStore, collector_paused
 from ..core import words
 from ..core.billed_book import BilledBook, billed_book_for
-from ..core.budgets import HOUR, UsageBook, UsageRecord, gpu_hours, longest_period
+from ..core.budgets import HOUR, UsageBook, UsageRecord, longest_period
 from ..core.fairshare import FairShareBook, read_window
 from ..core.model import Budget, Policy
 from ..core.showback import Series, Showback, check_history, history, month_of
@@ -48,6 +48,7 @@ from ..core.showback_tally import ShowbackTally
 from ..core.utilisation import Chunks
 from .dra_charges import AllocationCharges
 from .fair_share import CHANGE_OVER, FairShareSnapshot, fair_share_snapshot
+from .hours import DEFAULT_WINDOW, HoursView
 from .idle import Prometheus
 from .showback_months import ShowbackMonths, put_rows
 from .state import ServiceState
@@ -61,30 +62,6 @@ log = logging.getLogger("jupyterhub_gpu.service")
 #: how far back the service keeps records in memory: the longest budget window, and
 #: at least two months, so this month's and last month's showback need no query
 MIN_HORIZON = 62 * 86400.0
-#: the window of GPU-hours shown for a group without a budget
-DEFAULT_WINDOW = 30 * 86400
-
-
-@dataclass(frozen=True)
-class HoursView:
-    """One owner's GPU-hours, as ``api/usage`` shows them (billed units, for a budget in
-    units: ``in_units``)."""
-
-    used: float
-    budget: float | None
-    period: int
-    exhausted: bool = False
-    in_units: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "used": round(self.used, 4),
-            "budget": self.budget,
-            "period_seconds": self.period,
-            "exhausted": self.exhausted,
-            # what ``used`` and ``budget`` count: "GPU-hours", or "billed units"
-            "unit": words.BILLED_UNITS if self.in_units else words.GPU_HOURS,
-        }
 
 
 class AccountingBehind(RetryAtInterval):
@@ -120,21 +97,6 @@ class GPUTimeSnapshot:
     def current(self) -> bool:
         """The numbers were read in the last pass, after writing what it saw."""
         return self.error is None and self.read_at is not None
-
-
-def clock_time(epoch: float) -> str:
-    """A moment as the log and task statuses show it (``2026-12-01 14:03 UTC``)."""
-    return words.moment(epoch)
-
-
-def hours_view(
-    records: Iterable[UsageRecord], budget: Budget | None, now: float, running: Container[str]
-) -> HoursView:
-    """GPU-hours of ``records`` in ``budget``'s window (30 days without one), and the budget."""
-    period = budget.period if budget else DEFAULT_WINDOW
-    used = gpu_hours(records, now - period, now, running)
-    cap = budget.amount if budget else None
-    return HoursView(used, cap, period, cap is not None and used >= cap)
 
 
 class GPUTime:
@@ -283,7 +245,7 @@ class GPUTime:
             # a pod listed before the failure may be gone: seeing it now would move its
             # row's last sighting (and so its end) past it
             raise PodsUnseen(
-                f"no server pod seen since {clock_time(behind)}: the server-pod watch is "
+                f"no server pod seen since {words.moment(behind)}: the server-pod watch is "
                 "failing (see its task); rows keep their last sighting until the pods are "
                 "listed again"
             )
@@ -337,7 +299,7 @@ class GPUTime:
                     "GPU usage database writable again: the events of %d servers kept since "
                     "%s written",
                     carried,
-                    clock_time(oldest or now),
+                    words.moment(oldest or now),
                 )
             if live is not None:
                 # a pod younger than this pass may be missing from the list it was made from
@@ -380,7 +342,7 @@ class GPUTime:
             self.snapshot.error = f"the GPU usage database is behind: {why}"
         self.snapshot.lag = self.lag()
         oldest = self.snapshot.lag.oldest_unwritten
-        since = f", the oldest from {clock_time(oldest)}" if oldest is not None else ""
+        since = f", the oldest from {words.moment(oldest)}" if oldest is not None else ""
         return AccountingBehind(
             f"{len(self.backlog)} servers' GPU usage kept in memory until the usage database "
             f"can be written{since}: {why}"

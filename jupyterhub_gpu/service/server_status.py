@@ -24,7 +24,7 @@ from ..core import words
 from ..core.model import Budget, Group, Policy
 from ..core.quantities import format_gpus
 from ..core.shaping import label_value
-from .gpu_time import HoursView
+from .hours import HoursView
 from .state import ServerPod
 from .views import Server
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from jupyterhub_gpu.accounting.store import UsageStore
 from jupyterhub_gpu.core.fairshare import FairShareBook, read_window
-from jupyterhub_gpu.service.gpu_time import hours_view
+from jupyterhub_gpu.service.hours import hours_view
 from jupyterhub_gpu_dev.demo import (
     DEMO_VALUES,
     FAIR_SHARE_HISTORY,

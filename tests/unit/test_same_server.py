@@ -14,7 +14,8 @@ from jupyterhub_gpu.core.model import parse_policy
 from jupyterhub_gpu.core.selection import Request
 from jupyterhub_gpu.core.shaping import CHARGE_ANNOTATION, GROUP_LABEL, SPAWN_ANNOTATION
 from jupyterhub_gpu.service.budget_rules import BudgetRule
-from jupyterhub_gpu.service.gpu_time import GPUTimeSnapshot, HoursView
+from jupyterhub_gpu.service.gpu_time import GPUTimeSnapshot
+from jupyterhub_gpu.service.hours import HoursView
 from jupyterhub_gpu.service.runtime_rules import SAME_SERVER_SLACK, not_the_judged_server
 from jupyterhub_gpu.service.state import ServiceState, server_pod
 
