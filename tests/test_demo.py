@@ -205,13 +205,15 @@ async def test_the_demo_bills_its_priced_flavors_and_prints_the_admins_invoice(b
     assert rates["h200"].weight > rates["a100"].weight > rates["mig-1g5"].weight
     words = " ".join(demo.output.split())
     assert "Chargeback: an hour of one GPU-equivalent is billed NVIDIA H200 NVL 2.5" in words
-    # an hour of research-2 on an A100 this month, written as the hub would have
+    # an hour on an A100 this month, written as the hub would have, of a research member
+    # no other test logs in as: research-2's own hour would use up its per-user budget
+    # and outweigh its standing in the line the A100 test shows
     now = time.time()
     month_start = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0).timestamp()
     started = max(month_start, now - 3600)
     store = UsageStore(f"sqlite:///{demo.cluster_dir / 'jupyterhub-gpu-usage.sqlite'}")
     record = UsageRecord(
-        "demo-billing-test", "demo-billing/jupyter-research-2", "research-2", "research",
+        "demo-billing-test", "demo-billing/jupyter-research-9", "research-9", "research",
         "research", "a100", 1.0, started, now - 60, now - 60,
     )  # fmt: skip
     await asyncio.to_thread(store.open, [record])
@@ -225,10 +227,10 @@ async def test_the_demo_bills_its_priced_flavors_and_prints_the_admins_invoice(b
         )
         text = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=30).read())
         rows = list(csv.DictReader(io.StringIO(text.decode())))
-        mine = [r for r in rows if (r["user"], r["flavor"]) == ("research-2", "a100")]
+        mine = [r for r in rows if (r["user"], r["flavor"]) == ("research-9", "a100")]
         return mine and rows
 
-    rows = await eventually(billed_rows, "research-2's A100 hour in the showback", within=60)
+    rows = await eventually(billed_rows, "research-9's A100 hour in the showback", within=60)
     for row in rows:  # every row at its flavor's rate (one rate each, in the demo)
         rate, hours = rates[row["flavor"]], float(row["gpu_hours"])
         assert float(row["billed_units"]) == pytest.approx(hours * rate.weight, abs=2e-4), row
