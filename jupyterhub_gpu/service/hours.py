@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..core import words
-from ..core.budgets import UsageRecord, gpu_hours
-from ..core.model import Budget
 
 #: the window of GPU-hours shown for a group without a budget
 DEFAULT_WINDOW = 30 * 86400
@@ -34,13 +31,3 @@ class HoursView:
             # what ``used`` and ``budget`` count: "GPU-hours", or "billed units"
             "unit": words.BILLED_UNITS if self.in_units else words.GPU_HOURS,
         }
-
-
-def hours_view(
-    records: Iterable[UsageRecord], budget: Budget | None, now: float, running: Container[str]
-) -> HoursView:
-    """GPU-hours of ``records`` in ``budget``'s window (30 days without one), and the budget."""
-    period = budget.period if budget else DEFAULT_WINDOW
-    used = gpu_hours(records, now - period, now, running)
-    cap = budget.amount if budget else None
-    return HoursView(used, cap, period, cap is not None and used >= cap)

@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 
 from jupyterhub_gpu.accounting.store import UsageStore
+from jupyterhub_gpu.core.budgets import gpu_hours
 from jupyterhub_gpu.core.fairshare import FairShareBook, read_window
-from jupyterhub_gpu.service.hours import hours_view
 from jupyterhub_gpu_dev.demo import (
     DEMO_VALUES,
     FAIR_SHARE_HISTORY,
@@ -40,8 +40,8 @@ def test_the_built_in_examples_research_members_have_different_standings(tmp_pat
     assert abs(heavy.usage - FAIR_SHARE_HISTORY[0] * 2 ** (-4 / 24)) < 0.01
     assert heavy.standing > 1 > light.standing
     # no budget counts it: the history ended before research's one-hour window
-    research = plan.policy.groups["research"]
-    assert hours_view(records, research.user_budget, now, ()).used == 0
+    window = plan.policy.groups["research"].user_budget.period
+    assert gpu_hours(records, now - window, now, ()) == 0
 
 
 def test_the_walkthrough_says_where_standings_show_and_how_to_see_the_line():
