@@ -218,19 +218,16 @@ async def charged_as_the_pods_are(hub, core, expected: int) -> None:
     assert (await profile_line(hub, "dan")).startswith(f"Lab: {free} of 2 GPUs free")
 
 
-async def capacity_shown_again(hub, free: int) -> None:
-    """After an outage the spawn page's capacity comes back within the watch's longest
-    retry (30 s), counting ``free`` of lab's GPUs: until its watches relist the page says
-    capacity is unknown, which is true, not a wrong count."""
+async def capacity_known_again(hub) -> None:
+    """After an outage the spawn page's capacity comes back within the watches' longest
+    retry (30 s): until they relist, the page says capacity is unknown, which is true,
+    not a wrong count (``charged_as_the_pods_are`` checks the count)."""
 
-    async def shown():
+    async def known():
         page = await asyncio.to_thread(page_as, hub.url, "dan", hub.password)
-        if "cluster capacity unknown" in page:
-            return None
-        return re.search(r"Lab: [0-9.]+ of 2 GPUs free · cluster: [^<]*", page)
+        return "cluster capacity unknown" not in page
 
-    line = await eventually(shown, "the spawn page to show cluster capacity again", within=45)
-    assert line.group(0).startswith(f"Lab: {free} of 2 GPUs free"), line.group(0)
+    await eventually(known, "the spawn page to show cluster capacity again", within=45)
 
 
 async def test_a_terminating_pod_stays_charged_until_it_is_gone(hub, core):
@@ -406,7 +403,7 @@ async def test_the_watches_resume_after_the_api_server_restarts(hub, core, local
     await eventually(
         lambda: no_server_of(hub, "ann"), "the hub to see ann's server stopped", within=60
     )
-    await capacity_shown_again(hub, free=1)
+    await capacity_known_again(hub)
     await charged_as_the_pods_are(hub, core, 1)
     # a server starts after the restart: the hub's pod watch sees it ready, the
     # ledger and the service count it
