@@ -33,9 +33,9 @@ HUB_AND_PROXY = {
 }
 SAME_NAMESPACE = {"to": [{"podSelector": {}}]}
 DATASETS = {
-    "by-address": {"nfs": {"server": "10.1.2.3", "path": "/export/a"}, "mount_path": "/data/a"},
+    "by-address": {"nfs": {"server": "100.64.1.3", "path": "/export/a"}, "mount_path": "/data/a"},
     "by-name": {"nfs": {"server": "nfs.example.edu", "path": "/export/b"}, "mount_path": "/data/b"},
-    "other": {"nfs": {"server": "10.9.9.9", "path": "/export/c"}, "mount_path": "/data/c"},
+    "other": {"nfs": {"server": "100.64.9.9", "path": "/export/c"}, "mount_path": "/data/c"},
 }
 
 
@@ -97,13 +97,13 @@ def test_by_default_servers_reach_the_internet_dns_hub_and_proxy_but_no_private_
             },
             {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10"]}},
             # the group's own NFS server given by address (the one by name has none here)
-            {"ipBlock": {"cidr": "10.1.2.3/32"}},
+            {"ipBlock": {"cidr": "100.64.1.3/32"}},
         ]
     }
     # each group gets its own datasets' servers, and nobody else's
     bio = egress_of(objects, "jh-bio")
-    assert bio["spec"]["egress"][3]["to"][2:] == [{"ipBlock": {"cidr": "10.9.9.9/32"}}]
-    assert all(p["ipBlock"]["cidr"] != "10.9.9.9/32" for p in lab["spec"]["egress"][3]["to"])
+    assert bio["spec"]["egress"][3]["to"][2:] == [{"ipBlock": {"cidr": "100.64.9.9/32"}}]
+    assert all(p["ipBlock"]["cidr"] != "100.64.9.9/32" for p in lab["spec"]["egress"][3]["to"])
     # the ingress isolation stays as it was
     assert any(
         o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "jupyterhub-gpu-isolate-groups"
@@ -115,7 +115,7 @@ def test_listed_networks_are_allowed_and_extra_ones_denied_by_address_family():
     objects = desired_objects(
         policy(
             {
-                "allow_cidrs": ["10.20.0.0/16", "2001:db8:1::/48"],
+                "allow_cidrs": ["100.64.20.0/24", "2001:db8:1::/48"],
                 "deny_cidrs": ["198.51.100.0/24", "2001:db8::/32"],
                 "allow_dataset_servers": False,
             }
@@ -131,17 +131,19 @@ def test_listed_networks_are_allowed_and_extra_ones_denied_by_address_family():
             }
         },
         {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "2001:db8::/32"]}},
-        {"ipBlock": {"cidr": "10.20.0.0/16"}},
+        {"ipBlock": {"cidr": "100.64.20.0/24"}},
         {"ipBlock": {"cidr": "2001:db8:1::/48"}},
     ]
 
 
 def test_without_the_public_internet_only_what_is_listed_is_reachable():
-    objects = desired_objects(policy({"allow_public": False, "allow_cidrs": ["10.20.0.0/16"]}), HUB)
+    objects = desired_objects(
+        policy({"allow_public": False, "allow_cidrs": ["100.64.20.0/24"]}), HUB
+    )
     rules = egress_of(objects, "jh-lab")["spec"]["egress"]
     assert rules[:3] == [SAME_NAMESPACE, DNS, HUB_AND_PROXY]
     assert rules[3] == {
-        "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}, {"ipBlock": {"cidr": "10.1.2.3/32"}}]
+        "to": [{"ipBlock": {"cidr": "100.64.20.0/24"}}, {"ipBlock": {"cidr": "100.64.1.3/32"}}]
     }
     # nothing listed, no dataset server: DNS, the hub and proxy, and the namespace only
     bare = policy({"allow_public": False, "allow_dataset_servers": False})
@@ -170,7 +172,7 @@ async def test_the_api_server_accepts_the_egress_rule_as_the_reconciler_applies_
 
     hub = namespace
     egress = {
-        "allow_cidrs": ["10.20.0.0/16", "2001:db8:1::/48"],
+        "allow_cidrs": ["100.64.20.0/24", "2001:db8:1::/48"],
         "deny_cidrs": ["198.51.100.0/24"],
     }
     wanted = policy(egress, prefix=f"{hub}-")
@@ -184,7 +186,7 @@ async def test_the_api_server_accepts_the_egress_rule_as_the_reconciler_applies_
         )
         assert live.spec.policy_types == ["Egress"]
         blocks = [p.ip_block.cidr for p in live.spec.egress[3].to]
-        assert blocks == ["0.0.0.0/0", "::/0", "10.20.0.0/16", "2001:db8:1::/48", "10.1.2.3/32"]
+        assert blocks == ["0.0.0.0/0", "::/0", "100.64.20.0/24", "2001:db8:1::/48", "100.64.1.3/32"]
         assert "198.51.100.0/24" in live.spec.egress[3].to[0].ip_block._except
         # a second pass finds it as applied: the API server kept every field
         again = await reconciler.reconcile(wanted)
